@@ -1,0 +1,140 @@
+"""The stage plan: which block of a model runs on which IPU of a replica's pipeline.
+
+A `StagePlan` is plain data (block names, module paths, IPU indices), so the simulator's memory
+and performance models can read it without importing transformers, and the planner can build
+plans for layouts that were never applied to a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+from optimum_ipu.pipelining.spec import CutSpec, base_model_path
+from optimum_ipu.placement import ipu_of_each_layer
+
+_ACRONYMS = {"qa": "QA", "cls": "CLS", "lm": "LM", "mlm": "MLM", "nsp": "NSP"}
+
+
+@dataclass(frozen=True)
+class Block:
+    """One named piece of the model placed on one IPU.
+
+    Attributes:
+        name: the name in the Device Allocation table ("Embedding", "Encoder 3", "QA Outputs").
+        modules: dotted paths (from the model's root) of the modules the block owns.
+        ipu: index of the IPU inside the replica's pipeline.
+        kind: "embedding", "layer" or "head".
+    """
+
+    name: str
+    modules: tuple[str, ...]
+    ipu: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Blocks in execution order, each on one IPU of a pipeline of `ipus_per_replica` IPUs."""
+
+    blocks: tuple[Block, ...]
+    ipus_per_replica: int
+
+    @property
+    def layer_blocks(self) -> tuple[Block, ...]:
+        return tuple(b for b in self.blocks if b.kind == "layer")
+
+    def blocks_on(self, ipu: int) -> tuple[Block, ...]:
+        return tuple(b for b in self.blocks if b.ipu == ipu)
+
+    def layers_per_ipu(self) -> list[int]:
+        """Resolved number of layers on each IPU (wildcards expanded)."""
+        counts = [0] * self.ipus_per_replica
+        for block in self.layer_blocks:
+            counts[block.ipu] += 1
+        return counts
+
+    def ipu_of_module(self, path: str) -> int | None:
+        """IPU of the block owning `path` (or one of its ancestors); None if no block owns it."""
+        best: tuple[int, int] | None = None
+        for block in self.blocks:
+            for owned in block.modules:
+                if path == owned or path.startswith(owned + "."):
+                    if best is None or len(owned) > best[0]:
+                        best = (len(owned), block.ipu)
+        return None if best is None else best[1]
+
+    def allocation_table(self) -> str:
+        """The "Device Allocation" table Optimum Graphcore logs: one `Name --> IPU k` line a block."""
+        width = max((len(b.name) for b in self.blocks), default=0)
+        lines = ["-" * 20 + " Device Allocation " + "-" * 20]
+        lines += [f"{b.name:<{width}} --> IPU {b.ipu}" for b in self.blocks]
+        lines.append("-" * (40 + len(" Device Allocation ")))
+        return "\n".join(lines)
+
+
+def display_name(path: str) -> str:
+    """`qa_outputs` -> "QA Outputs", `pre_classifier` -> "Pre Classifier"."""
+    words = path.rsplit(".", 1)[-1].split("_")
+    return " ".join(_ACRONYMS.get(w.lower(), w.capitalize()) for w in words)
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters(recurse=True))
+
+
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def build_stage_plan(
+    model: nn.Module,
+    spec: CutSpec,
+    layers_per_ipu: Sequence[int],
+    ipus_per_replica: int,
+) -> StagePlan:
+    """Cut `model` by `spec` and place it on `ipus_per_replica` IPUs following `layers_per_ipu`.
+
+    Embeddings go to IPU 0, layers where `layers_per_ipu` says, a head tied to the word embedding
+    to IPU 0 beside it, and every other module with parameters (pooler, final norm, task heads) to
+    the last IPU.
+    """
+    base = base_model_path(model)
+    layer_path = _join(base, spec.layers)
+    layer_list = model.get_submodule(layer_path)
+    if not isinstance(layer_list, nn.ModuleList):
+        raise TypeError(f"{layer_path} of {type(model).__name__} is {type(layer_list).__name__}, not nn.ModuleList.")
+    last = ipus_per_replica - 1
+
+    embeddings = tuple(_join(base, p) for p in spec.embeddings)
+    blocks = [Block("Embedding", embeddings, 0, "embedding")] if embeddings else []
+    ipus = ipu_of_each_layer(len(layer_list), layers_per_ipu, ipus_per_replica)
+    blocks += [
+        Block(f"{spec.layer_name} {i}", (f"{layer_path}.{i}",), ipu, "layer") for i, ipu in enumerate(ipus)
+    ]
+
+    tied = set()
+    if spec.word_embedding is not None:
+        word = model.get_submodule(_join(base, spec.word_embedding))
+        tied = {id(word.weight)}
+
+    owned = set(embeddings) | {layer_path}
+    heads: list[Block] = []
+    # Siblings along the path root -> base -> layer list that are not owned yet: pooler, final norm,
+    # task heads. Walk from the layer list up so inner modules (pooler) come before outer ones (head).
+    ancestors = layer_path.split(".")
+    for depth in range(len(ancestors) - 1, -1, -1):
+        parent_path = ".".join(ancestors[:depth])
+        parent = model.get_submodule(parent_path) if parent_path else model
+        for child_name, child in parent.named_children():
+            path = _join(parent_path, child_name)
+            if any(path == o or path.startswith(o + ".") or o.startswith(path + ".") for o in owned):
+                continue
+            if path in owned or not _has_parameters(child):
+                continue
+            is_tied = any(id(p) in tied for p in child.parameters())
+            heads.append(Block(display_name(path), (path,), 0 if is_tied else last, "head"))
+            owned.add(path)
+    return StagePlan(tuple(blocks + heads), ipus_per_replica)
