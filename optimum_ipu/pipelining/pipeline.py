@@ -1,0 +1,194 @@
+"""`to_pipelined`: place a model's blocks on the IPUs of a pipeline, reversibly.
+
+A pipelined model is the same `nn.Module` with a stage plan. `parallelize()` applies what the plan
+and the IPU config ask for (serialized embedding and tied head, a recomputation checkpoint after
+every layer, each IPU's blocks on a torch device) and `deparallelize()` undoes each change exactly:
+the original module objects come back, and no state_dict key ever changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from optimum_ipu.pipelining.plan import StagePlan, build_stage_plan
+from optimum_ipu.pipelining.serialized import SerializedEmbedding, SerializedLinear
+from optimum_ipu.pipelining.spec import CutSpec, base_model_path, generic_spec, spec_for
+
+logger = logging.getLogger(__name__)
+
+
+class UnsupportedModelError(ValueError):
+    """The model has no registered cut spec and `force_to_pipelined` was not set."""
+
+
+def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, name = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    setattr(parent, name, module)
+
+
+def _move_to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, tuple):
+        return tuple(_move_to(v, device) for v in value)
+    if isinstance(value, list):
+        return [_move_to(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: _move_to(v, device) for k, v in value.items()}
+    return value
+
+
+def default_ipu_devices(ipus_per_replica: int) -> list[torch.device]:
+    """Torch device standing in for each IPU: `cuda:(k mod n)` when GPUs exist, else the CPU."""
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return [torch.device(f"cuda:{k % count}") for k in range(ipus_per_replica)]
+    return [torch.device("cpu")] * ipus_per_replica
+
+
+def _checkpointed(module: nn.Module, forward: Callable) -> Callable:
+    """`forward` with a recomputation checkpoint: activations inside are recomputed in backward."""
+
+    def run(*args, **kwargs):
+        if module.training and torch.is_grad_enabled():
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return forward(*args, **kwargs)
+
+    return run
+
+
+class PipelinedModel:
+    """A model, its stage plan, and the reversible changes that lay it out on IPUs.
+
+    Calling the handle calls the model. The handle holds no parameters of its own: `module` is the
+    user's model, unchanged in class and in state_dict keys.
+
+    Args:
+        model: a transformers (or plain PyTorch) model.
+        ipu_config: the `IPUConfig`; its current mode (`train()` / `eval()`) picks the values used.
+        spec: where the model's embeddings and layers live.
+    """
+
+    def __init__(self, model: nn.Module, ipu_config, spec: CutSpec):
+        self.module = model
+        self.ipu_config = ipu_config
+        self.spec = spec
+        self.plan: StagePlan = self._build_plan()
+        self._undo: list[Callable[[], None]] = []
+
+    def _build_plan(self) -> StagePlan:
+        return build_stage_plan(
+            self.module, self.spec, self.ipu_config.layers_per_ipu, self.ipu_config.ipus_per_replica
+        )
+
+    @property
+    def is_parallelized(self) -> bool:
+        return bool(self._undo)
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    # -- applying and undoing -------------------------------------------------------------------
+
+    def parallelize(self, devices: list[torch.device] | None = None) -> PipelinedModel:
+        """Apply the plan for the IPU config's current mode; a no-op plan change re-applies cleanly."""
+        if self.is_parallelized:
+            self.deparallelize()
+        self.plan = self._build_plan()
+        logger.info("\n%s", self.plan.allocation_table())
+        self._serialize_embedding()
+        if self.ipu_config.recompute_checkpoint_every_layer:
+            self._add_recompute_checkpoints()
+        self._place_on_devices(devices or default_ipu_devices(self.plan.ipus_per_replica))
+        return self
+
+    def deparallelize(self) -> PipelinedModel:
+        """Undo `parallelize()` in reverse order, restoring the original module objects."""
+        while self._undo:
+            self._undo.pop()()
+        return self
+
+    def _serialization_factor(self) -> int:
+        splits = self.ipu_config.serialized_embedding_splits_per_ipu
+        if splits:
+            return int(sum(splits))
+        return int(self.ipu_config.embedding_serialization_factor or 1)
+
+    def _serialize_embedding(self) -> None:
+        factor = self._serialization_factor()
+        if factor <= 1 or self.spec.word_embedding is None:
+            return
+        base = base_model_path(self.module)
+        path = ".".join(p for p in (base, self.spec.word_embedding) if p)
+        original = self.module.get_submodule(path)
+        if not isinstance(original, nn.Embedding):
+            raise TypeError(f"{path} is a {type(original).__name__}, expected nn.Embedding to serialize.")
+        _set_submodule(self.module, path, SerializedEmbedding(original, factor))
+        self._undo.append(lambda: _set_submodule(self.module, path, original))
+
+        # A head tied to the word embedding is as large as it: serialize it the same way.
+        for head_path, head in list(self.module.named_modules()):
+            if isinstance(head, nn.Linear) and head.weight is original.weight:
+                _set_submodule(self.module, head_path, SerializedLinear(head, factor))
+                self._undo.append(lambda p=head_path, h=head: _set_submodule(self.module, p, h))
+
+    def _add_recompute_checkpoints(self) -> None:
+        config = getattr(self.module, "config", None)
+        if getattr(config, "use_cache", False):
+            # A KV cache would be written a second time when a layer is recomputed in backward.
+            config.use_cache = False
+            self._undo.append(lambda: setattr(config, "use_cache", True))
+        for block in self.plan.layer_blocks:
+            layer = self.module.get_submodule(block.modules[0])
+            layer.forward = _checkpointed(layer, layer.forward)
+            self._undo.append(lambda m=layer: m.__dict__.pop("forward", None))
+
+    def _place_on_devices(self, devices: list[torch.device]) -> None:
+        if len(devices) < self.plan.ipus_per_replica:
+            raise ValueError(f"{len(devices)} devices given for {self.plan.ipus_per_replica} IPUs per replica.")
+        if len(set(devices)) == 1:
+            # Every IPU maps to the same torch device: move once, no per-block hooks on the hot path.
+            self.module.to(devices[0])
+            return
+        for block in self.plan.blocks:
+            device = devices[block.ipu]
+            for path in block.modules:
+                module = self.module.get_submodule(path)
+                module.to(device)
+                handle = module.register_forward_pre_hook(
+                    lambda _m, args, kwargs, d=device: (_move_to(args, d), _move_to(kwargs, d)),
+                    with_kwargs=True,
+                )
+                self._undo.append(handle.remove)
+
+
+def to_pipelined(model: nn.Module, ipu_config, force_to_pipelined: bool = False) -> PipelinedModel:
+    """Wrap `model` in a `PipelinedModel` for `ipu_config` (nothing is changed until `parallelize()`).
+
+    Args:
+        model: the model to lay out.
+        ipu_config: an `IPUConfig`.
+        force_to_pipelined: for an architecture without a registered cut spec, guess one from the
+            module tree (the largest `nn.ModuleList` is the layer list) instead of failing.
+    """
+    spec = spec_for(model)
+    if spec is None:
+        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        if not force_to_pipelined:
+            from optimum_ipu.pipelining.spec import CUT_SPECS
+
+            raise UnsupportedModelError(
+                f"No pipelined version of {type(model).__name__} (model_type {model_type!r}); supported: "
+                f"{', '.join(sorted(CUT_SPECS))}. Pass force_to_pipelined=True to place it with the generic "
+                "cut (largest nn.ModuleList = layers, embeddings on IPU 0, the rest on the last IPU)."
+            )
+        spec = generic_spec(model)
+        logger.warning("Placing %s with the generic cut: layers at %r.", type(model).__name__, spec.layers)
+    return PipelinedModel(model, ipu_config, spec)
