@@ -1,0 +1,75 @@
+"""PopTorch's compile-time checks, with messages that say what to change.
+
+Each check is a pure function of counts so it is testable alone and reusable by the planner.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+MAX_IPUS_PER_PROCESS = 64
+
+
+class IPUCompilationError(ValueError):
+    """A configuration a real IPU would refuse to compile."""
+
+
+def check_pipelined_training(gradient_accumulation_steps: int, ipus_per_replica: int) -> None:
+    """Pipelined training over N IPUs has 2N−1 stages and needs GA >= 2N−1 to fill them."""
+    stages = 2 * ipus_per_replica - 1
+    if ipus_per_replica > 1 and gradient_accumulation_steps < stages:
+        raise IPUCompilationError(
+            f"gradientAccumulation must be greater than or equal to the number of pipeline stages "
+            f"(2N−1 = {stages} for N = {ipus_per_replica} IPUs per replica), got gradient_accumulation_steps="
+            f"{gradient_accumulation_steps}. Raise --gradient_accumulation_steps to at least {stages} "
+            f"(more amortises the pipeline fill and flush), or use fewer IPUs per replica."
+        )
+
+
+def check_pipelined_inference(device_iterations: int, ipus_per_replica: int) -> None:
+    """Pipelined inference over N IPUs needs at least N device iterations to fill the pipeline."""
+    if ipus_per_replica > 1 and device_iterations < ipus_per_replica:
+        raise IPUCompilationError(
+            f"Pipelined inference over {ipus_per_replica} IPUs needs inference_device_iterations >= "
+            f"{ipus_per_replica}, got {device_iterations}. Raise inference_device_iterations, or run "
+            "inference sharded (the default), which has no such requirement."
+        )
+
+
+def check_num_ipus(ipus_per_replica: int, replication_factor: int, auto_round: bool = False) -> int:
+    """The IPUs a process attaches to must be a power of two, at most 64; return how many it gets."""
+    requested = ipus_per_replica * replication_factor
+    if requested > MAX_IPUS_PER_PROCESS:
+        raise IPUCompilationError(
+            f"{ipus_per_replica} IPUs per replica x {replication_factor} replicas = {requested} IPUs, but one "
+            f"process can use at most {MAX_IPUS_PER_PROCESS}. Lower replication_factor, or launch several "
+            "processes (one per group of replicas)."
+        )
+    power = 1 << (requested - 1).bit_length()
+    if power != requested:
+        if not auto_round:
+            raise IPUCompilationError(
+                f"{ipus_per_replica} IPUs per replica x {replication_factor} replicas = {requested} IPUs, which is "
+                f"not a power of two. Use {power // 2 if power // 2 >= ipus_per_replica else power} or {power} "
+                "IPUs in total (change replication_factor or layers_per_ipu), or let the runtime round up "
+                f"to {power} (auto_round_num_ipus=True; the extra IPUs sit idle)."
+            )
+        logger.warning("Rounding %d requested IPUs up to %d (the extra IPUs are idle).", requested, power)
+    return power
+
+
+def micro_batch_size_of(
+    combined_batch_size: int, device_iterations: int, replication_factor: int, gradient_accumulation_steps: int
+) -> int:
+    """Split a combined batch: it must be a multiple of DI x replicas x GA ("Invalid batch dimension")."""
+    per_micro = device_iterations * replication_factor * gradient_accumulation_steps
+    if combined_batch_size % per_micro or combined_batch_size == 0:
+        raise IPUCompilationError(
+            f"Invalid batch dimension: the combined batch of {combined_batch_size} samples is not a multiple of "
+            f"device_iterations ({device_iterations}) x replicas ({replication_factor}) x "
+            f"gradient_accumulation_steps ({gradient_accumulation_steps}) = {per_micro}. Feed combined batches "
+            f"of micro_batch_size x {per_micro} samples (IPUTrainer's data loaders do)."
+        )
+    return combined_batch_size // per_micro
