@@ -19,7 +19,7 @@ _EXPORTS = {
     "to_pipelined": "optimum_ipu.pipelining",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = ["IPUConfig", "IPUTrainer", "IPUTrainingArguments", "to_pipelined", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimum_ipu.configuration import IPUConfig

@@ -1,0 +1,262 @@
+"""What a valid `IPUConfig` is: its fields and defaults, the derived defaults, and the validation rules.
+
+Everything here works on a plain dict of values keyed by the JSON names (training values under the
+plain name, inference values under the `inference_` name), so the rules can be read and tested without
+the mode machinery of `IPUConfig`.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+CONFIG_NAME = "ipu_config.json"
+
+
+class IPUConfigError(ValueError):
+    """An `IPUConfig` value, override or file that breaks a rule; the message names the attribute."""
+
+
+# Every attribute of `ipu_config.json` with its default, in the order `to_dict()` writes them.
+# `None` on a derivable field means "derive it" (see `derive_defaults`).
+FIELD_DEFAULTS: dict[str, Any] = {
+    "replication_factor": 1,
+    "inference_replication_factor": 1,
+    "gradient_accumulation_steps": 1,
+    "layers_per_ipu": [-1],
+    "inference_layers_per_ipu": None,
+    "ipus_per_replica": None,
+    "inference_ipus_per_replica": None,
+    "optimizer_state_offchip": False,
+    "replicated_tensor_sharding": False,
+    "matmul_proportion": 0.2,
+    "inference_matmul_proportion": None,
+    "enable_half_partials": True,
+    "embedding_serialization_factor": 1,
+    "inference_embedding_serialization_factor": None,
+    "serialized_embedding_splits_per_ipu": None,
+    "inference_serialized_embedding_splits_per_ipu": None,
+    "projection_serialization_factor": 1,
+    "inference_projection_serialization_factor": None,
+    "serialized_projection_splits_per_ipu": None,
+    "inference_serialized_projection_splits_per_ipu": None,
+    "recompute_checkpoint_every_layer": False,
+    "device_iterations": 1,
+    "inference_device_iterations": 1,
+    "output_mode": "final",
+    "seed": None,
+    "auto_loss_scaling": False,
+    "executable_cache_dir": "",
+    "parallelize_kwargs": {},
+    "inference_parallelize_kwargs": {},
+    "explicit_ir_inference": False,
+}
+FIELD_NAMES: tuple[str, ...] = tuple(FIELD_DEFAULTS)
+
+# Attributes with an `inference_` twin: in inference mode, reading the plain name gives the twin.
+MODE_MANAGED: tuple[str, ...] = tuple(
+    name for name in FIELD_NAMES if not name.startswith("inference_") and f"inference_{name}" in FIELD_DEFAULTS
+)
+
+# Attributes whose value is derived from others unless the user gave one.
+DERIVABLE: frozenset[str] = frozenset(
+    {
+        "ipus_per_replica",
+        "inference_layers_per_ipu",
+        "inference_ipus_per_replica",
+        "inference_matmul_proportion",
+        "inference_embedding_serialization_factor",
+        "inference_serialized_embedding_splits_per_ipu",
+        "inference_projection_serialization_factor",
+        "inference_serialized_projection_splits_per_ipu",
+    }
+)
+
+OUTPUT_MODES = ("all", "sum", "final", "default")
+DEFAULT_MATMUL_PROPORTION = 0.2
+_SERIALIZED = ("embedding", "projection")
+
+
+def close_matches(name: str, candidates: Iterable[str] = FIELD_NAMES) -> str:
+    """" (did you mean `x`?)" for a mistyped attribute name, or "" when nothing is close."""
+    found = difflib.get_close_matches(name, list(candidates), n=2, cutoff=0.75)
+    return f" (did you mean {' or '.join(f'`{m}`' for m in found)}?)" if found else ""
+
+
+def derive_defaults(values: Mapping[str, Any], explicit: Iterable[str]) -> dict[str, Any]:
+    """Return `values` with every derivable attribute the user did not set filled in.
+
+    The rules follow Optimum Graphcore: `ipus_per_replica` is `len(layers_per_ipu)`; the inference
+    layers copy the training ones; `inference_ipus_per_replica` is `len(inference_layers_per_ipu)` when
+    that list was given or when `ipus_per_replica == len(layers_per_ipu)`, else `ipus_per_replica`;
+    `inference_matmul_proportion` copies `matmul_proportion` unless that is a list of the wrong length
+    for inference, then 0.2. Two additions of ours, in the same spirit: copied inference layers of the
+    wrong length for an explicit `inference_ipus_per_replica` become `[-1]` (split evenly), and the
+    inference serialization settings copy the training ones (a split list of the wrong length for
+    inference is dropped, leaving factor 1).
+    """
+    explicit = set(explicit)
+    v = copy.deepcopy(dict(values))
+    layers = v["layers_per_ipu"]
+    n_layers = len(layers) if isinstance(layers, list) else 1
+
+    if "inference_layers_per_ipu" not in explicit:
+        v["inference_layers_per_ipu"] = copy.deepcopy(layers)
+    if "ipus_per_replica" not in explicit:
+        v["ipus_per_replica"] = n_layers
+    if "inference_ipus_per_replica" not in explicit:
+        inference_layers = v["inference_layers_per_ipu"]
+        if "inference_layers_per_ipu" in explicit or v["ipus_per_replica"] == n_layers:
+            v["inference_ipus_per_replica"] = len(inference_layers) if isinstance(inference_layers, list) else 1
+        else:
+            v["inference_ipus_per_replica"] = v["ipus_per_replica"]
+    elif "inference_layers_per_ipu" not in explicit:
+        copied = v["inference_layers_per_ipu"]
+        if isinstance(copied, list) and not _all_wildcards(copied) and len(copied) != v["inference_ipus_per_replica"]:
+            v["inference_layers_per_ipu"] = [-1]
+
+    if "inference_matmul_proportion" not in explicit:
+        proportion = v["matmul_proportion"]
+        wrong_length = isinstance(proportion, list) and len(proportion) != v["inference_ipus_per_replica"]
+        v["inference_matmul_proportion"] = DEFAULT_MATMUL_PROPORTION if wrong_length else copy.deepcopy(proportion)
+
+    for kind in _SERIALIZED:
+        factor, splits = f"{kind}_serialization_factor", f"serialized_{kind}_splits_per_ipu"
+        inf_factor, inf_splits = f"inference_{factor}", f"inference_{splits}"
+        if inf_factor not in explicit and inf_splits not in explicit:
+            train_splits = v[splits]
+            if isinstance(train_splits, list) and len(train_splits) != v["inference_ipus_per_replica"]:
+                train_splits = None
+            v[inf_splits] = copy.deepcopy(train_splits)
+            v[inf_factor] = v[factor]
+        else:
+            if inf_factor not in explicit:
+                v[inf_factor] = 1
+            if inf_splits not in explicit:
+                v[inf_splits] = None
+    return v
+
+
+def _all_wildcards(layers: list) -> bool:
+    return bool(layers) and all(n == -1 for n in layers)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fail(name: str, value: Any, rule: str) -> IPUConfigError:
+    return IPUConfigError(f"`IPUConfig` attribute `{name}` {rule}, got {value!r}.")
+
+
+def _check_count(values: Mapping[str, Any], name: str) -> None:
+    value = values[name]
+    if not _is_int(value) or value < 1:
+        raise _fail(name, value, "must be an integer >= 1")
+
+
+def _check_layer_entries(values: Mapping[str, Any], prefix: str) -> None:
+    name = f"{prefix}layers_per_ipu"
+    layers = values[name]
+    if not isinstance(layers, list) or not layers:
+        raise _fail(name, layers, "must be a non-empty list of layer counts (one per IPU; -1 is the wildcard)")
+    if not all(_is_int(n) and n >= -1 for n in layers):
+        raise _fail(name, layers, "must hold integers >= -1 (-1 is the wildcard)")
+
+
+def _check_layers(values: Mapping[str, Any], prefix: str) -> None:
+    name, ipus_name = f"{prefix}layers_per_ipu", f"{prefix}ipus_per_replica"
+    layers, ipus = values[name], values[ipus_name]
+    if not _all_wildcards(layers) and len(layers) != ipus:
+        raise IPUConfigError(
+            f"`IPUConfig` attribute `{name}` has {len(layers)} entries ({layers}) but `{ipus_name}` is {ipus}: "
+            f"give one entry per IPU, set `{ipus_name}={len(layers)}`, or use [-1] to split the layers evenly."
+        )
+
+
+def _check_matmul(values: Mapping[str, Any], prefix: str) -> None:
+    name, ipus_name = f"{prefix}matmul_proportion", f"{prefix}ipus_per_replica"
+    proportion, ipus = values[name], values[ipus_name]
+    if isinstance(proportion, list):
+        if not proportion or not all(_is_number(p) and p >= 0 for p in proportion):
+            raise _fail(name, proportion, "must be a number >= 0 or a non-empty list of numbers >= 0")
+        if len(proportion) != ipus:
+            raise IPUConfigError(
+                f"`IPUConfig` attribute `{name}` has {len(proportion)} entries ({proportion}) but "
+                f"`{ipus_name}` is {ipus}: give one value per IPU, or a single number for every IPU."
+            )
+    elif not _is_number(proportion) or proportion < 0:
+        raise _fail(name, proportion, "must be a number >= 0 or a list with one number >= 0 per IPU")
+
+
+def _check_serialization(values: Mapping[str, Any], prefix: str, kind: str) -> None:
+    factor_name = f"{prefix}{kind}_serialization_factor"
+    splits_name = f"{prefix}serialized_{kind}_splits_per_ipu"
+    ipus_name = f"{prefix}ipus_per_replica"
+    _check_count(values, factor_name)
+    splits, ipus = values[splits_name], values[ipus_name]
+    if splits is None:
+        return
+    if not isinstance(splits, list) or not all(_is_int(n) and n >= 0 for n in splits):
+        raise _fail(splits_name, splits, "must be None or a list of integers >= 0, one per IPU")
+    if len(splits) != ipus:
+        raise IPUConfigError(
+            f"`IPUConfig` attribute `{splits_name}` has {len(splits)} entries ({splits}) but `{ipus_name}` is "
+            f"{ipus}: give the number of splits on every IPU of the pipeline (0 where there are none)."
+        )
+    used = [i for i, n in enumerate(splits) if n > 0]
+    if not used:
+        raise _fail(splits_name, splits, "must place at least one split (its sum must be >= 1)")
+    if used != list(range(used[0], used[-1] + 1)):
+        raise _fail(splits_name, splits, "must put its non-zero entries on consecutive IPUs")
+    if values[factor_name] > 1:
+        raise IPUConfigError(
+            f"`IPUConfig` attributes `{factor_name}`={values[factor_name]} and `{splits_name}`={splits} "
+            f"are alternatives: set one of them (the factor to 1, or the splits to None)."
+        )
+
+
+def validate_values(values: Mapping[str, Any]) -> None:
+    """Check every value and every cross-field rule, in both modes; raise `IPUConfigError` on the first break."""
+    for prefix in ("", "inference_"):  # first: the IPU counts are derived from these lists
+        _check_layer_entries(values, prefix)
+    for name in (
+        "replication_factor",
+        "inference_replication_factor",
+        "gradient_accumulation_steps",
+        "ipus_per_replica",
+        "inference_ipus_per_replica",
+        "device_iterations",
+        "inference_device_iterations",
+    ):
+        _check_count(values, name)
+    for name in (
+        "optimizer_state_offchip",
+        "replicated_tensor_sharding",
+        "enable_half_partials",
+        "recompute_checkpoint_every_layer",
+        "auto_loss_scaling",
+        "explicit_ir_inference",
+    ):
+        if not isinstance(values[name], bool):
+            raise _fail(name, values[name], "must be true or false")
+    if values["output_mode"] not in OUTPUT_MODES:
+        raise _fail("output_mode", values["output_mode"], f"must be one of {', '.join(OUTPUT_MODES)}")
+    if values["seed"] is not None and not _is_int(values["seed"]):
+        raise _fail("seed", values["seed"], "must be None or an integer")
+    if not isinstance(values["executable_cache_dir"], str):
+        raise _fail("executable_cache_dir", values["executable_cache_dir"], 'must be a path ("" disables the cache)')
+    for name in ("parallelize_kwargs", "inference_parallelize_kwargs"):
+        if not isinstance(values[name], dict):
+            raise _fail(name, values[name], "must be a dict of keyword arguments for parallelize()")
+    for prefix in ("", "inference_"):
+        _check_layers(values, prefix)
+        _check_matmul(values, prefix)
+        for kind in _SERIALIZED:
+            _check_serialization(values, prefix, kind)

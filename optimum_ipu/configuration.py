@@ -1,0 +1,387 @@
+"""`IPUConfig`: how a model is laid out and batched on IPUs, saved beside it as `ipu_config.json`.
+
+The attribute names, defaults and file format are Optimum Graphcore's, so its Hub configs and scripts
+work unchanged. What is ours: legacy files load with one warning instead of an error, overrides
+re-run the derived defaults and the cross-field checks, and a config remembers where it came from.
+
+The rules of what is valid live in `_config_schema`, old-file handling in `_config_legacy`, and the
+`--ipu_config_overrides` syntax in `_config_parsing`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from optimum_ipu._config_legacy import n_ipu_from_pod_type, normalize_config_dict
+from optimum_ipu._config_parsing import parse_overrides
+from optimum_ipu._config_schema import (
+    CONFIG_NAME,
+    DERIVABLE,
+    FIELD_DEFAULTS,
+    FIELD_NAMES,
+    MODE_MANAGED,
+    IPUConfigError,
+    close_matches,
+    derive_defaults,
+    validate_values,
+)
+
+__all__ = ["CONFIG_NAME", "IPUConfig", "IPUConfigError", "n_ipu_from_pod_type"]
+
+logger = logging.getLogger(__name__)
+
+_MODES = ("training", "inference")
+# Public attributes that are not part of the JSON.
+_BOOKKEEPING = ("source", "source_path")
+
+
+class _ModeManaged:
+    """Reads `inference_<name>` instead of `<name>` while the config is in inference mode.
+
+    A data descriptor, so it wins over the instance dict, where the training value is kept under the
+    plain name (`vars(config)` and `to_dict()` show the raw values of both modes).
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.twin = name, f"inference_{name}"
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        values = obj.__dict__
+        return values[self.twin if values.get("_mode") == "inference" else self.name]
+
+    def __set__(self, obj: Any, value: Any) -> None:  # IPUConfig.__setattr__ handles assignment
+        obj.__setattr__(self.name, value)
+
+
+class IPUConfig:
+    """An Optimum Graphcore IPU configuration: pipelining, replication, batching and memory settings.
+
+    Attributes are those of `ipu_config.json` (see `FIELD_DEFAULTS` in `_config_schema` and the
+    project's semantics reference). The ones with an `inference_` twin (`layers_per_ipu`,
+    `ipus_per_replica`, `matmul_proportion`, `replication_factor`, `device_iterations`, the
+    serialization settings, `parallelize_kwargs`) read as the twin after `eval()`, so placing code reads
+    one name in both modes. Assigning a managed name in inference mode sets the twin, symmetrically.
+    `gradient_accumulation_steps` is not managed: it keeps its training value in inference mode, where
+    nothing reads it (`batch_size_factor(for_inference=True)` leaves it out).
+
+    Direct assignment stores a value as given; `update(**values)` also re-derives the dependent
+    defaults and validates, atomically. `source` / `source_path` say where a loaded config came from
+    ("local", "hub", "hub-cache" or "bundled"); they are not written to the JSON.
+    """
+
+    def __init__(
+        self,
+        *,
+        replication_factor: int = 1,
+        inference_replication_factor: int = 1,
+        gradient_accumulation_steps: int = 1,
+        layers_per_ipu: list[int] | None = None,
+        inference_layers_per_ipu: list[int] | None = None,
+        ipus_per_replica: int | None = None,
+        inference_ipus_per_replica: int | None = None,
+        optimizer_state_offchip: bool = False,
+        replicated_tensor_sharding: bool = False,
+        matmul_proportion: float | list[float] = 0.2,
+        inference_matmul_proportion: float | list[float] | None = None,
+        enable_half_partials: bool = True,
+        embedding_serialization_factor: int = 1,
+        inference_embedding_serialization_factor: int | None = None,
+        serialized_embedding_splits_per_ipu: list[int] | None = None,
+        inference_serialized_embedding_splits_per_ipu: list[int] | None = None,
+        projection_serialization_factor: int = 1,
+        inference_projection_serialization_factor: int | None = None,
+        serialized_projection_splits_per_ipu: list[int] | None = None,
+        inference_serialized_projection_splits_per_ipu: list[int] | None = None,
+        recompute_checkpoint_every_layer: bool = False,
+        device_iterations: int = 1,
+        inference_device_iterations: int = 1,
+        output_mode: str = "final",
+        seed: int | None = None,
+        auto_loss_scaling: bool = False,
+        executable_cache_dir: str = "",
+        parallelize_kwargs: dict[str, Any] | None = None,
+        inference_parallelize_kwargs: dict[str, Any] | None = None,
+        explicit_ir_inference: bool = False,
+    ) -> None:
+        """Build a config; `None` on a derivable attribute derives it. Raises `IPUConfigError` if invalid."""
+        given = dict(locals())
+        object.__setattr__(self, "_mode", "training")
+        object.__setattr__(self, "_explicit", set())
+        object.__setattr__(self, "source", None)
+        object.__setattr__(self, "source_path", None)
+        given["layers_per_ipu"] = [-1] if layers_per_ipu is None else layers_per_ipu
+        given["parallelize_kwargs"] = {} if parallelize_kwargs is None else parallelize_kwargs
+        given["inference_parallelize_kwargs"] = {} if inference_parallelize_kwargs is None else inference_parallelize_kwargs
+        for name in FIELD_NAMES:
+            setattr(self, name, copy.deepcopy(given[name]))
+        self._refresh()
+
+    # ----- modes ---------------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        """ "training" or "inference": which value the mode-managed attributes read."""
+        return self._mode
+
+    def train(self) -> IPUConfig:
+        """Switch to training mode; returns self."""
+        object.__setattr__(self, "_mode", "training")
+        return self
+
+    def eval(self) -> IPUConfig:
+        """Switch to inference mode (managed attributes read their `inference_` twin); returns self."""
+        object.__setattr__(self, "_mode", "inference")
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in MODE_MANAGED and self._mode == "inference":
+            name = f"inference_{name}"
+        if name in FIELD_DEFAULTS:
+            if name in DERIVABLE:  # set to None, it goes back to being derived
+                (self._explicit.add if value is not None else self._explicit.discard)(name)
+            self.__dict__[name] = value
+        elif name in _BOOKKEEPING or name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            raise AttributeError(f"`IPUConfig` has no attribute `{name}`{close_matches(name)}.")
+
+    # ----- values --------------------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        values = derive_defaults(self.to_dict(), self._explicit)
+        validate_values(values)
+        self.__dict__.update(values)
+
+    def validate(self) -> None:
+        """Check every value and cross-field rule of both modes (after direct assignments)."""
+        validate_values(self.to_dict())
+
+    def update(self, **values: Any) -> IPUConfig:
+        """Set attributes, re-derive the dependent defaults and validate; all or nothing. Returns self.
+
+        Raises:
+            IPUConfigError: for an unknown name or an invalid result (the config is left unchanged).
+        """
+        unknown = [name for name in values if name not in FIELD_DEFAULTS]
+        if unknown:
+            raise IPUConfigError(
+                "Unknown `IPUConfig` attributes: " + ", ".join(f"`{n}`{close_matches(n)}" for n in unknown) + "."
+            )
+        snapshot = copy.deepcopy(self.__dict__)
+        try:
+            for name, value in values.items():
+                setattr(self, name, copy.deepcopy(value))
+            self._refresh()
+        except Exception:
+            self.__dict__.clear()
+            self.__dict__.update(snapshot)
+            raise
+        return self
+
+    def update_from_string(self, update_str: str) -> IPUConfig:
+        """Apply `--ipu_config_overrides`, e.g. `"embedding_serialization_factor=2,matmul_proportion=[0.1 0.2]"`.
+
+        Each value is read by the type of the attribute's current value (in the current mode); a list
+        may replace a number, `None` unsets, and an unset value takes the type its text shows.
+        Returns self.
+
+        Raises:
+            IPUConfigError: naming the key and the value and showing the accepted forms.
+        """
+        return self.update(**parse_overrides(update_str, FIELD_NAMES, lambda name: getattr(self, name)))
+
+    def batch_size_factor(self, for_inference: bool = False) -> int:
+        """Samples per host call per micro-batch sample.
+
+        Training: replication × gradient accumulation × device iterations; inference: inference
+        replication × inference device iterations. Independent of the current mode.
+        """
+        v = self.__dict__
+        if for_inference:
+            return v["inference_replication_factor"] * v["inference_device_iterations"]
+        return v["replication_factor"] * v["gradient_accumulation_steps"] * v["device_iterations"]
+
+    def describe_combined_batch(self, micro_batch: int = 1, for_inference: bool = False) -> str:
+        """The combined-batch arithmetic as text, e.g. "micro-batch 2 × gradient accumulation 16 × ... = 128"."""
+        v = self.__dict__
+        if for_inference:
+            factors = [
+                ("micro-batch", micro_batch),
+                ("replicas", v["inference_replication_factor"]),
+                ("device iterations", v["inference_device_iterations"]),
+            ]
+        else:
+            factors = [
+                ("micro-batch", micro_batch),
+                ("gradient accumulation", v["gradient_accumulation_steps"]),
+                ("replicas", v["replication_factor"]),
+                ("device iterations", v["device_iterations"]),
+            ]
+        total = micro_batch * self.batch_size_factor(for_inference)
+        return " × ".join(f"{name} {value}" for name, value in factors) + f" = {total}"
+
+    def num_ipus(self, for_inference: bool = False) -> int:
+        """IPUs used in all: replicas × IPUs per replica, for training or inference."""
+        prefix = "inference_" if for_inference else ""
+        return self.__dict__[f"{prefix}replication_factor"] * self.__dict__[f"{prefix}ipus_per_replica"]
+
+    def for_n_ipu(self, n_ipu: int) -> IPUConfig:
+        """Fill `n_ipu` IPUs with replicas: `replication_factor = n_ipu // ipus_per_replica`. Returns self.
+
+        Training must use every IPU, so `n_ipu` must be a multiple of `ipus_per_replica`. Inference
+        takes as many whole replicas as fit (at least one) and says so when IPUs are left idle.
+
+        Raises:
+            IPUConfigError: naming `n_ipu` and `ipus_per_replica` when they do not divide.
+        """
+        v = self.__dict__
+        ipus, inference_ipus = v["ipus_per_replica"], v["inference_ipus_per_replica"]
+        if not isinstance(n_ipu, int) or n_ipu < 1 or n_ipu % ipus:
+            raise IPUConfigError(
+                f"n_ipu={n_ipu} is not a multiple of ipus_per_replica={ipus}: replication_factor = n_ipu // "
+                f"ipus_per_replica must use every IPU. Use n_ipu a multiple of {ipus}, or change ipus_per_replica."
+            )
+        if n_ipu < inference_ipus:
+            raise IPUConfigError(
+                f"n_ipu={n_ipu} is smaller than inference_ipus_per_replica={inference_ipus}: one inference "
+                "replica does not fit."
+            )
+        if n_ipu % inference_ipus:
+            logger.warning(
+                "n_ipu=%d is not a multiple of inference_ipus_per_replica=%d: inference uses %d replicas and "
+                "leaves %d IPUs idle.",
+                n_ipu, inference_ipus, n_ipu // inference_ipus, n_ipu % inference_ipus,
+            )
+        return self.update(replication_factor=n_ipu // ipus, inference_replication_factor=n_ipu // inference_ipus)
+
+    # ----- serialization -------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """All attributes of both modes under their JSON names (raw values, whatever the mode)."""
+        return {name: copy.deepcopy(self.__dict__[name]) for name in FIELD_NAMES}
+
+    def to_json_string(self) -> str:
+        """The `ipu_config.json` text: sorted keys, two-space indent, trailing newline."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
+        """Write `ipu_config.json` into `save_directory` (created if needed); return the file's path."""
+        path = Path(save_directory) / CONFIG_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json_string())
+        logger.info("IPU config saved in %s", path)
+        return path
+
+    @classmethod
+    def from_dict(
+        cls,
+        config_dict: dict[str, Any],
+        *,
+        pod_type: str | None = None,
+        n_ipu: int | None = None,
+        strict: bool = False,
+        **overrides: Any,
+    ) -> IPUConfig:
+        """Build a config from a (possibly legacy) dict, then apply keyword `overrides`.
+
+        Pod-keyed values take the entry for `pod_type` (or `pod{n_ipu}`, else "default"); deprecated
+        keys are dropped; serialization factor 0 reads as 1; unknown keys are dropped. All of that is
+        reported in one warning. With `strict=True` unknown keys raise instead.
+        """
+        return cls._from_raw(config_dict, "(from a dict)", pod_type, n_ipu, strict, overrides)
+
+    @classmethod
+    def _from_raw(cls, raw, origin, pod_type, n_ipu, strict, overrides) -> IPUConfig:
+        if not isinstance(raw, dict):
+            raise IPUConfigError(f"IPU config {origin} is not a JSON object but {type(raw).__name__}.")
+        normalized = normalize_config_dict(raw, pod_type=pod_type, n_ipu=n_ipu)
+        if strict and normalized.unknown:
+            raise IPUConfigError(
+                f"IPU config {origin} has unknown keys: "
+                + ", ".join(f"`{k}`{close_matches(k)}" for k in normalized.unknown)
+                + " (strict=True). Remove them, or load with strict=False to ignore them with a warning."
+            )
+        message = normalized.message(origin)
+        if message:
+            logger.warning(message)
+        try:
+            config = cls(**normalized.values)
+        except IPUConfigError as error:
+            raise IPUConfigError(f"IPU config {origin}: {error}") from None
+        return config.update(**overrides) if overrides else config
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
+        pod_type: str | None = None,
+        n_ipu: int | None = None,
+        strict: bool = False,
+        **overrides: Any,
+    ) -> IPUConfig:
+        """Load `ipu_config.json` from a local folder or file, the Hub (or its cache), or the bundled copy.
+
+        Args:
+            name_or_path: a folder holding `ipu_config.json`, a path to a JSON file, or a Hub repo id
+                such as `Graphcore/bert-base-ipu`.
+            revision, token, cache_dir, local_files_only: passed to `huggingface_hub.hf_hub_download`.
+            pod_type, n_ipu: choose the entry of old pod-keyed values (they do not set replication;
+                `for_n_ipu` and the training arguments do).
+            strict: raise on unknown keys instead of warning.
+            **overrides: attribute values applied after loading, with derived defaults and
+                cross-field validation re-run.
+
+        Raises:
+            IPUConfigError: for an invalid file or override.
+            FileNotFoundError: when no config is found (the message lists the bundled names).
+        """
+        from optimum_ipu.hub import resolve_config_file
+
+        found = resolve_config_file(
+            name_or_path, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
+        )
+        origin = f"{found.path} ({found.source})"
+        try:
+            raw = json.loads(Path(found.path).read_text())
+        except json.JSONDecodeError as error:
+            raise IPUConfigError(f"IPU config {origin} is not valid JSON: {error}") from None
+        config = cls._from_raw(raw, origin, pod_type, n_ipu, strict, overrides)
+        config.source, config.source_path = found.source, str(found.path)
+        return config
+
+    # ----- object protocol -----------------------------------------------------------------------
+
+    def copy(self) -> IPUConfig:
+        """A deep copy, keeping the mode, the source and which values were given explicitly."""
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(copy.deepcopy(self.__dict__))
+        return clone
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when every attribute of both modes is equal (mode and source are not compared)."""
+        if not isinstance(other, IPUConfig):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None  # mutable
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__} {self.to_json_string()}"
+
+
+for _name in MODE_MANAGED:
+    _descriptor = _ModeManaged()
+    _descriptor.__set_name__(IPUConfig, _name)
+    setattr(IPUConfig, _name, _descriptor)
+del _name, _descriptor

@@ -1,0 +1,236 @@
+"""`IPUTrainingArguments`: transformers' training arguments plus the IPU ones Optimum Graphcore users pass.
+
+Two rules keep the Trainer's own bookkeeping right. One trainer step is one combined batch, so the
+Trainer's gradient accumulation stays 1: `--gradient_accumulation_steps` is kept aside in
+`ipu_gradient_accumulation_steps` and overrides the IPU config's value. And the IPU trains in fp16 on
+its own terms, so `--fp16` never turns on torch autocast. Old command lines keep working: the
+arguments transformers v5 removed (`--warmup_ratio`, `--overwrite_output_dir`, `--evaluation_strategy`,
+`--logging_dir`) are accepted and mapped.
+
+`resolve_ipu_config(args, model_name_or_path)` turns the arguments and a config name into the
+effective `IPUConfig` of a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+from transformers import TrainingArguments
+
+from optimum_ipu._config_legacy import n_ipu_from_pod_type
+from optimum_ipu._config_parsing import split_overrides
+from optimum_ipu.configuration import IPUConfig
+
+__all__ = ["IPUTrainingArguments", "resolve_ipu_config"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class IPUTrainingArguments(TrainingArguments):
+    """Training arguments for a run on (simulated) IPUs; every field doubles as a `--flag`.
+
+    After `__post_init__`: `gradient_accumulation_steps` is 1 and the value given on the command line
+    (or None) is in `ipu_gradient_accumulation_steps`; `fp16`/`bf16` are False; `n_ipu` is filled from
+    `pod_type`; `warmup_ratio` has been copied to `warmup_steps` and `evaluation_strategy` to
+    `eval_strategy`. A copy made with `dataclasses.replace` keeps an explicit accumulation value; a
+    copy of arguments that gave none reads as 1 unless `gradient_accumulation_steps=None` is passed.
+    """
+
+    ipu_config_name: str | None = field(
+        default=None,
+        metadata={"help": "IPU config name or path (ipu_config.json) if not the same as the model's."},
+    )
+    n_ipu: int | None = field(
+        default=None,
+        metadata={"help": "Total number of IPUs; replication_factor = n_ipu // ipus_per_replica."},
+    )
+    pod_type: str | None = field(
+        default=None,
+        metadata={"help": "Older spelling of n_ipu: podN (N a power of two, e.g. pod16). Also picks the "
+                  "entry of pod-keyed values in old IPU configs."},
+    )
+    fp32: bool = field(default=False, metadata={"help": "Train in fp32 instead of the IPU's default fp16."})
+    lamb: bool = field(default=False, metadata={"help": "Use the LAMB optimizer instead of AdamW."})
+    lamb_no_bias_correction: bool = field(
+        default=False, metadata={"help": "Use LAMB without bias correction."}
+    )
+    loss_scaling: float | None = field(
+        default=None,
+        metadata={"help": "Static loss scaling factor (e.g. 64 to 32768): the loss is multiplied before "
+                  "backward and the gradients divided back before the update."},
+    )
+    auto_loss_scaling: bool = field(
+        default=False, metadata={"help": "Adapt the loss scale automatically (training only)."}
+    )
+    dataloader_mode: Literal["sync", "async", "async_rebatched"] = field(
+        default="sync", metadata={"help": "How the data loader feeds the IPUs: sync, async or async_rebatched."}
+    )
+    compile_only: bool = field(
+        default=False, metadata={"help": "Compile the model, report the layout and exit without training."}
+    )
+    ipu_config_overrides: str | None = field(
+        default=None,
+        metadata={"help": "Override IPU config attributes, e.g. "
+                  '"embedding_serialization_factor=2,matmul_proportion=[0.1 0.2 0.3 0.3]".'},
+    )
+    pad_on_batch_axis: bool = field(
+        default=False,
+        metadata={"help": "Pad short batches by repeating samples (predictions are trimmed back)."},
+    )
+    gradient_accumulation_steps: int | None = field(
+        default=None,
+        metadata={"help": "Micro-batches accumulated per weight update on the IPU; overrides the IPU config "
+                  "when given. The Trainer itself never accumulates: one step is one combined batch."},
+    )
+    ipu_gradient_accumulation_steps: int | None = field(
+        default=None,
+        metadata={"help": "Set from --gradient_accumulation_steps (None: the IPU config decides)."},
+    )
+    # Removed by transformers v5; accepted so Optimum Graphcore command lines run unchanged.
+    warmup_ratio: float | None = field(
+        default=None,
+        metadata={"help": "Removed in transformers v5: the share of steps used for warmup; copied to "
+                  "--warmup_steps, which takes a float < 1 as a ratio."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Removed in transformers v5; accepted and ignored by the Trainer (example scripts "
+                  "read it to decide whether to resume from the last checkpoint in output_dir)."},
+    )
+    evaluation_strategy: str | None = field(
+        default=None, metadata={"help": "Removed in transformers v5: the old name of --eval_strategy."}
+    )
+    logging_dir: str | None = field(
+        default=None,
+        metadata={"help": "Removed in transformers v5: TensorBoard log folder. Sets TENSORBOARD_LOGGING_DIR "
+                  "(where v5 looks) unless it is set already; used with --report_to tensorboard."},
+    )
+
+    def __post_init__(self) -> None:
+        self._check_pods()
+        self._take_gradient_accumulation()
+        self._take_precision()
+        self._map_removed_arguments()
+        super().__post_init__()
+
+    def _check_pods(self) -> None:
+        if self.n_ipu is not None and (isinstance(self.n_ipu, bool) or int(self.n_ipu) < 1):
+            raise ValueError(f"--n_ipu must be an integer >= 1, got {self.n_ipu!r}.")
+        if self.pod_type is None:
+            return
+        pod_ipus = n_ipu_from_pod_type(self.pod_type)
+        if self.n_ipu is not None and self.n_ipu != pod_ipus:
+            raise ValueError(
+                f"--pod_type {self.pod_type} means {pod_ipus} IPUs but --n_ipu is {self.n_ipu}: give one of "
+                "them, or make them agree."
+            )
+        self.n_ipu = pod_ipus
+
+    def _take_gradient_accumulation(self) -> None:
+        if self.gradient_accumulation_steps is not None and self.ipu_gradient_accumulation_steps is None:
+            self.ipu_gradient_accumulation_steps = self.gradient_accumulation_steps
+        steps = self.ipu_gradient_accumulation_steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ValueError(f"--gradient_accumulation_steps must be an integer >= 1, got {steps!r}.")
+        self.gradient_accumulation_steps = 1
+
+    def _take_precision(self) -> None:
+        if self.bf16:
+            raise ValueError(
+                "--bf16 is not supported: IPUs train in fp16 by default (with loss scaling), or in fp32 "
+                "with --fp32. Drop --bf16."
+            )
+        if self.fp16:
+            if self.fp32:
+                raise ValueError("--fp16 and --fp32 contradict each other: give one of them.")
+            logger.info("--fp16 is the IPU default (half precision); it does not turn on torch autocast.")
+            self.fp16 = False
+
+    def _map_removed_arguments(self) -> None:
+        if self.warmup_ratio is not None:
+            ratio = self.warmup_ratio
+            if not 0 <= ratio < 1:
+                raise ValueError(f"--warmup_ratio must be in [0, 1), got {ratio}.")
+            if self.warmup_steps not in (0, ratio):
+                raise ValueError(
+                    f"--warmup_ratio {ratio} and --warmup_steps {self.warmup_steps} both set the warmup: "
+                    "give one of them."
+                )
+            self.warmup_steps = ratio
+        if self.evaluation_strategy is not None:
+            if self.eval_strategy not in ("no", self.evaluation_strategy):
+                raise ValueError(
+                    f"--evaluation_strategy {self.evaluation_strategy} and --eval_strategy {self.eval_strategy} "
+                    "disagree: give --eval_strategy only."
+                )
+            self.eval_strategy = self.evaluation_strategy
+        if self.overwrite_output_dir:
+            logger.info(
+                "--overwrite_output_dir was removed in transformers v5; it is accepted and changes nothing in "
+                "the Trainer (which writes into output_dir either way)."
+            )
+        if self.logging_dir is not None:
+            os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.expanduser(self.logging_dir))
+
+
+def resolve_ipu_config(
+    args: IPUTrainingArguments,
+    model_name_or_path: str | os.PathLike | None = None,
+    ipu_config: IPUConfig | None = None,
+) -> IPUConfig:
+    """The effective IPU config of a run, in training mode.
+
+    Order: a copy of `ipu_config` if given, else `IPUConfig.from_pretrained(args.ipu_config_name or
+    model_name_or_path)` (pod-keyed values picked by `pod_type` / `n_ipu`); then the command line:
+    `--gradient_accumulation_steps`, `--gradient_checkpointing` (`recompute_checkpoint_every_layer`),
+    `--auto_loss_scaling`, `--seed`; then `--ipu_config_overrides`, which win; last, `n_ipu` sets the
+    replication factors from the final `ipus_per_replica` (unless an override set them).
+
+    Raises:
+        IPUConfigError: for an invalid override, or an `n_ipu` that is not a multiple of
+            `ipus_per_replica`.
+        FileNotFoundError: when no config can be found under that name.
+    """
+    if ipu_config is not None:
+        config = ipu_config.copy().train()
+    else:
+        name = args.ipu_config_name or model_name_or_path
+        if name is None:
+            raise ValueError("No IPU config: pass --ipu_config_name (a Hub id or a path) or a model name.")
+        config = IPUConfig.from_pretrained(name, pod_type=args.pod_type, n_ipu=args.n_ipu)
+
+    changes: dict = {"seed": args.seed}
+    if args.ipu_gradient_accumulation_steps is not None:
+        changes["gradient_accumulation_steps"] = args.ipu_gradient_accumulation_steps
+    if getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None):
+        changes["recompute_checkpoint_every_layer"] = True
+    if args.auto_loss_scaling:
+        changes["auto_loss_scaling"] = True
+    config.update(**changes)
+
+    overridden: set[str] = set()
+    if args.ipu_config_overrides:
+        overridden = {item.partition("=")[0].strip() for item in split_overrides(args.ipu_config_overrides)}
+        config.update_from_string(args.ipu_config_overrides)
+
+    if args.n_ipu:
+        kept = {k: v for k, v in config.to_dict().items() if k in overridden and k.endswith("replication_factor")}
+        config.for_n_ipu(args.n_ipu)
+        if kept:
+            config.update(**kept)
+            logger.warning("--ipu_config_overrides sets %s; n_ipu=%d does not change it.", kept, args.n_ipu)
+
+    if config.replicated_tensor_sharding and config.replication_factor == 1:
+        logger.warning("replicated_tensor_sharding has no effect with replication_factor=1 (one replica).")
+    logger.info(
+        "IPU config: %d IPUs (%d replicas × %d IPUs per replica); combined batch per training step: %s",
+        config.num_ipus(),
+        config.replication_factor,
+        config.ipus_per_replica,
+        config.describe_combined_batch(args.per_device_train_batch_size),
+    )
+    return config.train()
