@@ -1,0 +1,296 @@
+"""`optimum-ipu plan MODEL --ipu-config NAME`: will this layout fit, how fast would it run, and what is better.
+
+Builds the model from its config on the meta device (no weights are allocated or downloaded), traces
+one micro-batch, and prints the compile report a real IPU system would give: per-IPU memory against
+900 MB and the estimated throughput. `--auto` also searches `layers_per_ipu` and `matmul_proportion`
+for the fastest layout that fits.
+
+MODEL is a folder or `config.json` path, or one of the built-in presets (public architecture
+hyper-parameters, so planning works offline). Traced profiles are cached (see
+`optimum_ipu.simulator.cache`): a repeated plan needs neither torch nor transformers and runs in well
+under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Architecture hyper-parameters of public checkpoints (their config.json), for offline planning.
+_BERT_BASE = dict(model_type="bert", vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                  intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2)  # fmt: skip
+_BERT_LARGE = dict(
+    _BERT_BASE, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+)
+_ROBERTA_BASE = dict(_BERT_BASE, model_type="roberta", vocab_size=50265, max_position_embeddings=514,
+                     type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5)  # fmt: skip
+_ROBERTA_LARGE = dict(_ROBERTA_BASE, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                      intermediate_size=4096)  # fmt: skip
+_DISTILBERT = dict(model_type="distilbert", vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072,
+                   max_position_embeddings=512)  # fmt: skip
+_GPT2 = dict(model_type="gpt2", vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+_GPT2_MEDIUM = dict(_GPT2, n_embd=1024, n_layer=24, n_head=16)
+_VIT_BASE = dict(model_type="vit", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072, image_size=224, patch_size=16, num_channels=3, hidden_dropout_prob=0.0,
+                 attention_probs_dropout_prob=0.0)  # fmt: skip
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "bert-base-uncased": _BERT_BASE,
+    "bert-large-uncased": _BERT_LARGE,
+    "bert-base-cased": dict(_BERT_BASE, vocab_size=28996),
+    "bert-large-cased": dict(_BERT_LARGE, vocab_size=28996),
+    "roberta-base": _ROBERTA_BASE,
+    "roberta-large": _ROBERTA_LARGE,
+    "distilbert-base-uncased": _DISTILBERT,
+    "gpt2": _GPT2,
+    "gpt2-medium": _GPT2_MEDIUM,
+    "google/vit-base-patch16-224-in21k": _VIT_BASE,
+    "google/vit-base-patch16-224": dict(_VIT_BASE, num_labels=1000),
+}
+# Hub ids that name the same checkpoints (the Hub's renamed repos, Graphcore's copies).
+ALIASES = {
+    "google-bert/bert-base-uncased": "bert-base-uncased",
+    "google-bert/bert-large-uncased": "bert-large-uncased",
+    "Graphcore/bert-base-uncased": "bert-base-uncased",
+    "FacebookAI/roberta-base": "roberta-base",
+    "FacebookAI/roberta-large": "roberta-large",
+    "distilbert/distilbert-base-uncased": "distilbert-base-uncased",
+    "openai-community/gpt2": "gpt2",
+    "openai-community/gpt2-medium": "gpt2-medium",
+}
+# --task -> transformers Auto class building that head.
+TASKS = {
+    "question-answering": "AutoModelForQuestionAnswering",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "masked-lm": "AutoModelForMaskedLM",
+    "pretraining": "AutoModelForPreTraining",
+    "causal-lm": "AutoModelForCausalLM",
+    "image-classification": "AutoModelForImageClassification",
+    "base": "AutoModel",
+}
+_DEFAULT_TASK = {"vit": "image-classification", "gpt2": "causal-lm"}  # others: question-answering
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model to plan: its config as a dict and the class (or Auto class) that builds its head."""
+
+    name: str
+    config: dict[str, Any]
+    builder: str
+
+    @property
+    def is_vision(self) -> bool:
+        return "image_size" in self.config and "num_channels" in self.config
+
+
+def resolve_model(name_or_path: str, task: str | None = None) -> ModelSource:
+    """Find the config of `name_or_path` (folder, config.json or preset) and the class to build.
+
+    Without `task` a config.json's `architectures` decides; else ViT plans image classification,
+    GPT-2 causal LM, and the BERT family question answering.
+
+    Raises:
+        ValueError: unknown name (the message lists the presets) or unknown task.
+    """
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    architectures: list[str] = []
+    if path.is_file():
+        config = json.loads(path.read_text())
+        architectures = list(config.get("architectures") or [])
+    else:
+        preset = PRESETS.get(ALIASES.get(name_or_path, name_or_path))
+        if preset is None:
+            raise ValueError(
+                f"{name_or_path!r} is neither a folder with config.json, a config.json, nor a preset. Presets: "
+                f"{', '.join(PRESETS)} (and the Hub aliases {', '.join(ALIASES)})."
+            )
+        config = dict(preset)
+    if task is not None and task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}.")
+    if task is None and architectures:
+        builder = architectures[0]
+    else:
+        builder = TASKS[task or _DEFAULT_TASK.get(config.get("model_type"), "question-answering")]
+    return ModelSource(str(name_or_path), config, builder)
+
+
+def build_meta_model(source: ModelSource):
+    """Build the model on the meta device: shapes only, nothing allocated (imports transformers)."""
+    import torch
+    import transformers
+
+    values = {k: v for k, v in source.config.items() if k not in ("model_type", "architectures")}
+    config = transformers.AutoConfig.for_model(source.config["model_type"], **values)
+    config._name_or_path = source.name
+    cls = getattr(transformers, source.builder)
+    with torch.device("meta"):
+        return cls.from_config(config) if source.builder.startswith("AutoModel") else cls(config)
+
+
+def load_ipu_config(name: str, n_ipu: int | None, overrides: str | None, training: bool):
+    """The IPU config in the requested mode, with overrides and the pod size applied."""
+    from optimum_ipu.configuration import IPUConfig
+
+    config = IPUConfig.from_pretrained(name)
+    if overrides:
+        config.update_from_string(overrides)
+    if n_ipu:
+        config.for_n_ipu(n_ipu)
+    return config.train() if training else config.eval()
+
+
+def _trace(source: ModelSource, ipus_per_replica: int, micro_batch: int, seq_len: int | None,
+           image_size: int | None, training: bool, float_bytes: int):  # fmt: skip
+    from optimum_ipu.pipelining.plan import build_stage_plan
+    from optimum_ipu.pipelining.spec import generic_spec, spec_for
+    from optimum_ipu.simulator.trace import profile_model, sample_inputs_for
+
+    model = build_meta_model(source)
+    plan = build_stage_plan(model, spec_for(model) or generic_spec(model), [-1], ipus_per_replica)
+    inputs = sample_inputs_for(model, micro_batch, seq_len, image_size)
+    return profile_model(model, plan, inputs, training=training, float_bytes=float_bytes)
+
+
+def model_profile(
+    source: ModelSource, workload, seq_len: int | None, image_size: int | None, use_cache: bool = True
+):
+    """The traced profile of `source` for `workload`'s micro-batch, from the cache when possible."""
+    from optimum_ipu.simulator.cache import load_profile, profile_key, save_profile
+
+    max_len = source.config.get("max_position_embeddings") or source.config.get("n_positions")
+    if source.is_vision:
+        seq_len = None
+        image_size = image_size or source.config.get("image_size")
+    else:
+        image_size = None
+        if max_len and seq_len > max_len:
+            raise ValueError(f"--seq-len {seq_len} is longer than the model's {max_len} positions.")
+    key = profile_key(
+        config=source.config, builder=source.builder, micro_batch=workload.micro_batch_size, seq_len=seq_len,
+        image_size=image_size, training=workload.training, float_bytes=workload.float_bytes,
+    )  # fmt: skip
+    profile = load_profile(key) if use_cache else None
+    if profile is None:
+        profile = _trace(source, workload.ipus_per_replica, workload.micro_batch_size, seq_len, image_size,
+                         workload.training, workload.float_bytes)  # fmt: skip
+        if use_cache:
+            save_profile(key, profile)
+    return profile
+
+
+def _total_ipus(args: argparse.Namespace) -> int | None:
+    if args.pod is None:
+        return args.n_ipu
+    text = str(args.pod).lower().removeprefix("pod")
+    if not text.isdigit():
+        raise ValueError(f"--pod {args.pod!r}: give the number of IPUs, e.g. --pod 16 (or pod16).")
+    return int(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `optimum-ipu plan`: 0 when the layout (or the proposal, with --auto) fits, 1 when not."""
+    from optimum_ipu.simulator.hardware import chip
+    from optimum_ipu.simulator.planner import propose_layout
+    from optimum_ipu.simulator.report import report_for
+    from optimum_ipu.simulator.workload import Workload
+
+    training = not args.inference
+    try:
+        if args.micro_batch < 1:
+            raise ValueError(f"--micro-batch must be >= 1, got {args.micro_batch}.")
+        source = resolve_model(args.model, args.task)
+        ipu_config = load_ipu_config(args.ipu_config, _total_ipus(args), args.overrides, training)
+        workload = Workload.from_ipu_config(
+            ipu_config,
+            micro_batch_size=args.micro_batch,
+            training=training,
+            optimizer=args.optimizer,
+            fp32=args.fp32,
+        )
+        profile = model_profile(source, workload, args.seq_len, args.image_size, use_cache=not args.no_cache)
+        placement = profile.placement(ipu_config.layers_per_ipu, workload.ipus_per_replica)
+        hardware = chip(args.hardware)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    name = f"{source.name} ({source.builder})"
+    if not args.auto:
+        report = report_for(profile, placement, workload, hardware, model_name=name)
+        print(report.summary())
+        _save(args, report.to_dict(), report)
+        return 0 if report.memory.fits else 1
+    proposal = propose_layout(profile, placement, workload, hardware, model_name=name)
+    print(proposal.given.summary())
+    print(proposal.summary())
+    if proposal.proposed is not proposal.given:
+        print("Proposed layout:")
+        print(proposal.proposed.summary())
+    _save(args, proposal.to_dict(), proposal.proposed)
+    return 0 if proposal.proposed.memory.fits else 1
+
+
+def _save(args: argparse.Namespace, data: dict, report) -> None:
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
+        print(f"Wrote {args.json}")
+    if args.png:
+        Path(args.png).parent.mkdir(parents=True, exist_ok=True)
+        report.plot(args.png)
+        print(f"Wrote {args.png}")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `plan` on the `optimum-ipu` parser."""
+    parser = subparsers.add_parser(
+        "plan",
+        help="Check an IPU layout's memory and estimate its throughput on a simulated IPU system.",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("model", help=f"config folder, config.json, or a preset ({', '.join(PRESETS)}).")
+    parser.add_argument(
+        "--ipu-config", required=True, help="IPU config: Hub id (Graphcore/bert-base-ipu) or path."
+    )
+    pods = parser.add_mutually_exclusive_group()
+    pods.add_argument("--pod", "--pod-type", dest="pod", default=None, help="Total IPUs as a pod size: 16, pod16, 64 ...")
+    pods.add_argument(
+        "--n-ipu", type=int, default=None, help="Total IPUs (replicas = n_ipu / ipus_per_replica)."
+    )
+    parser.add_argument("--micro-batch", type=int, default=1, help="Samples per micro-batch (default 1).")
+    parser.add_argument(
+        "--seq-len", type=int, default=384, help="Sequence length of text models (default 384)."
+    )
+    parser.add_argument(
+        "--image-size", type=int, default=None, help="Image side of vision models (default: config)."
+    )
+    parser.add_argument(
+        "--hardware", choices=("mk2", "bow"), default="mk2", help="IPU generation (default mk2)."
+    )
+    parser.add_argument(
+        "--task", choices=tuple(TASKS), default=None, help="Head to plan (default: from the config)."
+    )
+    parser.add_argument("--optimizer", choices=("adamw", "adam", "lamb", "sgd"), default="adamw")
+    parser.add_argument("--fp32", action="store_true", help="Compute in fp32 instead of fp16.")
+    parser.add_argument(
+        "--inference", action="store_true", help="Plan (sharded) inference instead of training."
+    )
+    parser.add_argument(
+        "--overrides", default=None, help='Like --ipu_config_overrides: "k1=v1,k2=[0.1 0.2]".'
+    )
+    parser.add_argument(
+        "--auto", action="store_true", help="Search the fastest layers_per_ipu / matmul_proportion."
+    )
+    parser.add_argument("--json", default=None, help="Write the report (or the proposal) as JSON here.")
+    parser.add_argument("--png", default=None, help="Draw memory bars and the pipeline timeline here.")
+    parser.add_argument(
+        "--no-cache", action="store_true", help="Trace again instead of using a cached profile."
+    )
+    parser.set_defaults(run=run)

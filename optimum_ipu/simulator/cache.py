@@ -1,0 +1,77 @@
+"""A disk cache of traced profiles, so pricing a model again needs neither torch nor transformers.
+
+Tracing is fast (a fraction of a second), but importing torch and a transformers model class takes
+seconds. A `ModelProfile` is plain data, so `optimum-ipu plan` stores it as JSON under a key made
+of everything the trace depends on: the model's config, its task class, the micro-batch shapes, the
+mode and precision, the versions of torch, transformers and optimum-ipu, and the tracer's own
+source. Any change there is a new key; a stale entry is never read.
+
+The folder is `$OPTIMUM_IPU_CACHE/profiles`, else `$XDG_CACHE_HOME/optimum-ipu/profiles`, else
+`~/.cache/optimum-ipu/profiles`. Entries are small (tens of KB) and safe to delete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from optimum_ipu.simulator.profile import ModelProfile
+
+PROFILE_FORMAT = 1
+_TRACER_SOURCES = ("trace.py", "profile.py")
+
+
+def cache_dir() -> Path:
+    """Folder holding cached profiles (not created until something is stored)."""
+    root = os.environ.get("OPTIMUM_IPU_CACHE")
+    if root:
+        return Path(root) / "profiles"
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg) / "optimum-ipu" / "profiles"
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def profile_key(**parts: Any) -> str:
+    """A hex digest of `parts` (JSON-able) plus the versions and tracer source the trace depends on."""
+    here = Path(__file__).parent
+    tracer = hashlib.sha256(b"".join((here / name).read_bytes() for name in _TRACER_SOURCES)).hexdigest()
+    stamp = {
+        "format": PROFILE_FORMAT,
+        "tracer": tracer,
+        "versions": {p: _version(p) for p in ("torch", "transformers", "optimum-ipu")},
+        "parts": parts,
+    }
+    return hashlib.sha256(json.dumps(stamp, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def load_profile(key: str) -> ModelProfile | None:
+    """The cached profile for `key`, or None (missing or unreadable entries count as missing)."""
+    path = cache_dir() / f"{key}.json"
+    try:
+        return ModelProfile.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def save_profile(key: str, profile: ModelProfile) -> Path | None:
+    """Store `profile` under `key`; returns the file, or None when the cache is not writable."""
+    folder = cache_dir()
+    path = folder / f"{key}.json"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(profile.to_dict()))
+        partial.replace(path)  # atomic: a concurrent reader sees the old entry or the new one
+    except OSError:
+        return None
+    return path

@@ -1,0 +1,186 @@
+"""The simulated IPU as plain data: chip specs, pod shapes, and the few constants the models need.
+
+Everything the memory and performance models know about the hardware is here, with its source, so a
+better measurement changes one number in one place. Three kinds of number live in this file:
+
+* **facts** (`ChipSpec` fields, `POD_SIZES`): published by Graphcore (IPU-M2000 / Bow-2000 data
+  sheets, the MLPerf system descriptions) or derived from them by arithmetic; the source is in the
+  comment beside each;
+* **fitted constants** (`CALIBRATION`): two, fitted to the three published training throughputs that
+  `bench/calibration.py` reproduces. Each exists because a physical effect cannot be derived from the
+  data sheets (see `Calibration`);
+* **assumptions** (`ASSUMPTIONS`): not fitted to any throughput, each chosen from physical reasoning
+  and stated with it; changing them within reason moves the estimates by a few percent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GB = 1e9
+TERA = 1e12
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """One IPU processor: compute, memory and links.
+
+    Attributes:
+        name: marketing name.
+        tiles: tiles per IPU; each has its own SRAM and 6 hardware threads.
+        tile_memory_bytes: SRAM per tile. Out of memory is judged per tile by Poplar.
+        clock_hz: tile clock.
+        fp16_flops: peak fp16 FLOP/s (AMP units, fp16 partials).
+        fp32_flops: peak fp32 FLOP/s.
+        memory_bandwidth: aggregate tile SRAM bandwidth, bytes/s.
+        exchange_bandwidth: aggregate inter-tile exchange bandwidth, bytes/s.
+        ipu_link_bandwidth: bandwidth of one IPU-Link, bytes/s.
+        ipu_links: IPU-Links per chip.
+        host_bandwidth_per_ipu: host -> IPU streaming bandwidth available to one IPU, bytes/s.
+        streaming_memory_bandwidth: IPU <-> off-chip Streaming Memory bandwidth, bytes/s.
+        gw_link_bandwidth_per_ipu: share of one IPU in the GW-Links between pods, bytes/s.
+        ipus_per_machine: IPUs in one IPU-M2000 / Bow-2000.
+    """
+
+    name: str
+    tiles: int
+    tile_memory_bytes: int
+    clock_hz: float
+    fp16_flops: float
+    fp32_flops: float
+    memory_bandwidth: float
+    exchange_bandwidth: float
+    ipu_link_bandwidth: float
+    ipu_links: int
+    host_bandwidth_per_ipu: float
+    streaming_memory_bandwidth: float
+    gw_link_bandwidth_per_ipu: float
+    ipus_per_machine: int = 4
+
+    @property
+    def memory_bytes(self) -> int:
+        """In-Processor Memory of one IPU: 1472 x 638,976 B = 940,572,672 B (the "900 MB")."""
+        return self.tiles * self.tile_memory_bytes
+
+    def peak_flops(self, fp32: bool = False) -> float:
+        """Peak FLOP/s in the precision the model computes in."""
+        return self.fp32_flops if fp32 else self.fp16_flops
+
+
+_MK2 = ChipSpec(
+    name="Mk2 GC200",
+    tiles=1472,  # GC200 data sheet
+    tile_memory_bytes=638_976,  # 624 KiB; Poplar's own OOM message quotes this figure
+    clock_hz=1.33e9,  # MLPerf v1.0 system description, IPU-POD16
+    fp16_flops=250 * TERA,  # IPU-M2000 data sheet: 1 PFLOPS fp16 per 4 IPUs
+    fp32_flops=62.5 * TERA,  # GC200 data sheet
+    memory_bandwidth=47.5 * TERA,  # GC200 data sheet: In-Processor Memory bandwidth
+    exchange_bandwidth=8 * TERA,  # GC200 data sheet: inter-tile exchange
+    ipu_link_bandwidth=32 * GB,  # derived: 320 GB/s chip to chip over 10 IPU-Links
+    ipu_links=10,  # GC200 data sheet
+    host_bandwidth_per_ipu=25 * GB / 4,  # derived: 2 x 100 GbE RoCE per M2000, shared by its 4 IPUs
+    streaming_memory_bandwidth=31.5 * GB,  # derived: PCIe Gen4 x16 per IPU to the gateway's DRAM
+    gw_link_bandwidth_per_ipu=25 * GB / 4,  # derived: 2 x 100 Gbps GW-Links per machine, 4 IPUs
+)
+
+# Bow: the same GC200 die (wafer-on-wafer power delivery) at a higher clock; per-cycle rates unchanged.
+_BOW_CLOCK_RATIO = 1.85 / 1.33
+_BOW = ChipSpec(
+    name="Bow IPU",
+    tiles=1472,  # Bow-2000 data sheet
+    tile_memory_bytes=638_976,  # same die as GC200 (assumed in the reference table)
+    clock_hz=1.85e9,  # Bow-2000 data sheet
+    fp16_flops=350 * TERA,  # Bow-2000 data sheet: 1.4 PFLOPS per 4 IPUs
+    fp32_flops=87.5 * TERA,  # derived: the GC200's 1:4 fp32:fp16 ratio
+    memory_bandwidth=47.5 * TERA * _BOW_CLOCK_RATIO,  # derived: same bytes per cycle, faster clock
+    exchange_bandwidth=8 * TERA * _BOW_CLOCK_RATIO,  # derived: same bytes per cycle, faster clock
+    ipu_link_bandwidth=32 * GB,  # same IPU-Links as the M2000 (the 512 Gbps figure is uncertain)
+    ipu_links=10,
+    host_bandwidth_per_ipu=25 * GB / 4,  # same gateway as the M2000
+    streaming_memory_bandwidth=31.5 * GB,
+    gw_link_bandwidth_per_ipu=25 * GB / 4,
+)
+
+HARDWARE: dict[str, ChipSpec] = {"mk2": _MK2, "bow": _BOW}
+
+# Total IPUs of the systems users name with `--pod` / `pod_type` (IPU-POD and Bow Pod shapes).
+POD_SIZES: dict[str, int] = {
+    "pod4": 4,  # one IPU-M2000 / Bow-2000
+    "pod16": 16,  # 4 machines, one host
+    "pod64": 64,  # 16 machines, one rack
+    "pod128": 128,  # 2 x POD64 over GW-Links
+    "pod256": 256,  # 4 x POD64 over GW-Links
+    "pod1024": 1024,  # Bow Pod1024
+}
+# IPUs joined by IPU-Links; beyond this, replicas all-reduce over the slower GW-Links.
+IPUS_PER_POD = 64
+
+
+def chip(name: str | ChipSpec) -> ChipSpec:
+    """The `ChipSpec` called `name` ("mk2" or "bow"); a `ChipSpec` passes through."""
+    if isinstance(name, ChipSpec):
+        return name
+    try:
+        return HARDWARE[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown IPU hardware {name!r}; choose one of {', '.join(HARDWARE)}.") from None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The two constants fitted to published throughputs (see `bench/calibration.py`).
+
+    Attributes:
+        matmul_efficiency: the fraction of AMP peak that a matmul reaches once it is large enough for
+            fixed costs to vanish. It exists because even a large matmul pays for exchanging its
+            operands and partial sums between tiles and for tiles left with uneven shares of the
+            work; none of that follows from the data sheet. Applies to convolutions as well.
+        cycles_per_operation: fixed cost of every operation, in tile clock cycles: the BSP sync, the
+            exchange set-up, vertex launch, and tiles idling when an operation is too small to spread
+            over 1472 of them. It exists because measured utilisation falls from ~25% of peak at
+            BERT-Large's micro-batch to ~4% at ViT-base's micro-batch of 1 (reference table), a
+            fall FLOPs alone cannot explain. In cycles, so Bow's faster clock shortens it.
+    """
+
+    matmul_efficiency: float
+    cycles_per_operation: float
+
+
+# Fitted by `python bench/calibration.py --fit` (least squares on the log errors of the three points:
+# ViT-base Mk2 302 samples/s, BERT-Large Bow 1,009 seq/s, BERT-Base pretraining Bow 15,911 seq/s).
+CALIBRATION = Calibration(matmul_efficiency=0.71, cycles_per_operation=18_000)
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """Constants the models need that are neither published nor fitted; each stated with its reason.
+
+    Attributes:
+        host_call_overhead_s: fixed cost of one host call (one combined batch): measured as about
+            17 ms on a small model (reference table); amortised by device iterations.
+        backward_flops_ratio: backward time / forward time. A matmul's backward computes the input
+            gradient and the weight gradient, each as many FLOPs as the forward: 2 exactly for
+            matmuls, and a fair average for the rest.
+        pipeline_links: IPU-Links joining two neighbouring IPUs of a pipeline (of 10 per chip: the
+            others go to the other IPUs of the machine and to the next machines).
+        allreduce_links: IPU-Links a replica ring all-reduce drives per IPU and direction.
+        code_bytes_per_ipu: always-live memory per IPU that the model cannot see: control program,
+            exchange code, vertex code and state, runtime buffers. Not fitted to a measurement; set so
+            that the layouts Graphcore shipped (which compiled) fit and leave a margin.
+        balance_headroom: fraction of an IPU's memory beyond which out-of-memory on some tile is
+            likely even though the IPU total fits: Poplar judges memory per tile, and tensors never
+            spread perfectly over 1472 tiles.
+        largest_tensor_fraction: a single tensor larger than this fraction of the IPU is flagged: it
+            has to be spread over every tile beside everything else, which rarely balances.
+    """
+
+    host_call_overhead_s: float = 0.017
+    backward_flops_ratio: float = 2.0
+    pipeline_links: int = 2
+    allreduce_links: int = 2
+    code_bytes_per_ipu: int = 120 * 2**20
+    balance_headroom: float = 0.90
+    largest_tensor_fraction: float = 0.25
+
+
+ASSUMPTIONS = Assumptions()

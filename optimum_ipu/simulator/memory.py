@@ -1,0 +1,276 @@
+"""Per-IPU memory: does a layout fit in each IPU's In-Processor Memory, and if not, what to change.
+
+For each IPU of one replica's pipeline the model adds up, in bytes:
+
+* code: always-live code, vertex state and exchange code (`ASSUMPTIONS.code_bytes_per_ipu`);
+* weights: the parameters of the blocks placed there, in the compute dtype (fp16 unless `fp32`);
+  with `serialized_embedding_splits_per_ipu` the word-embedding table is spread as the splits say;
+* gradients: gradient accumulators, one per trainable weight, when GA > 1;
+* optimizer: Adam/AdamW/LAMB's two moments (fp32, or fp16 first moment), none for SGD; divided by
+  the replicas with replicated tensor sharding; zero on chip with `optimizer_state_offchip`;
+* stash: micro-batches in flight between forward and backward, 2(N-k)-1 on IPU k. With
+  recomputation (on by default with >1 IPU) only the stage inputs and the recomputation checkpoints
+  are stashed; the last IPU runs forward and backward in one pipeline cycle and keeps one (it
+  recomputes only when every layer is a checkpoint, see `Workload.recomputes`);
+* activations: what backward needs for one micro-batch: one layer's saved activations when every
+  layer is a checkpoint, the whole stage's otherwise;
+* temporaries: matmul working memory, capped by `matmul_proportion` x memory (beyond the cap Poplar
+  serializes the matmul, which costs time, see `performance.py`), and the word-embedding gradient
+  piece, divided by the embedding serialization factor.
+
+Out of memory is judged per IPU against the 1472 x 624 KiB of SRAM, with warnings when a total is
+so close to the limit (or one tensor so large) that some tile would likely overflow first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from optimum_ipu.simulator.hardware import ASSUMPTIONS, ChipSpec
+from optimum_ipu.simulator.profile import BlockProfile, Matmul, ModelProfile
+from optimum_ipu.simulator.workload import Workload
+
+MiB = 2**20
+CATEGORIES = ("code", "weights", "gradients", "optimizer", "stash", "activations", "temporaries")
+
+
+class IPUOutOfMemoryError(MemoryError):
+    """A layout that does not fit on some IPU; the message has the per-IPU table and what to change."""
+
+
+def matmul_temporary_bytes(mm: Matmul, tiles: int, float_bytes: int, pieces: int = 1) -> int:
+    """Working memory a matmul needs to run at full speed, spread over `tiles` tiles.
+
+    Poplar partitions a product over tiles in three dimensions (rows, reduction, columns); each tile
+    holds its slices of both operands and of the partial result. The partition that minimises that
+    total copies each operand about (tiles per product)^(1/3) times: 3 (m k n)^(2/3) t^(1/3) elements
+    (the classic communication-optimal bound). `pieces` splits the columns (a serialized LM head).
+    """
+    m, k, n = mm.m, mm.k, max(math.ceil(mm.n / pieces), 1)
+    per_product = max(tiles / mm.batch, 1.0)
+    once = m * k + k * n + m * n
+    elements = max(once, min(3 * (m * k * n) ** (2 / 3) * per_product ** (1 / 3), once * per_product))
+    return int(mm.batch * elements * float_bytes)
+
+
+def serialization_pieces(need: float, budget: float) -> int:
+    """Pieces Poplar splits a matmul into so each fits `budget` (need falls as pieces^(2/3))."""
+    if need <= budget or budget <= 0:
+        return 1
+    return math.ceil((need / budget) ** 1.5)
+
+
+@dataclass
+class IPUMemory:
+    """Bytes on one IPU, by category."""
+
+    ipu: int
+    layers: int = 0
+    code: int = 0
+    weights: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    stash: int = 0
+    activations: int = 0
+    temporaries: int = 0
+    matmul_need: int = 0
+    matmul_budget: int = 0
+    largest_tensor: int = 0
+    table_bytes: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, c) for c in CATEGORIES)
+
+
+@dataclass
+class MemoryReport:
+    """Per-IPU memory of one replica's pipeline against the IPU's capacity."""
+
+    ipus: list[IPUMemory]
+    capacity: int
+    tiles: int
+    tile_bytes: int
+    warnings: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def out_of_memory(self) -> list[int]:
+        """IPUs whose total exceeds their memory."""
+        return [m.ipu for m in self.ipus if m.total > self.capacity]
+
+    @property
+    def fits(self) -> bool:
+        return not self.out_of_memory
+
+    @property
+    def peak(self) -> IPUMemory:
+        return max(self.ipus, key=lambda m: m.total)
+
+    def table(self) -> str:
+        """The per-IPU table: one row per IPU, one column per category, MiB."""
+        columns = ("layers",) + CATEGORIES + ("total",)
+        header = "IPU  " + " ".join(f"{c[:11]:>11}" for c in columns) + "   limit"
+        lines = [header]
+        for m in self.ipus:
+            cells = [f"{m.layers:>11}"] + [f"{getattr(m, c) / MiB:>11.1f}" for c in CATEGORIES]
+            flag = "  OUT OF MEMORY" if m.total > self.capacity else ""
+            lines.append(
+                f"{m.ipu:<4} " + " ".join(cells) + f" {m.total / MiB:>11.1f}   {self.capacity / MiB:.0f} MiB"
+                f" ({100 * m.total / self.capacity:.0f}%){flag}"
+            )
+        return "\n".join(lines)
+
+    def error_message(self) -> str:
+        worst = max((m for m in self.ipus if m.total > self.capacity), key=lambda m: m.total / self.capacity)
+        others = [i for i in self.out_of_memory if i != worst.ipu]
+        also = f" (also IPU {', '.join(map(str, others))})" if others else ""
+        lines = [
+            f"Out of memory on IPU {worst.ipu}: {worst.total:,} bytes used but IPUs only have "
+            f"{self.capacity:,} bytes of memory ({self.tiles} tiles x {self.tile_bytes:,} bytes){also}.",
+            "",
+            "Memory per IPU (MiB):",
+            self.table(),
+        ]
+        if self.advice:
+            lines += ["", "To make it fit:"] + [f"  - {a}" for a in self.advice]
+        return "\n".join(lines)
+
+    def raise_if_out_of_memory(self) -> None:
+        """Raise `IPUOutOfMemoryError` (Poplar-like message, table, advice) if any IPU overflows."""
+        if not self.fits:
+            raise IPUOutOfMemoryError(self.error_message())
+
+    def to_dict(self) -> dict:
+        return {
+            "capacity_bytes": self.capacity,
+            "fits": self.fits,
+            "out_of_memory_ipus": self.out_of_memory,
+            "ipus": [{**asdict(m), "total": m.total} for m in self.ipus],
+            "warnings": list(self.warnings),
+            "advice": list(self.advice),
+        }
+
+
+def stage_input_bytes(profile: ModelProfile, ipu_of: Mapping[str, int], ipus: int) -> list[int]:
+    """Bytes entering each IPU per micro-batch, from other IPUs or the host."""
+    inputs = [0] * ipus
+    for crossing in profile.crossings(ipu_of):
+        inputs[crossing.target] += crossing.bytes
+    return inputs
+
+
+def table_shares(profile: ModelProfile, ipu_of: Mapping[str, int], workload: Workload) -> list[int]:
+    """Parameters of the word-embedding table on each IPU (spread by the splits, if given)."""
+    n = workload.ipus_per_replica
+    shares = [0] * n
+    for b in profile.blocks:
+        shares[ipu_of[b.name]] += b.word_embedding_parameters
+    splits = workload.embedding_splits_per_ipu
+    if splits and len(splits) == n and sum(splits) > 0:
+        table = sum(shares)
+        shares = [table * s // sum(splits) for s in splits]
+    return shares
+
+
+def optimizer_state_bytes(workload: Workload) -> int:
+    """Optimizer state bytes per weight: two moments (fp32, or an fp16 first moment), none for SGD."""
+    if workload.optimizer == "sgd":
+        return 0
+    return (2 if workload.half_first_order_momentum else 4) + 4
+
+
+def ipu_memory(
+    ipu: int,
+    blocks: Sequence[BlockProfile],
+    inputs: int,
+    table_parameters: int,
+    workload: Workload,
+    hardware: ChipSpec,
+) -> IPUMemory:
+    """Bytes on IPU `ipu` holding `blocks`, receiving `inputs` bytes per micro-batch, and
+    `table_parameters` of the word-embedding table."""
+    fb, training = workload.float_bytes, workload.training
+    factor = workload.embedding_factor
+    mem = IPUMemory(ipu, code=ASSUMPTIONS.code_bytes_per_ipu)
+    layers = [b for b in blocks if b.kind == "layer"]
+    mem.layers = len(layers)
+    own_table = sum(b.word_embedding_parameters for b in blocks)
+    params = sum(b.parameters for b in blocks) - own_table + table_parameters
+    trainable = sum(b.trainable_parameters for b in blocks) - own_table + table_parameters
+    mem.table_bytes = table_parameters * fb
+    mem.weights = params * fb
+    if training:
+        if workload.gradient_accumulation_steps > 1:
+            mem.gradients = trainable * fb
+        if not workload.optimizer_state_offchip:
+            shards = workload.replication_factor if workload.replicated_tensor_sharding else 1
+            mem.optimizer = trainable * optimizer_state_bytes(workload) // shards
+
+    saved = [b.saved_bytes for b in blocks]
+    if not training:
+        mem.activations = 2 * max((b.largest_tensor_bytes for b in blocks), default=0)
+        mem.stash = inputs
+    elif workload.recomputes(ipu):
+        checkpoints = 0
+        if workload.recompute_checkpoint_every_layer:
+            checkpoints = sum(b.output_bytes for b in layers[:-1])
+            mem.activations = max(saved, default=0)
+        else:
+            mem.activations = sum(saved)
+        mem.stash = max(workload.stash_depth(ipu), 1) * (inputs + checkpoints)
+    else:
+        mem.activations = sum(saved)
+        mem.stash = inputs
+
+    needs = [
+        matmul_temporary_bytes(mm, hardware.tiles, fb, factor if mm.word_embedding else 1)
+        for b in blocks
+        for mm in b.matmuls
+    ]
+    mem.matmul_need = max(needs, default=0)
+    mem.matmul_budget = int(workload.matmul_proportion[ipu] * hardware.memory_bytes)
+    mem.temporaries = min(mem.matmul_need, mem.matmul_budget)
+    if training and table_parameters:
+        mem.temporaries += table_parameters * fb // factor  # dense gradient of one table piece
+    mem.largest_tensor = max([b.largest_tensor_bytes for b in blocks] + [mem.table_bytes // factor])
+    return mem
+
+
+def estimate_memory(
+    profile: ModelProfile, ipu_of: Mapping[str, int], workload: Workload, hardware: ChipSpec
+) -> MemoryReport:
+    """Bytes per IPU of one replica for the blocks placed as `ipu_of` says (block name -> IPU)."""
+    n = workload.ipus_per_replica
+    inputs = stage_input_bytes(profile, ipu_of, n)
+    shares = table_shares(profile, ipu_of, workload)
+    ipus = [
+        ipu_memory(
+            k, [b for b in profile.blocks if ipu_of[b.name] == k], inputs[k], shares[k], workload, hardware
+        )
+        for k in range(n)
+    ]
+    report = MemoryReport(ipus, hardware.memory_bytes, hardware.tiles, hardware.tile_memory_bytes)
+    report.warnings = _warnings(report)
+    return report
+
+
+def _warnings(report: MemoryReport) -> list[str]:
+    warnings = []
+    for m in report.ipus:
+        share = m.total / report.capacity
+        if ASSUMPTIONS.balance_headroom < share <= 1:
+            warnings.append(
+                f"IPU {m.ipu} is at {100 * share:.0f}% of its memory: Poplar judges memory per tile and "
+                f"tensors never spread evenly over {report.tiles} tiles, so some tile may overflow first."
+            )
+        if m.largest_tensor > ASSUMPTIONS.largest_tensor_fraction * report.capacity:
+            warnings.append(
+                f"IPU {m.ipu} holds a single tensor of {m.largest_tensor / MiB:.0f} MiB "
+                f"({100 * m.largest_tensor / report.capacity:.0f}% of the IPU): spreading it over every "
+                "tile beside everything else rarely balances; raise embedding_serialization_factor or "
+                "lower the micro-batch."
+            )
+    return warnings

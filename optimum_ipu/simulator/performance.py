@@ -1,0 +1,305 @@
+"""How fast a real IPU system would run a layout: stage times, the pipeline schedule, throughput.
+
+Per block, one forward of one micro-batch costs, summed over its traced operations:
+
+* a matmul: FLOPs / (peak x `matmul_efficiency`) plus `cycles_per_operation` per piece, where a
+  matmul whose working memory exceeds its IPU's `matmul_proportion` budget is serialized into
+  several pieces (and a tied LM head into the embedding serialization factor's);
+* any other operation: bytes moved / on-chip bandwidth plus `cycles_per_operation`.
+
+The fixed cost per operation is what makes efficiency depend on shape: a big matmul runs near
+`matmul_efficiency`, a small one mostly pays its fixed cost (ViT at micro-batch 1 reaches ~4% of
+peak). Backward costs `backward_flops_ratio` x forward; a recomputing stage runs its forward again.
+
+One weight update runs GA + 2N - 2 pipeline cycles (fill, steady state, flush). In cycle c, IPU k
+runs the forward of micro-batch c - k and the recompute + backward of micro-batch c - (2N - 2 - k)
+when those exist; the cycle lasts as long as its busiest IPU, then the inter-IPU copies run over
+IPU-Links. After the flush, replicas all-reduce gradients and the optimizer steps. Each host call
+(device_iterations updates) adds a fixed overhead and the input transfer. Inference runs sharded:
+each micro-batch visits the IPUs one after another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from optimum_ipu.simulator.hardware import ASSUMPTIONS, CALIBRATION, IPUS_PER_POD, Calibration, ChipSpec
+from optimum_ipu.simulator.memory import (
+    matmul_temporary_bytes,
+    optimizer_state_bytes,
+    serialization_pieces,
+    table_shares,
+)
+from optimum_ipu.simulator.profile import BlockProfile, ModelProfile
+from optimum_ipu.simulator.workload import Workload
+
+
+@dataclass
+class StageTime:
+    """Seconds one IPU spends on one micro-batch.
+
+    Attributes:
+        ipu: the IPU.
+        forward, backward, recompute: seconds per micro-batch (recompute 0 when the stage keeps its
+            activations).
+        forward_flops: forward FLOPs per micro-batch.
+        matmul_pieces: the most pieces a matmul there is serialized into to fit the matmul
+            proportion (1: none).
+    """
+
+    ipu: int
+    forward: float = 0.0
+    backward: float = 0.0
+    recompute: float = 0.0
+    forward_flops: int = 0
+    matmul_pieces: int = 1
+
+    @property
+    def busy(self) -> float:
+        """Seconds of one steady-state cycle: forward + recompute + backward."""
+        return self.forward + self.recompute + self.backward
+
+
+@dataclass
+class PerformanceReport:
+    """Estimated time of one host call and the throughput it implies, for one replica's pipeline."""
+
+    training: bool
+    stages: list[StageTime]
+    cycles: list[float]
+    copy_time: float
+    update_time: float
+    allreduce_time: float
+    optimizer_time: float
+    host_time: float
+    call_time: float
+    samples_per_call: int
+    samples_per_second: float
+    pipeline_efficiency: float
+    bottleneck_ipu: int
+    utilisation: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per weight update (GA) in training; 1 in inference."""
+        return len(self.cycles) - 2 * (len(self.stages) - 1) if self.training else 1
+
+    def timeline(self) -> list[dict]:
+        """Segments of one weight update (one micro-batch in inference) for a Gantt chart.
+
+        Each segment is a dict with `ipu`, `start` and `duration` (seconds), `kind` ("forward" or
+        "backward", the latter including recomputation) and `micro_batch`.
+        """
+        n, ga = len(self.stages), self.micro_batches
+        segments: list[dict] = []
+        start = 0.0
+        for c, length in enumerate(self.cycles):
+            if not self.training:
+                s = self.stages[c]
+                segments.append(
+                    dict(ipu=s.ipu, start=start, duration=s.forward, kind="forward", micro_batch=0)
+                )
+                start += length
+                continue
+            for s in self.stages:
+                offset = 0.0
+                if 0 <= c - s.ipu < ga:
+                    segments.append(
+                        dict(
+                            ipu=s.ipu, start=start, duration=s.forward, kind="forward", micro_batch=c - s.ipu
+                        )
+                    )
+                    offset = s.forward
+                back = c - (2 * n - 2 - s.ipu)
+                if 0 <= back < ga:
+                    segments.append(
+                        dict(ipu=s.ipu, start=start + offset, duration=s.recompute + s.backward, kind="backward",
+                             micro_batch=back)
+                    )  # fmt: skip
+            start += length
+        return segments
+
+    def to_dict(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if k not in ("stages", "cycles")}
+        out["stages"] = [{**asdict(s), "busy": s.busy} for s in self.stages]
+        out["cycle_count"] = len(self.cycles)
+        return out
+
+
+def block_forward_time(
+    block: BlockProfile, hardware: ChipSpec, workload: Workload, budget: float, calibration: Calibration
+) -> tuple[float, int]:
+    """Seconds of one forward of `block` on one micro-batch, and the most pieces the matmul
+    proportion's `budget` forced a matmul into (1: none; embedding serialization not counted)."""
+    peak = hardware.peak_flops(workload.fp32) * calibration.matmul_efficiency
+    per_op = calibration.cycles_per_operation / hardware.clock_hz
+    factor = workload.embedding_factor
+    seconds, most = 0.0, 1
+    for mm in block.matmuls:
+        split = factor if mm.word_embedding else 1
+        need = matmul_temporary_bytes(mm, hardware.tiles, workload.float_bytes, split)
+        pieces = serialization_pieces(need, budget)
+        most = max(most, pieces)
+        seconds += mm.flops / peak + split * pieces * per_op
+    ops = block.other_ops + block.embedding_lookups * (factor - 1)
+    seconds += ops * per_op + block.other_bytes / hardware.memory_bandwidth
+    return seconds, most
+
+
+def stage_time(
+    ipu: int,
+    blocks: Sequence[BlockProfile],
+    workload: Workload,
+    hardware: ChipSpec,
+    calibration: Calibration = CALIBRATION,
+) -> StageTime:
+    """Forward / recompute / backward seconds of IPU `ipu` holding `blocks`, per micro-batch."""
+    stage = StageTime(ipu)
+    budget = workload.matmul_proportion[ipu] * hardware.memory_bytes
+    for block in blocks:
+        seconds, pieces = block_forward_time(block, hardware, workload, budget, calibration)
+        stage.forward += seconds
+        stage.forward_flops += block.forward_flops
+        stage.matmul_pieces = max(stage.matmul_pieces, pieces)
+    if workload.training:
+        stage.backward = ASSUMPTIONS.backward_flops_ratio * stage.forward
+        stage.recompute = stage.forward if workload.recomputes(ipu) else 0.0
+    return stage
+
+
+def stage_times(
+    profile: ModelProfile,
+    ipu_of: Mapping[str, int],
+    workload: Workload,
+    hardware: ChipSpec,
+    calibration: Calibration = CALIBRATION,
+) -> list[StageTime]:
+    """Forward / backward / recompute seconds of each IPU of the pipeline."""
+    return [
+        stage_time(k, [b for b in profile.blocks if ipu_of[b.name] == k], workload, hardware, calibration)
+        for k in range(workload.ipus_per_replica)
+    ]
+
+
+def pipeline_cycles(stages: list[StageTime], micro_batches: int, copy_time: float) -> list[float]:
+    """Length of each of the GA + 2N - 2 cycles of one weight update (fill, steady state, flush)."""
+    n = len(stages)
+    steady = [s.busy for s in stages]
+
+    def cycle(c: int) -> float:
+        busy = 0.0
+        for s in stages:
+            work = s.forward if 0 <= c - s.ipu < micro_batches else 0.0
+            if 0 <= c - (2 * n - 2 - s.ipu) < micro_batches:
+                work += s.recompute + s.backward
+            busy = max(busy, work)
+        return busy + copy_time
+
+    total = micro_batches + 2 * n - 2
+    first_steady, last_steady = 2 * n - 2, micro_batches - 1
+    if last_steady - first_steady < 2:
+        return [cycle(c) for c in range(total)]
+    fill = [cycle(c) for c in range(first_steady)]
+    flush = [cycle(c) for c in range(last_steady + 1, total)]
+    return fill + [max(steady) + copy_time] * (last_steady - first_steady + 1) + flush
+
+
+def copy_time(
+    profile: ModelProfile,
+    ipu_of: Mapping[str, int],
+    workload: Workload,
+    hardware: ChipSpec,
+    calibration: Calibration = CALIBRATION,
+) -> float:
+    """Seconds of the inter-IPU copies closing each pipeline cycle (activations forward, gradients back)."""
+    n = workload.ipus_per_replica
+    if n == 1:
+        return 0.0
+    sent, received = [0] * n, [0] * n
+    for c in profile.crossings(ipu_of):
+        if c.source is None:
+            continue
+        sent[c.source] += c.bytes
+        received[c.target] += c.bytes
+        if workload.training:
+            sent[c.target] += c.gradient_bytes
+            received[c.source] += c.gradient_bytes
+    bandwidth = ASSUMPTIONS.pipeline_links * hardware.ipu_link_bandwidth
+    per_op = calibration.cycles_per_operation / hardware.clock_hz
+    phases = 2 if workload.training else 1
+    return max(max(sent), max(received)) / bandwidth + phases * per_op
+
+
+def weight_update_time(
+    trainable: Sequence[int], workload: Workload, hardware: ChipSpec
+) -> tuple[float, float]:
+    """Seconds of the gradient all-reduce across replicas and of the optimizer step, per update.
+
+    Args:
+        trainable: trainable parameters on each IPU of the pipeline.
+    """
+    r, fb = workload.replication_factor, workload.float_bytes
+    allreduce = 0.0
+    if r > 1:
+        links = ASSUMPTIONS.allreduce_links * hardware.ipu_link_bandwidth
+        bandwidth = links if workload.total_ipus <= IPUS_PER_POD else hardware.gw_link_bandwidth_per_ipu
+        allreduce = max(2 * (r - 1) / r * p * fb / bandwidth for p in trainable)
+    state = optimizer_state_bytes(workload)
+    shards = r if workload.replicated_tensor_sharding else 1
+    step = 0.0
+    for p in trainable:
+        p /= shards
+        seconds = p * (3 * fb + 2 * state) / hardware.memory_bandwidth  # read w, g, state; write w, state
+        if workload.optimizer_state_offchip:
+            seconds += p * state / hardware.streaming_memory_bandwidth
+        step = max(step, seconds)
+    return allreduce, step
+
+
+def estimate_performance(
+    profile: ModelProfile,
+    ipu_of: Mapping[str, int],
+    workload: Workload,
+    hardware: ChipSpec,
+    calibration: Calibration = CALIBRATION,
+) -> PerformanceReport:
+    """Throughput of the layout `ipu_of` (block name -> IPU) under `workload` on `hardware`."""
+    n, ga, di = workload.ipus_per_replica, workload.gradient_accumulation_steps, workload.device_iterations
+    stages = stage_times(profile, ipu_of, workload, hardware, calibration)
+    copy = copy_time(profile, ipu_of, workload, hardware, calibration)
+    if workload.training:
+        cycles = pipeline_cycles(stages, ga, copy)
+        trainable = [0] * n
+        for b in profile.blocks:
+            trainable[ipu_of[b.name]] += b.trainable_parameters - b.word_embedding_parameters
+        trainable = [t + share for t, share in zip(trainable, table_shares(profile, ipu_of, workload))]
+        allreduce, optimizer = weight_update_time(trainable, workload, hardware)
+        efficiency = ga / (ga + 2 * n - 2)
+        bottleneck = max(stages, key=lambda s: s.busy).ipu
+    else:
+        cycles = [s.forward + (copy if s.ipu < n - 1 else 0.0) for s in stages]
+        allreduce = optimizer = 0.0
+        efficiency = 1.0 / n  # sharded: each IPU works one stage in n
+        bottleneck = max(stages, key=lambda s: s.forward).ipu
+    update = sum(cycles) + allreduce + optimizer
+    inputs = profile.input_bytes * ga * di
+    host = ASSUMPTIONS.host_call_overhead_s + inputs / hardware.host_bandwidth_per_ipu
+    call = di * update + host
+    samples = workload.samples_per_call
+    passes = [1.0 + (s.recompute + s.backward) / s.forward if s.forward else 1.0 for s in stages]
+    executed = sum(s.forward_flops * k for s, k in zip(stages, passes)) * ga * di
+    utilisation = executed / (call * hardware.peak_flops(workload.fp32) * n)
+    notes = [
+        f"IPU {s.ipu}: a matmul is serialized into {s.matmul_pieces} pieces to fit matmul_proportion "
+        f"{workload.matmul_proportion[s.ipu]:g}; a higher proportion there would run it faster."
+        for s in stages
+        if s.matmul_pieces > 1
+    ]
+    return PerformanceReport(
+        training=workload.training, stages=stages, cycles=cycles, copy_time=copy, update_time=update,
+        allreduce_time=allreduce, optimizer_time=optimizer, host_time=host, call_time=call,
+        samples_per_call=samples, samples_per_second=samples / call, pipeline_efficiency=efficiency,
+        bottleneck_ipu=bottleneck, utilisation=utilisation, notes=notes,
+    )  # fmt: skip

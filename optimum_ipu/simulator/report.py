@@ -1,0 +1,224 @@
+"""`CompileReport`: the simulated compiler's verdict on a layout, as text, JSON and a picture.
+
+`report_for(profile, placement, workload, hardware)` builds one from a traced profile.
+
+The report is what a user sees after "Compiling Model...": the per-IPU memory table against the
+900 MB of each IPU, the estimated throughput of a real IPU system, the pipeline's efficiency and its
+bottleneck. `save()` writes `ipu_report.json` and `ipu_report.png` (memory bars and a Gantt chart
+of one weight update: fill, steady state and flush on every IPU).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from optimum_ipu.simulator.advice import advise
+from optimum_ipu.simulator.hardware import CALIBRATION, Calibration, ChipSpec
+from optimum_ipu.simulator.memory import CATEGORIES, MemoryReport, MiB, estimate_memory
+from optimum_ipu.simulator.performance import PerformanceReport, estimate_performance
+from optimum_ipu.simulator.profile import ModelProfile
+from optimum_ipu.simulator.workload import Workload
+
+REPORT_JSON = "ipu_report.json"
+REPORT_PNG = "ipu_report.png"
+_COLOURS = {
+    "code": "#9e9e9e", "weights": "#1f77b4", "gradients": "#aec7e8", "optimizer": "#ff7f0e", "stash": "#2ca02c",
+    "activations": "#98df8a", "temporaries": "#d62728",
+}  # fmt: skip
+
+
+@dataclass
+class CompileReport:
+    """Memory and performance of one layout on the simulated IPU system.
+
+    Attributes:
+        memory: per-IPU memory; `memory.raise_if_out_of_memory()` fails like Poplar.
+        performance: stage times, schedule and throughput.
+        workload: the IPU config's settings the estimates used.
+        hardware: the chip.
+        allocation: (block name, IPU) in execution order, as the Device Allocation table.
+        parameters: parameters of the model.
+        model_name: what the report is about (for titles).
+    """
+
+    memory: MemoryReport
+    performance: PerformanceReport
+    workload: Workload
+    hardware: ChipSpec
+    allocation: list[tuple[str, int]] = field(default_factory=list)
+    parameters: int = 0
+    model_name: str = ""
+
+    @property
+    def estimated_samples_per_second(self) -> float:
+        """Throughput of the whole system (all replicas), samples per second."""
+        return self.performance.samples_per_second
+
+    @property
+    def layers_per_ipu(self) -> list[int]:
+        return [m.layers for m in self.memory.ipus]
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.memory.warnings + self.performance.notes
+
+    def _header(self) -> str:
+        w = self.workload
+        mode = "training" if w.training else "inference"
+        precision = "fp32" if w.fp32 else "fp16"
+        name = f"{self.model_name}: " if self.model_name else ""
+        batch = (
+            f"micro-batch {w.micro_batch_size} x GA {w.gradient_accumulation_steps} x replicas "
+            f"{w.replication_factor} x device iterations {w.device_iterations} = {w.samples_per_call} samples per call"
+        )
+        return (
+            f"{name}simulated {self.hardware.name}, {w.ipus_per_replica} IPUs per replica x "
+            f"{w.replication_factor} replicas = {w.total_ipus} IPUs; {mode}, {precision}\n"
+            f"Combined batch: {batch}\nLayers per IPU: {self.layers_per_ipu}; matmul proportion: "
+            f"{[round(p, 3) for p in w.matmul_proportion]}"
+        )
+
+    def summary(self) -> str:
+        """Text for logs: the memory table, the estimated throughput, the bottleneck, warnings."""
+        p, w = self.performance, self.workload
+        ms = 1e3
+        stages = "\n".join(
+            f"  IPU {s.ipu}: forward {s.forward * ms:7.2f}  recompute {s.recompute * ms:7.2f}  "
+            f"backward {s.backward * ms:7.2f}  = {s.busy * ms:7.2f} ms per micro-batch"
+            + ("  <- bottleneck" if s.ipu == p.bottleneck_ipu and w.ipus_per_replica > 1 else "")
+            for s in p.stages
+        )
+        n = w.ipus_per_replica
+        if w.training:
+            ga = w.gradient_accumulation_steps
+            pipeline = (
+                f"Pipeline: {len(p.cycles)} cycles per weight update (GA {ga} + 2x{n} - 2); efficiency "
+                f"GA/(GA+2N-2) = {100 * p.pipeline_efficiency:.1f}%; one update {p.update_time * ms:.1f} ms "
+                f"(all-reduce {p.allreduce_time * ms:.2f} ms, optimizer {p.optimizer_time * ms:.2f} ms)"
+            )
+        else:
+            pipeline = f"Sharded inference: each micro-batch visits the {n} IPUs in turn"
+        lines = [
+            "-" * 30 + " IPU compile report " + "-" * 30,
+            self._header(),
+            f"Memory per IPU (MiB; limit {self.memory.capacity / MiB:.0f} MiB = {self.hardware.tiles} tiles x "
+            f"{self.hardware.tile_memory_bytes // 1024} KiB):",
+            self.memory.table(),
+            f"Estimated throughput: {p.samples_per_second:,.1f} samples/s "
+            f"({p.samples_per_call} samples per {p.call_time * ms:.1f} ms call; "
+            f"host {p.host_time * ms:.1f} ms); {100 * p.utilisation:.1f}% of peak",
+            "Stage times:",
+            stages,
+            pipeline,
+        ]
+        if self.warnings:
+            lines += ["Warnings:"] + [f"  - {text}" for text in self.warnings]
+        if not self.memory.fits:
+            lines += ["OUT OF MEMORY. To make it fit:"] + [f"  - {a}" for a in self.memory.advice]
+        lines.append("-" * 80)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        """Everything in the report as JSON-able data."""
+        w = self.workload
+        return {
+            "model": self.model_name,
+            "hardware": self.hardware.name,
+            "training": w.training,
+            "fp32": w.fp32,
+            "ipus_per_replica": w.ipus_per_replica,
+            "replication_factor": w.replication_factor,
+            "micro_batch_size": w.micro_batch_size,
+            "gradient_accumulation_steps": w.gradient_accumulation_steps,
+            "device_iterations": w.device_iterations,
+            "samples_per_call": w.samples_per_call,
+            "layers_per_ipu": self.layers_per_ipu,
+            "matmul_proportion": list(w.matmul_proportion),
+            "parameters": self.parameters,
+            "allocation": [{"block": name, "ipu": ipu} for name, ipu in self.allocation],
+            "estimated_samples_per_second": self.estimated_samples_per_second,
+            "pipeline_efficiency": self.performance.pipeline_efficiency,
+            "bottleneck_ipu": self.performance.bottleneck_ipu,
+            "memory": self.memory.to_dict(),
+            "performance": self.performance.to_dict(),
+        }
+
+    def save(self, output_dir: str | Path) -> tuple[Path, Path]:
+        """Write `ipu_report.json` and `ipu_report.png` into `output_dir`; return their paths."""
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        json_path = out / REPORT_JSON
+        json_path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        png_path = out / REPORT_PNG
+        self.plot(png_path)
+        return json_path, png_path
+
+    def plot(self, path: str | Path) -> Path:
+        """Draw the memory bars and the pipeline Gantt chart into `path` (PNG, matplotlib Agg)."""
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        fig, (bars, gantt) = plt.subplots(1, 2, figsize=(14, 5.2), gridspec_kw={"width_ratios": [1, 2]})
+        ipus = [m.ipu for m in self.memory.ipus]
+        bottom = [0.0] * len(ipus)
+        for category in CATEGORIES:
+            values = [getattr(m, category) / MiB for m in self.memory.ipus]
+            bars.bar(ipus, values, bottom=bottom, label=category, color=_COLOURS[category])
+            bottom = [b + v for b, v in zip(bottom, values)]
+        limit = self.memory.capacity / MiB
+        bars.axhline(limit, color="black", linestyle="--", linewidth=1)
+        bars.text(ipus[-1] + 0.4, limit, f"{limit:.0f} MiB", va="bottom", ha="right", fontsize=8)
+        bars.set_xticks(ipus, [f"IPU {i}" for i in ipus])
+        bars.set_ylabel("MiB")
+        bars.set_title("Memory per IPU")
+        bars.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=4, frameon=False)
+
+        colours = {"forward": "#1f77b4", "backward": "#ff7f0e"}
+        ranges: dict[tuple[int, str], list[tuple[float, float]]] = {}
+        for seg in self.performance.timeline():
+            ranges.setdefault((seg["ipu"], seg["kind"]), []).append(
+                (seg["start"] * 1e3, seg["duration"] * 1e3)
+            )
+        for (ipu, kind), spans in ranges.items():
+            gantt.broken_barh(
+                spans, (ipu - 0.4, 0.8), facecolors=colours[kind], edgecolor="white", linewidth=0.2
+            )
+        gantt.set_yticks(ipus, [f"IPU {i}" for i in ipus])
+        gantt.invert_yaxis()
+        gantt.set_xlabel("ms")
+        what = "one weight update" if self.workload.training else "one micro-batch (sharded)"
+        gantt.set_title(
+            f"Pipeline, {what}: {self.estimated_samples_per_second:,.0f} samples/s estimated, "
+            f"bottleneck IPU {self.performance.bottleneck_ipu}",
+            fontsize=10,
+        )
+        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+        gantt.legend(handles, ["forward", "recompute + backward"], fontsize=7, loc="upper center",
+                     bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)  # fmt: skip
+        fig.suptitle(self.model_name or "IPU compile report", fontsize=11)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return Path(path)
+
+
+def report_for(
+    profile: ModelProfile,
+    ipu_of: Mapping[str, int],
+    workload: Workload,
+    hardware: ChipSpec,
+    *,
+    model_name: str = "",
+    calibration: Calibration = CALIBRATION,
+) -> CompileReport:
+    """Memory and performance of the traced `profile` placed as `ipu_of` (block name -> IPU)."""
+    memory = estimate_memory(profile, ipu_of, workload, hardware)
+    memory.advice = advise(profile, ipu_of, workload, hardware, memory)
+    performance = estimate_performance(profile, ipu_of, workload, hardware, calibration)
+    allocation = [(b.name, ipu_of[b.name]) for b in profile.blocks]
+    return CompileReport(memory, performance, workload, hardware, allocation, profile.parameters, model_name)

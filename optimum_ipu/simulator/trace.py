@@ -1,0 +1,375 @@
+"""Profile a model without allocating weights: one forward on the meta device, recorded per block.
+
+The model is copied onto the meta device (parameters become shape-only tensors, nothing is
+allocated, the caller's model is untouched) and run once on one micro-batch under a
+`TorchDispatchMode` that sees every aten operation and a `saved_tensors_hooks` that sees every
+activation kept for backward. Forward hooks on the stage plan's block modules say which block is
+running, so each operation is charged to the block (and so the IPU) that owns it. The result,
+`ModelProfile` (see `profile.py`), is layout-independent data: the planner re-places its blocks on
+other IPUs without tracing again.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from optimum_ipu.pipelining.plan import StagePlan
+from optimum_ipu.pipelining.spec import base_model_path, generic_spec, spec_for
+from optimum_ipu.simulator.profile import HOST, BlockProfile, Matmul, ModelProfile, Transfer
+
+aten = torch.ops.aten
+
+_MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+_CONVOLUTIONS = {aten.convolution.default, aten._convolution.default}
+_ATTENTION = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_flash_attention.default,
+}
+# Reshapes and allocations cost nothing on an IPU: Poplar folds them into the tensor layout.
+_FREE = {
+    "_unsafe_view", "clone", "empty_like", "zeros_like", "ones_like", "full_like", "new_empty", "new_zeros",
+    "new_ones", "new_full", "detach", "lift_fresh", "lift_fresh_copy", "alias", "_local_scalar_dense",
+}  # fmt: skip
+
+
+# -- the meta copy ------------------------------------------------------------------------------------
+
+
+def _undo_serialization(model: nn.Module) -> None:
+    """Swap serialized embeddings/heads back to their originals: the models apply serialization
+    themselves from the config, so a parallelized and a plain model profile the same."""
+    for path, module in list(model.named_modules()):
+        original = getattr(module, "original", None)
+        if path and isinstance(original, list) and len(original) == 1 and isinstance(original[0], nn.Module):
+            parent_path, _, name = path.rpartition(".")
+            setattr(model.get_submodule(parent_path) if parent_path else model, name, original[0])
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` whose parameters and buffers live on the meta device; nothing is allocated.
+
+    Parameters already on meta are shared, not copied. Instance-level `forward` overrides (such as
+    recomputation wrappers, which close over the original module) are dropped from the copy.
+    """
+    memo: dict[int, Any] = {}
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if id(tensor) in memo:
+            continue
+        if tensor.device.type == "meta":
+            memo[id(tensor)] = tensor
+        elif isinstance(tensor, nn.Parameter):
+            memo[id(tensor)] = nn.Parameter(torch.empty_like(tensor, device="meta"), tensor.requires_grad)
+        else:
+            memo[id(tensor)] = torch.empty_like(tensor, device="meta")
+    meta = copy.deepcopy(model, memo)
+    _undo_serialization(meta)
+    for module in meta.modules():
+        module.__dict__.pop("forward", None)
+    return meta
+
+
+def word_embedding_path(model: nn.Module) -> str | None:
+    """Dotted path of the model's word embedding (the table embedding serialization splits)."""
+    spec = spec_for(model)
+    if spec is None:
+        try:
+            spec = generic_spec(model)
+        except ValueError:
+            return None
+    if spec.word_embedding is None:
+        return None
+    return ".".join(p for p in (base_model_path(model), spec.word_embedding) if p)
+
+
+# -- sample inputs -------------------------------------------------------------------------------------
+
+
+def sample_inputs_for(
+    model: nn.Module, micro_batch_size: int, seq_len: int | None = None, image_size: int | None = None
+) -> dict[str, torch.Tensor]:
+    """One micro-batch of meta tensors shaped like the model's real inputs, with labels for its task.
+
+    Text models get `input_ids` / `attention_mask` (/ `token_type_ids`) of length `seq_len` (default
+    the smaller of 384 and the model's maximum); vision models get `pixel_values` of `image_size`
+    (default the config's).
+    """
+    config = model.config
+    accepted = set(inspect.signature(model.forward).parameters)
+    b, meta = micro_batch_size, "meta"
+    long = dict(dtype=torch.long, device=meta)
+    inputs: dict[str, torch.Tensor] = {}
+    if "pixel_values" in accepted:
+        size = int(image_size or getattr(config, "image_size", 224))
+        channels = int(getattr(config, "num_channels", 3))
+        inputs["pixel_values"] = torch.empty(b, channels, size, size, device=meta)
+        if "interpolate_pos_encoding" in accepted and size != getattr(config, "image_size", size):
+            inputs["interpolate_pos_encoding"] = True
+        token_shape: tuple[int, ...] = (b,)
+    else:
+        max_len = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 512)
+        length = int(seq_len or min(384, max_len))
+        token_shape = (b, length)
+        inputs["input_ids"] = torch.empty(token_shape, **long)
+        if "attention_mask" in accepted:
+            inputs["attention_mask"] = torch.empty(token_shape, **long)
+        if "token_type_ids" in accepted and getattr(config, "type_vocab_size", 0):
+            inputs["token_type_ids"] = torch.empty(token_shape, **long)
+    name = type(model).__name__
+    if "start_positions" in accepted:
+        inputs["start_positions"] = torch.empty(b, **long)
+        inputs["end_positions"] = torch.empty(b, **long)
+    elif "next_sentence_label" in accepted:
+        inputs["labels"] = torch.empty(token_shape, **long)
+        inputs["next_sentence_label"] = torch.empty(b, **long)
+    elif "labels" in accepted:
+        if name.endswith(("SequenceClassification", "ImageClassification")):
+            if getattr(config, "problem_type", None) == "multi_label_classification":
+                inputs["labels"] = torch.empty(b, config.num_labels, device=meta)
+            else:
+                inputs["labels"] = torch.empty(b, **long)
+        elif len(token_shape) == 2:
+            inputs["labels"] = torch.empty(token_shape, **long)
+    return inputs
+
+
+# -- the recorder ------------------------------------------------------------------------------------
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class _Recorder(TorchDispatchMode):
+    """Charges every aten operation to the block running it; tracks who produced each tensor."""
+
+    def __init__(self, profile: ModelProfile, float_bytes: int, word_embedding_key: int | None):
+        super().__init__()
+        self.profile = profile
+        self.float_bytes = float_bytes
+        self.word_embedding_key = word_embedding_key
+        self.stack: list[int] = []
+        self.last = 0
+        self.producer: dict[int, str] = {}
+        self.masks: set[int] = set()  # storages of dropout masks: their scaling folds into the dropout
+        self.transfers: dict[tuple[int, str], Transfer] = {}
+        self.keep: list[torch.Tensor] = []  # keeps storages alive so their ids stay unique
+
+    @property
+    def block(self) -> BlockProfile:
+        return self.profile.blocks[self.stack[-1] if self.stack else self.last]
+
+    def nbytes(self, t: torch.Tensor) -> int:
+        size = self.float_bytes if t.is_floating_point() else min(t.element_size(), 4)  # ids are int32
+        return t.numel() * size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is aten._local_scalar_dense.default:
+            # Data-dependent Python branches (`mask.all()`) take the general path, as a static IPU graph does.
+            return False if args[0].dtype == torch.bool else 1
+        if func is aten._to_copy.default and kwargs.get("device") is not None:
+            kwargs = {**kwargs, "device": torch.device("meta")}  # device moves of a parallelized model
+        out = func(*args, **kwargs)
+        self._record(func, args, kwargs, out)
+        return out
+
+    def _record(self, func, args, kwargs, out) -> None:
+        block = self.block
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        name = func._schema.name.split("::")[-1]
+        aliasing = func.is_view or name == "_unsafe_view"
+        for t in inputs:
+            producer = self.producer.get(_key(t))
+            if producer is not None and producer != block.name and not aliasing:
+                key = (_key(t), block.name)
+                size = self.nbytes(t)
+                if key not in self.transfers or self.transfers[key].bytes < size:
+                    self.transfers[key] = Transfer(_key(t), size, producer, block.name, t.is_floating_point())
+        for t in outputs:
+            if aliasing and inputs:
+                source = self.producer.get(_key(inputs[0]))
+                if source is not None:
+                    self.producer[_key(t)] = source
+            elif _key(t) not in self.producer:
+                self.producer[_key(t)] = block.name
+            self.keep.append(t)
+        if aliasing or name in _FREE or not inputs:
+            return  # views, allocations and constants
+        reads_table = self.word_embedding_key is not None and any(
+            _key(t) == self.word_embedding_key for t in inputs
+        )
+        for t in outputs:
+            block.largest_tensor_bytes = max(block.largest_tensor_bytes, self.nbytes(t))
+        matmuls = self._matmuls(func, args, outputs, reads_table)
+        if matmuls:
+            block.matmuls.extend(matmuls)
+            block.forward_flops += sum(m.flops for m in matmuls)
+            return
+        if name.startswith("bernoulli"):
+            self.masks.add(_key(inputs[0]))
+        elif any(_key(t) in self.masks for t in inputs) and name in ("div_", "div", "mul", "mul_"):
+            return  # scaling by / applying the dropout mask: part of the one dropout operation
+        if name == "embedding" and reads_table:
+            block.embedding_lookups += 1
+        block.other_ops += 1
+        moved = sum(self.nbytes(t) for t in inputs if t.numel() > 1) + sum(self.nbytes(t) for t in outputs)
+        block.other_bytes += moved
+        block.forward_flops += sum(t.numel() for t in outputs)
+
+    @staticmethod
+    def _matmuls(func, args, outputs, reads_table: bool) -> list[Matmul]:
+        if func in _MATMULS:
+            a, b = (
+                (args[1], args[2])
+                if func in (aten.addmm.default, aten.baddbmm.default)
+                else (args[0], args[1])
+            )
+            batch = a.shape[0] if a.dim() == 3 else 1
+            return [Matmul(batch, a.shape[-2], a.shape[-1], b.shape[-1], reads_table)]
+        if func in _CONVOLUTIONS:
+            weight, out = args[1], outputs[0]
+            groups = int(args[8]) if len(args) > 8 else 1
+            m = out.shape[0] * math.prod(out.shape[2:])
+            return [Matmul(groups, m, weight[0].numel(), weight.shape[0] // groups, reads_table)]
+        if func in _ATTENTION:
+            q, k, v = args[0], args[1], args[2]
+            batch = q.shape[0] * q.shape[1]
+            return [
+                Matmul(batch, q.shape[-2], q.shape[-1], k.shape[-2]),
+                Matmul(batch, q.shape[-2], k.shape[-2], v.shape[-1]),
+            ]
+        return []
+
+
+# -- profiling ---------------------------------------------------------------------------------------
+
+
+def _block_of_path(plan: StagePlan) -> dict[str, int]:
+    return {path: i for i, block in enumerate(plan.blocks) for path in block.modules}
+
+
+def _owner(path: str, owners: dict[str, int]) -> int | None:
+    """Index of the block owning module `path` (longest owned prefix), as `StagePlan.ipu_of_module`."""
+    while True:
+        if path in owners:
+            return owners[path]
+        if "." not in path:
+            return owners.get("") if path else None
+        path = path.rsplit(".", 1)[0]
+
+
+def _count_parameters(
+    model: nn.Module, profile: ModelProfile, owners: dict[str, int], table: str | None
+) -> None:
+    for name, param in model.named_parameters():  # tied weights are listed once
+        module_path = name.rpartition(".")[0]
+        index = _owner(module_path, owners)
+        block = profile.blocks[index if index is not None else 0]
+        block.parameters += param.numel()
+        if param.requires_grad:
+            block.trainable_parameters += param.numel()
+        if table is not None and module_path == table:
+            block.word_embedding_parameters += param.numel()
+
+
+def profile_model(
+    model: nn.Module,
+    plan: StagePlan,
+    sample_inputs: Mapping[str, Any],
+    *,
+    training: bool = True,
+    float_bytes: int = 2,
+) -> ModelProfile:
+    """Trace one forward of `model` on a meta copy and charge its cost to the blocks of `plan`.
+
+    Args:
+        model: the model (real or on meta; it is neither changed nor run).
+        plan: its stage plan; only block names and module paths are used, not the IPUs.
+        sample_inputs: one micro-batch (tensors of any device; only shapes and dtypes matter).
+        training: trace in training mode (dropout on, activations saved for backward).
+        float_bytes: bytes of a floating-point element on the IPU (2 in fp16, 4 in fp32).
+    """
+    meta = meta_copy(model)
+    meta.train(training)
+    micro_batch = next(
+        (v.shape[0] for v in sample_inputs.values() if isinstance(v, torch.Tensor) and v.dim()), 1
+    )
+    profile = ModelProfile(
+        blocks=[BlockProfile(b.name, b.kind, b.modules) for b in plan.blocks],
+        transfers=[], micro_batch_size=int(micro_batch), float_bytes=float_bytes, input_bytes=0, training=training,
+    )  # fmt: skip
+    owners = _block_of_path(plan)
+    table_path = word_embedding_path(meta)
+    table = meta.get_submodule(table_path).weight if table_path else None
+    recorder = _Recorder(profile, float_bytes, _key(table) if table is not None else None)
+
+    inputs = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in sample_inputs.items()}
+    for value in inputs.values():
+        if isinstance(value, torch.Tensor):
+            recorder.producer[_key(value)] = HOST
+            profile.input_bytes += recorder.nbytes(value)
+
+    def enter(index):
+        def hook(_module, _args):
+            recorder.stack.append(index)
+
+        return hook
+
+    def leave(index):
+        def hook(_module, _args, output):
+            if recorder.stack:
+                recorder.stack.pop()
+            recorder.last = index
+            profile.blocks[index].output_bytes += sum(
+                recorder.nbytes(t) for t in tree_leaves(output) if isinstance(t, torch.Tensor)
+            )
+
+        return hook
+
+    handles = []
+    for path, index in owners.items():
+        module = meta.get_submodule(path)
+        handles.append(module.register_forward_pre_hook(enter(index)))
+        handles.append(module.register_forward_hook(leave(index), always_call=True))
+
+    parameter_keys = {_key(p) for p in meta.parameters()}
+    saved: set[int] = set()
+
+    def pack(t: torch.Tensor):
+        key = _key(t)
+        if key not in parameter_keys and key not in saved:
+            saved.add(key)
+            nbytes = t.untyped_storage().nbytes()
+            if t.is_floating_point():
+                nbytes = nbytes * float_bytes // t.element_size()
+            recorder.block.saved_bytes += nbytes
+        return t
+
+    try:
+        with torch.set_grad_enabled(training), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with recorder:
+                output = meta(**inputs)
+        del output
+    finally:
+        for handle in handles:
+            handle.remove()
+    profile.transfers = list(recorder.transfers.values())
+    for block, planned in zip(profile.blocks, plan.blocks):
+        # With one IPU the plan cannot tell a tied head from the others: reading the table tells.
+        tied = any(m.word_embedding for m in block.matmuls)
+        block.on_first_ipu = block.kind == "embedding" or (
+            block.kind == "head" and (tied or (planned.ipu == 0 and plan.ipus_per_replica > 1))
+        )
+    _count_parameters(meta, profile, owners, table_path)
+    return profile

@@ -1,0 +1,168 @@
+"""What runs on the IPUs: the IPU config's settings for one mode, normalised for the hardware models.
+
+`Workload.from_ipu_config` reads an `IPUConfig` (or any object with the same attribute names: the
+models only read attributes) in its *current* mode, so a config switched to `.eval()` gives the
+inference values. Everything downstream reads a `Workload`, never the config, so the memory and
+performance models have one place where defaults and per-IPU expansions happen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+OPTIMIZERS = ("adamw", "adam", "lamb", "sgd")
+
+
+def _attr(config, name: str, default):
+    value = getattr(config, name, default)
+    return default if value is None else value
+
+
+def expand_matmul_proportion(value, ipus: int) -> tuple[float, ...]:
+    """One matmul proportion per IPU from a float or a per-IPU list."""
+    if isinstance(value, (int, float)):
+        return (float(value),) * ipus
+    values = tuple(float(v) for v in value)
+    if len(values) == 1:
+        return values * ipus
+    if len(values) != ipus:
+        raise ValueError(
+            f"matmul_proportion={list(values)} needs one value per IPU ({ipus} IPUs per replica)."
+        )
+    return values
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The settings the memory and performance models need, for one mode (training or inference).
+
+    Attributes:
+        micro_batch_size: samples per micro-batch (per replica, per pipeline step).
+        gradient_accumulation_steps: micro-batches per weight update (1 in inference).
+        replication_factor: data-parallel replicas.
+        device_iterations: weight updates (or inference steps) per host call.
+        ipus_per_replica: IPUs in one pipeline.
+        matmul_proportion: per IPU, the fraction of memory matmul temporaries may use.
+        optimizer_state_offchip: optimizer state in Streaming Memory instead of on chip.
+        replicated_tensor_sharding: optimizer state sharded across replicas.
+        embedding_factor: pieces the word embedding (and a tied head) is serialized into.
+        embedding_splits_per_ipu: how many of those pieces each IPU holds, or None (all on the
+            embedding's IPU).
+        recompute_checkpoint_every_layer: a recomputation checkpoint after every layer.
+        training: training (pipelined, with backward) or inference (sharded).
+        optimizer: "adamw", "adam", "lamb" or "sgd".
+        fp32: compute in fp32 instead of fp16.
+        half_first_order_momentum: the first moment in fp16 instead of fp32.
+    """
+
+    micro_batch_size: int
+    gradient_accumulation_steps: int = 1
+    replication_factor: int = 1
+    device_iterations: int = 1
+    ipus_per_replica: int = 1
+    matmul_proportion: tuple[float, ...] = (0.2,)
+    optimizer_state_offchip: bool = False
+    replicated_tensor_sharding: bool = False
+    embedding_factor: int = 1
+    embedding_splits_per_ipu: tuple[int, ...] | None = None
+    recompute_checkpoint_every_layer: bool = False
+    training: bool = True
+    optimizer: str = "adamw"
+    fp32: bool = False
+    half_first_order_momentum: bool = False
+
+    def __post_init__(self):
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer={self.optimizer!r}: choose one of {', '.join(OPTIMIZERS)}.")
+        if len(self.matmul_proportion) != self.ipus_per_replica:
+            object.__setattr__(
+                self,
+                "matmul_proportion",
+                expand_matmul_proportion(self.matmul_proportion, self.ipus_per_replica),
+            )
+
+    @classmethod
+    def from_ipu_config(
+        cls,
+        ipu_config,
+        *,
+        micro_batch_size: int,
+        training: bool = True,
+        optimizer: str = "adamw",
+        fp32: bool = False,
+        ipus_per_replica: int | None = None,
+    ) -> Workload:
+        """Read `ipu_config` in its current mode; `ipus_per_replica` defaults to the config's."""
+        ipus = int(ipus_per_replica or _attr(ipu_config, "ipus_per_replica", None) or 0)
+        if ipus < 1:
+            ipus = len(_attr(ipu_config, "layers_per_ipu", [-1]))
+        splits = _attr(ipu_config, "serialized_embedding_splits_per_ipu", None)
+        splits = tuple(int(s) for s in splits) if splits else None
+        factor = sum(splits) if splits else int(_attr(ipu_config, "embedding_serialization_factor", 1) or 1)
+        return cls(
+            micro_batch_size=int(micro_batch_size),
+            gradient_accumulation_steps=int(_attr(ipu_config, "gradient_accumulation_steps", 1))
+            if training
+            else 1,
+            replication_factor=int(_attr(ipu_config, "replication_factor", 1)),
+            device_iterations=int(_attr(ipu_config, "device_iterations", 1)),
+            ipus_per_replica=ipus,
+            matmul_proportion=expand_matmul_proportion(_attr(ipu_config, "matmul_proportion", 0.2), ipus),
+            optimizer_state_offchip=bool(_attr(ipu_config, "optimizer_state_offchip", False)),
+            replicated_tensor_sharding=bool(_attr(ipu_config, "replicated_tensor_sharding", False)),
+            embedding_factor=max(int(factor), 1),
+            embedding_splits_per_ipu=splits,
+            recompute_checkpoint_every_layer=bool(
+                _attr(ipu_config, "recompute_checkpoint_every_layer", False)
+            ),
+            training=training,
+            optimizer=optimizer.lower(),
+            fp32=fp32,
+            half_first_order_momentum=bool(_attr(ipu_config, "enable_half_first_order_momentum", False)),
+        )
+
+    @property
+    def recomputation(self) -> bool:
+        """Recompute activations in backward: PopTorch's default for pipelines, or asked per layer."""
+        return self.training and (self.ipus_per_replica > 1 or self.recompute_checkpoint_every_layer)
+
+    def recomputes(self, ipu: int) -> bool:
+        """Whether `ipu` recomputes its forward in backward.
+
+        Every stage but the last stashes its inputs and recomputes; the last runs forward and backward
+        of a micro-batch in the same cycle and keeps its activations, unless every layer is a
+        checkpoint, which asks for recomputation there too (and for a single IPU).
+        """
+        last = ipu == self.ipus_per_replica - 1
+        return self.recomputation and (not last or self.recompute_checkpoint_every_layer)
+
+    @property
+    def float_bytes(self) -> int:
+        return 4 if self.fp32 else 2
+
+    @property
+    def total_ipus(self) -> int:
+        return self.ipus_per_replica * self.replication_factor
+
+    @property
+    def samples_per_call(self) -> int:
+        """The combined batch: micro-batch x GA x replicas x device iterations."""
+        return (
+            self.micro_batch_size
+            * self.gradient_accumulation_steps
+            * self.replication_factor
+            * self.device_iterations
+        )
+
+    def stash_depth(self, ipu: int) -> int:
+        """Micro-batches in flight on `ipu` between its forward and its backward: 2(N-k)-1."""
+        return 2 * (self.ipus_per_replica - ipu) - 1 if self.training else 0
+
+    def replace(self, **changes) -> Workload:
+        """A copy with `changes` applied (e.g. another matmul_proportion)."""
+        return dataclasses.replace(self, **changes)
+
+    def with_matmul_proportion(self, values: Sequence[float] | float) -> Workload:
+        return self.replace(matmul_proportion=expand_matmul_proportion(values, self.ipus_per_replica))

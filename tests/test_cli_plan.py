@@ -1,0 +1,132 @@
+"""`optimum-ipu plan`: output, exit codes, files, presets, the profile cache, and one real subprocess run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures import tiny_bert_config
+
+from optimum_ipu import cli
+from optimum_ipu.commands import plan as plan_command
+from optimum_ipu.pipelining.spec import spec_for
+
+LARGE_POD64 = ["plan", "bert-large-uncased", "--ipu-config", "Graphcore/bert-large-ipu", "--pod", "64"]
+
+
+@pytest.fixture(autouse=True)
+def profile_cache(tmp_path_factory, monkeypatch):
+    """One cache folder for the whole module, so a profile traced once is reused by later tests."""
+    folder = tmp_path_factory.getbasetemp() / "optimum-ipu-cache"
+    monkeypatch.setenv("OPTIMUM_IPU_CACHE", str(folder))
+    return folder
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_prints_the_compile_report(capsys):
+    code, out, _ = _run(capsys, *LARGE_POD64)
+    assert code == 0
+    assert "IPU compile report" in out
+    assert "4 IPUs per replica x 16 replicas = 64 IPUs" in out
+    assert "Layers per IPU: [3, 7, 7, 7]" in out
+    assert "IPU       layers        code     weights" in out
+    assert "Estimated throughput:" in out and "<- bottleneck" in out
+
+
+def test_the_console_script_runs_in_a_subprocess(profile_cache):
+    script = Path(sys.executable).with_name("optimum-ipu")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "optimum_ipu.cli"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OPTIMUM_IPU_CACHE": str(profile_cache)}
+    done = subprocess.run(command + LARGE_POD64, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Estimated throughput:" in done.stdout and "64 IPUs" in done.stdout
+
+
+def test_auto_writes_json_and_png(capsys, tmp_path):
+    json_path, png_path = tmp_path / "plan.json", tmp_path / "out" / "plan.png"
+    code, out, _ = _run(capsys, *LARGE_POD64, "--micro-batch", "2", "--auto", "--json", str(json_path),
+                        "--png", str(png_path))  # fmt: skip
+    assert code == 0
+    assert "Layout search:" in out and "--ipu_config_overrides" in out
+    data = json.loads(json_path.read_text())
+    assert {"layers_per_ipu", "matmul_proportion", "speedup", "given", "proposed"} <= set(data)
+    assert data["proposed"]["estimated_samples_per_second"] >= data["given"]["estimated_samples_per_second"]
+    assert png_path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_out_of_memory_layout_exits_1_with_advice(capsys):
+    code, out, _ = _run(capsys, *LARGE_POD64, "--overrides", "layers_per_ipu=[0 0 0 24]")
+    assert code == 1
+    assert "OUT OF MEMORY" in out and "move layers off IPU 3" in out
+
+
+def test_second_run_prices_the_cached_profile_without_tracing(capsys, monkeypatch):
+    args = [
+        "plan",
+        "distilbert-base-uncased",
+        "--ipu-config",
+        "Graphcore/distilbert-base-ipu",
+        "--seq-len",
+        "128",
+    ]
+    first = _run(capsys, *args)
+    monkeypatch.setattr(plan_command, "_trace", lambda *a, **k: pytest.fail("traced although cached"))
+    assert _run(capsys, *args) == first
+    with pytest.raises(pytest.fail.Exception):
+        _run(capsys, *args, "--no-cache")
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["plan", "no-such-model", "--ipu-config", "Graphcore/bert-base-ipu"], "Presets: bert-base-uncased"),
+        (["plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--seq-len", "600"], "512"),
+        (["plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--pod", "6"], "n_ipu=6"),
+        (
+            ["plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--micro-batch", "0"],
+            "micro-batch",
+        ),
+    ],
+)
+def test_bad_input_exits_2_naming_the_problem(capsys, argv, message):
+    code, _, err = _run(capsys, *argv)
+    assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("name", sorted(plan_command.PRESETS))
+def test_every_preset_builds_on_meta_with_a_cut_spec(name):
+    model = plan_command.build_meta_model(plan_command.resolve_model(name))
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert spec_for(model) is not None
+
+
+def test_local_config_folder_uses_its_architecture_unless_a_task_is_given(tmp_path, capsys):
+    config = tiny_bert_config()
+    config.architectures = ["BertForSequenceClassification"]
+    config.save_pretrained(tmp_path)
+    source = plan_command.resolve_model(str(tmp_path))
+    assert source.builder == "BertForSequenceClassification"
+    assert (
+        plan_command.resolve_model(str(tmp_path / "config.json"), "masked-lm").builder
+        == "AutoModelForMaskedLM"
+    )
+    model = plan_command.build_meta_model(source)
+    assert type(model).__name__ == "BertForSequenceClassification"
+    assert model.bert.embeddings.word_embeddings.weight.device == torch.device("meta")
+    argv = ["plan", str(tmp_path), "--ipu-config", "Graphcore/distilbert-base-ipu", "--seq-len", "32"]
+    code, _, err = _run(capsys, *argv)
+    assert code == 2 and "places 6 layers but the model has 4" in err
+    code, out, _ = _run(
+        capsys, *argv, "--overrides", "layers_per_ipu=[2 2]", "--hardware", "bow", "--inference"
+    )
+    assert code == 0 and "Bow IPU" in out and "Sharded inference" in out

@@ -1,0 +1,107 @@
+"""The layout planner: never slower than the published configs, fixes layouts that do not fit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from fixtures import tiny_bert_config
+from test_simulator_memory import P_LAYER, synthetic, workload
+from transformers import BertConfig, BertForQuestionAnswering, ViTConfig, ViTForImageClassification
+
+from optimum_ipu.configuration import IPUConfig
+from optimum_ipu.pipelining import build_stage_plan
+from optimum_ipu.pipelining.spec import spec_for
+from optimum_ipu.simulator import HARDWARE
+from optimum_ipu.simulator.analysis import plan_layout
+from optimum_ipu.simulator.planner import propose_layout
+from optimum_ipu.simulator.profile import BlockProfile, ModelProfile
+
+BERT_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+
+
+def _meta(cls, config):
+    with torch.device("meta"):
+        return cls(config)
+
+
+@pytest.mark.parametrize(
+    "name,build,inputs,micro_batch",
+    [
+        ("bert-base-ipu", lambda: _meta(BertForQuestionAnswering, BertConfig()), dict(seq_len=384), 2),
+        (
+            "bert-large-ipu",
+            lambda: _meta(BertForQuestionAnswering, BertConfig(**BERT_LARGE)),
+            dict(seq_len=384),
+            2,
+        ),
+        (
+            "vit-base-ipu",
+            lambda: _meta(ViTForImageClassification, ViTConfig(num_labels=15)),
+            dict(image_size=224),
+            1,
+        ),
+    ],
+)
+def test_planner_is_at_least_as_fast_as_the_published_config(name, build, inputs, micro_batch):
+    config = IPUConfig.from_pretrained(f"Graphcore/{name}")
+    proposal = plan_layout(build(), config, micro_batch_size=micro_batch, **inputs)
+    assert proposal.given.layers_per_ipu == config.layers_per_ipu
+    assert proposal.proposed.memory.fits and not proposal.proposed.memory.warnings
+    assert proposal.proposed.estimated_samples_per_second >= proposal.given.estimated_samples_per_second
+    assert sum(proposal.layers_per_ipu) == sum(config.layers_per_ipu)
+    # The proposal is a valid override of the same config.
+    updated = config.copy().update_from_string(proposal.overrides())
+    assert updated.layers_per_ipu == proposal.layers_per_ipu
+    assert updated.matmul_proportion == pytest.approx(proposal.matmul_proportion)
+
+
+def _heavy(layers: int) -> ModelProfile:
+    """Layers of 20 M parameters (240 MB with accumulators and Adam state): 3 of them fill an IPU."""
+    profile = synthetic(layers)
+    blocks = [
+        BlockProfile(**{**vars(b), "parameters": 20 * P_LAYER, "trainable_parameters": 20 * P_LAYER})
+        if b.kind == "layer" else b
+        for b in profile.blocks
+    ]  # fmt: skip
+    return ModelProfile(blocks, profile.transfers, 1, 2, profile.input_bytes, True)
+
+
+def test_planner_repairs_a_layout_that_does_not_fit():
+    profile = _heavy(8)
+    w = workload(ipus_per_replica=4, gradient_accumulation_steps=16)
+    given = profile.placement([5, 1, 1, 1], 4)
+    proposal = propose_layout(profile, given, w, HARDWARE["mk2"])
+    assert not proposal.given.memory.fits
+    assert proposal.proposed.memory.fits
+    assert math.isinf(proposal.speedup)
+    assert max(proposal.layers_per_ipu) - min(proposal.layers_per_ipu) <= 1
+
+
+def test_planner_reports_no_layout_when_nothing_fits():
+    profile = _heavy(8)
+    w = workload(ipus_per_replica=1, matmul_proportion=(0.2,))
+    proposal = propose_layout(profile, profile.placement([8], 1), w, HARDWARE["mk2"])
+    assert proposal.proposed is proposal.given and not proposal.proposed.memory.fits
+    assert proposal.layouts_timed == 0
+
+
+def test_proposed_placement_is_the_one_build_stage_plan_makes():
+    model = BertForQuestionAnswering(tiny_bert_config())
+    config = IPUConfig(layers_per_ipu=[3, 1], ipus_per_replica=2, gradient_accumulation_steps=8)
+    proposal = plan_layout(model, config, micro_batch_size=2, seq_len=16)
+    plan = build_stage_plan(model, spec_for(model), proposal.layers_per_ipu, 2)
+    assert dict(proposal.proposed.allocation) == {b.name: b.ipu for b in plan.blocks}
+    assert proposal.proposed.estimated_samples_per_second >= proposal.given.estimated_samples_per_second
+    text = proposal.summary()
+    assert "given" in text and "proposed" in text and "--ipu_config_overrides" in text
+    assert set(proposal.to_dict()) >= {"layers_per_ipu", "matmul_proportion", "speedup", "given", "proposed"}
+
+
+def test_planner_handles_inference_and_another_pipeline_length():
+    model = BertForQuestionAnswering(tiny_bert_config())
+    config = IPUConfig(layers_per_ipu=[3, 1], ipus_per_replica=2).eval()
+    proposal = plan_layout(model, config, micro_batch_size=2, seq_len=16, training=False, ipus_per_replica=4)
+    assert len(proposal.layers_per_ipu) == 4 and sum(proposal.layers_per_ipu) == 4
+    assert not proposal.proposed.workload.training

@@ -1,0 +1,230 @@
+"""Per-IPU memory: hand-computed formulas, monotonic behaviour, published configs fit, bad ones fail."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import BertConfig, BertForQuestionAnswering, ViTConfig, ViTForImageClassification
+
+from optimum_ipu.configuration import IPUConfig
+from optimum_ipu.pipelining import build_stage_plan
+from optimum_ipu.pipelining.spec import spec_for
+from optimum_ipu.simulator import HARDWARE, IPUOutOfMemoryError, analyse
+from optimum_ipu.simulator.hardware import ASSUMPTIONS
+from optimum_ipu.simulator.memory import (
+    MiB,
+    estimate_memory,
+    matmul_temporary_bytes,
+    serialization_pieces,
+)
+from optimum_ipu.simulator.profile import HOST, BlockProfile, Matmul, ModelProfile, Transfer
+from optimum_ipu.simulator.report import report_for
+from optimum_ipu.simulator.workload import Workload
+
+MK2 = HARDWARE["mk2"]
+CAPACITY = MK2.memory_bytes
+P_LAYER, P_TABLE, SAVED, OUT, IDS = 1_000_000, 500_000, 10 * MiB, MiB, 1000
+MATMUL = Matmul(1, 512, 1024, 1024)
+
+
+def synthetic(layers: int = 4) -> ModelProfile:
+    """Embedding + `layers` identical layers + a head, with round numbers."""
+    blocks = [
+        BlockProfile("Embedding", "embedding", ("emb",), True, P_TABLE, P_TABLE, P_TABLE, output_bytes=OUT)
+    ]
+    blocks += [
+        BlockProfile(
+            f"Layer {i}",
+            "layer",
+            (f"layers.{i}",),
+            parameters=P_LAYER,
+            trainable_parameters=P_LAYER,
+            matmuls=[MATMUL],
+            other_ops=10,
+            output_bytes=OUT,
+            saved_bytes=SAVED,
+        )
+        for i in range(layers)
+    ]
+    blocks.append(BlockProfile("Head", "head", ("head",), parameters=10, trainable_parameters=10))
+    names = [b.name for b in blocks]
+    transfers = [Transfer(1, IDS, HOST, "Embedding", floating=False)]
+    transfers += [Transfer(10 + i, OUT, a, b) for i, (a, b) in enumerate(zip(names, names[1:]))]
+    return ModelProfile(blocks, transfers, micro_batch_size=1, float_bytes=2, input_bytes=IDS, training=True)
+
+
+def workload(**changes) -> Workload:
+    values = dict(
+        micro_batch_size=1, gradient_accumulation_steps=8, ipus_per_replica=2, matmul_proportion=(0.2,)
+    )
+    values.update(changes)
+    return Workload(**values)
+
+
+def memory(layers_per_ipu=(2, 2), **changes):
+    profile = synthetic(sum(layers_per_ipu))
+    w = workload(ipus_per_replica=len(layers_per_ipu), **changes)
+    return estimate_memory(profile, profile.placement(list(layers_per_ipu), len(layers_per_ipu)), w, MK2)
+
+
+def test_matmul_temporaries_follow_the_three_dimensional_partition():
+    mm = Matmul(1, 64, 64, 64)
+    expected = 3 * (64**3) ** (2 / 3) * 1472 ** (1 / 3) * 2
+    assert matmul_temporary_bytes(mm, 1472, 2) == pytest.approx(expected, abs=1)
+    many = Matmul(2000, 4, 4, 4)  # more products than tiles: each operand once
+    assert matmul_temporary_bytes(many, 1472, 2) == 2000 * 3 * 16 * 2
+    assert matmul_temporary_bytes(Matmul(1, 8, 64, 1024), 1472, 2, pieces=4) < matmul_temporary_bytes(
+        Matmul(1, 8, 64, 1024), 1472, 2
+    )
+    assert serialization_pieces(8, 2) == 8 and serialization_pieces(2, 8) == 1
+
+
+def test_memory_formulas_by_hand():
+    report = memory()
+    first, last = report.ipus
+    need = matmul_temporary_bytes(MATMUL, MK2.tiles, 2)
+    assert first.code == ASSUMPTIONS.code_bytes_per_ipu
+    assert first.weights == (P_TABLE + 2 * P_LAYER) * 2
+    assert first.gradients == first.weights  # GA 8 > 1: one fp16 accumulator per weight
+    assert first.optimizer == (P_TABLE + 2 * P_LAYER) * 8  # two fp32 moments
+    assert first.stash == 3 * IDS  # 2(N-k)-1 = 3 micro-batches of the stage input
+    assert first.activations == 2 * SAVED  # recomputing the whole stage for one micro-batch
+    assert first.temporaries == min(need, int(0.2 * CAPACITY)) + P_TABLE * 2  # + the table's gradient
+    assert last.stash == OUT  # the last IPU keeps one micro-batch
+    assert last.activations == 2 * SAVED
+    assert report.fits and report.capacity == 1472 * 638_976
+
+
+def test_recompute_checkpoints_stash_layer_outputs_and_keep_one_layer():
+    first, last = memory(recompute_checkpoint_every_layer=True).ipus
+    assert first.stash == 3 * (
+        IDS + OUT
+    )  # stage input + checkpoint after layer 0 (layer 1 is the stage output)
+    assert first.activations == SAVED and last.activations == SAVED
+
+
+def test_optimizer_state_options():
+    base = memory().ipus[0].optimizer
+    assert memory(optimizer_state_offchip=True).ipus[0].optimizer == 0
+    assert memory(replicated_tensor_sharding=True, replication_factor=4).ipus[0].optimizer == base // 4
+    assert memory(replicated_tensor_sharding=True, replication_factor=1).ipus[0].optimizer == base
+    assert memory(half_first_order_momentum=True).ipus[0].optimizer == base * 6 // 8
+    assert memory(optimizer="sgd").ipus[0].optimizer == 0
+    assert memory(gradient_accumulation_steps=1).ipus[0].gradients == 0
+
+
+def test_inference_holds_no_optimizer_gradients_or_stash_depth():
+    first, _ = memory(training=False).ipus
+    assert first.gradients == first.optimizer == 0
+    assert first.stash == IDS
+
+
+def test_embedding_splits_spread_the_table():
+    whole = memory()
+    split = memory(embedding_splits_per_ipu=(1, 1), embedding_factor=2)
+    assert split.ipus[0].weights == whole.ipus[0].weights - P_TABLE  # half of the 2-byte table moved
+    assert split.ipus[1].weights == whole.ipus[1].weights + P_TABLE
+
+
+def test_more_layers_on_an_ipu_need_more_memory_there():
+    totals = [memory((n, 6 - n)).ipus[0].total for n in range(1, 6)]
+    assert totals == sorted(totals) and len(set(totals)) == len(totals)
+
+
+def test_near_limit_warns():
+    profile = synthetic(4)
+    w = workload(ipus_per_replica=1)
+    base = estimate_memory(profile, profile.placement([4], 1), w, MK2).ipus[0].total
+    extra = int(0.95 * CAPACITY) - base  # brings the IPU to 95%: fits, but not with a safe margin
+    heavy = ModelProfile(
+        [BlockProfile(**{**vars(b), "saved_bytes": extra if b.name == "Head" else b.saved_bytes}) for b in profile.blocks],
+        profile.transfers, 1, 2, IDS, True,
+    )  # fmt: skip
+    report = estimate_memory(heavy, heavy.placement([4], 1), w, MK2)
+    assert report.fits
+    assert any("IPU 0 is at 95% of its memory" in text for text in report.warnings)
+
+
+def test_over_limit_raises_with_table_and_advice():
+    profile = synthetic(4)
+    heavy = ModelProfile(
+        [BlockProfile(**{**vars(b), "saved_bytes": 200 * MiB if b.kind == "layer" else 0}) for b in profile.blocks],
+        profile.transfers, 1, 2, IDS, True,
+    )  # fmt: skip
+    report = report_for(heavy, heavy.placement([4], 1), workload(ipus_per_replica=1), MK2).memory
+    with pytest.raises(IPUOutOfMemoryError) as error:
+        report.raise_if_out_of_memory()
+    text = str(error.value)
+    assert text.startswith(
+        f"Out of memory on IPU 0: {report.ipus[0].total:,} bytes used but IPUs only have {CAPACITY:,}"
+    )
+    assert "weights" in text and "optimizer" in text and "temporaries" in text
+    assert "recompute_checkpoint_every_layer=True" in text
+
+
+# -- real architectures, published configs ---------------------------------------------------------
+
+
+def _bert(large: bool):
+    size = (
+        dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+        if large
+        else {}
+    )
+    with torch.device("meta"):
+        return BertForQuestionAnswering(BertConfig(**size))
+
+
+def _analyse(model, config, micro_batch, **inputs):
+    plan = build_stage_plan(model, spec_for(model), config.layers_per_ipu, config.ipus_per_replica)
+    return analyse(model, plan, config, micro_batch_size=micro_batch, **inputs)
+
+
+@pytest.mark.parametrize(
+    "name,large,overrides",
+    [("bert-base-ipu", False, {}), ("bert-base-ipu", False, {"embedding_serialization_factor": 2}),
+     ("bert-large-ipu", True, {})],
+)  # fmt: skip
+def test_published_bert_configs_fit_at_seq_384(name, large, overrides):
+    config = IPUConfig.from_pretrained(f"Graphcore/{name}", **overrides).for_n_ipu(16)
+    report = _analyse(_bert(large), config, 2, seq_len=384)
+    report.memory.raise_if_out_of_memory()
+    assert not report.memory.warnings
+    assert report.estimated_samples_per_second > 0
+
+
+def test_published_vit_config_fits_at_224_px():
+    with torch.device("meta"):
+        model = ViTForImageClassification(ViTConfig(num_labels=15))
+    report = _analyse(model, IPUConfig.from_pretrained("Graphcore/vit-base-ipu"), 1, image_size=224)
+    report.memory.raise_if_out_of_memory()
+
+
+def test_bert_large_on_one_ipu_is_out_of_memory_with_advice():
+    config = IPUConfig.from_pretrained(
+        "Graphcore/bert-large-ipu", layers_per_ipu=[24], ipus_per_replica=1, matmul_proportion=0.2,
+        inference_layers_per_ipu=[24], inference_ipus_per_replica=1,
+    )  # fmt: skip
+    report = _analyse(_bert(True), config, 2, seq_len=384)
+    with pytest.raises(
+        IPUOutOfMemoryError, match=r"Out of memory on IPU 0: [\d,]+ bytes used but IPUs only have"
+    ):
+        report.memory.raise_if_out_of_memory()
+    assert isinstance(IPUOutOfMemoryError("x"), MemoryError)
+    assert report.memory.ipus[0].weights > 600 * MiB  # 334 M fp16 weights
+    assert any("ipus_per_replica=2" in a for a in report.memory.advice)
+
+
+def test_rts_and_offchip_free_optimizer_memory_on_bert_large():
+    model = _bert(True)
+    base = IPUConfig.from_pretrained(
+        "Graphcore/bert-large-ipu", optimizer_state_offchip=False, replicated_tensor_sharding=False
+    ).for_n_ipu(16)
+    on_chip = _analyse(model, base, 2, seq_len=384).memory
+    rts = _analyse(model, base.copy().update(replicated_tensor_sharding=True), 2, seq_len=384).memory
+    off = _analyse(model, base.copy().update(optimizer_state_offchip=True), 2, seq_len=384).memory
+    for k in range(4):
+        assert math.isclose(rts.ipus[k].optimizer, on_chip.ipus[k].optimizer / 4, rel_tol=1e-6)
+        assert off.ipus[k].optimizer == 0 < on_chip.ipus[k].optimizer

@@ -1,0 +1,74 @@
+"""`CompileReport`: the text for logs, the JSON, and the files `compile_only` writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from fixtures import tiny_bert_config
+from transformers import BertForQuestionAnswering
+
+from optimum_ipu.configuration import IPUConfig
+from optimum_ipu.pipelining import build_stage_plan
+from optimum_ipu.pipelining.spec import spec_for
+from optimum_ipu.simulator import CompileReport, analyse
+from optimum_ipu.simulator.report import REPORT_JSON, REPORT_PNG
+
+
+@pytest.fixture(scope="module")
+def report() -> CompileReport:
+    with torch.device("meta"):
+        model = BertForQuestionAnswering(tiny_bert_config())
+    config = IPUConfig(
+        layers_per_ipu=[1, 3], ipus_per_replica=2, gradient_accumulation_steps=8, replication_factor=2
+    )
+    plan = build_stage_plan(model, spec_for(model), config.layers_per_ipu, 2)
+    return analyse(model, plan, config, micro_batch_size=2, seq_len=16, optimizer="lamb")
+
+
+def test_summary_has_the_memory_table_throughput_and_bottleneck(report):
+    text = report.summary()
+    assert "IPU compile report" in text and "2 IPUs per replica x 2 replicas = 4 IPUs" in text
+    assert "micro-batch 2 x GA 8 x replicas 2 x device iterations 1 = 32 samples per call" in text
+    assert text.count(" MiB (") == 2  # one row per IPU against the limit
+    assert "Estimated throughput:" in text and "<- bottleneck" in text
+    assert "GA/(GA+2N-2) = 80.0%" in text
+
+
+def test_estimated_samples_per_second_is_the_performance_estimate(report):
+    assert report.estimated_samples_per_second == report.performance.samples_per_second > 0
+    assert report.layers_per_ipu == [1, 3]
+
+
+def test_to_dict_is_json(report):
+    data = json.loads(json.dumps(report.to_dict()))
+    assert {"estimated_samples_per_second", "pipeline_efficiency", "bottleneck_ipu", "memory", "performance",
+            "layers_per_ipu", "allocation", "hardware"} <= set(data)  # fmt: skip
+    assert len(data["memory"]["ipus"]) == 2 and data["memory"]["fits"] is True
+    assert {"weights", "optimizer", "stash", "temporaries", "total"} <= set(data["memory"]["ipus"][0])
+    assert len(data["performance"]["stages"]) == 2 and data["performance"]["cycle_count"] == 10
+
+
+def test_save_writes_json_and_png(report, tmp_path):
+    json_path, png_path = report.save(tmp_path / "compiled")
+    assert json_path.name == REPORT_JSON and png_path.name == REPORT_PNG
+    assert (
+        json.loads(json_path.read_text())["estimated_samples_per_second"]
+        == report.estimated_samples_per_second
+    )
+    assert png_path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_inference_report():
+    model = BertForQuestionAnswering(tiny_bert_config())
+    config = IPUConfig(layers_per_ipu=[2, 2], ipus_per_replica=2, inference_device_iterations=4).eval()
+    plan = build_stage_plan(model, spec_for(model), config.layers_per_ipu, 2)
+    sample = {
+        "input_ids": torch.zeros(3, 16, dtype=torch.long),
+        "attention_mask": torch.ones(3, 16, dtype=torch.long),
+    }
+    report = analyse(model, plan, config, micro_batch_size=3, sample_inputs=sample, training=False)
+    assert "Sharded inference" in report.summary()
+    assert report.workload.device_iterations == 4 and report.performance.samples_per_call == 12
+    assert len(report.performance.timeline()) == 2
