@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.optim.adamw import adamw
 
 from optimum_ipu.simulator.precision import write_back
 
@@ -80,21 +81,61 @@ class AdamW(_IPUOptimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad.float()
-                exp_avg, exp_avg_sq, step = self._moments(p, group["accum_type"])
-                m, v = self._update_moments(exp_avg, exp_avg_sq, grad, beta1, beta2)
-                c1 = 1 - beta1**step if group["bias_correction"] else 1.0
-                c2 = 1 - beta2**step if group["bias_correction"] else 1.0
-                weight = p.float()
-                weight.mul_(1 - group["lr"] * group["weight_decay"])
-                denom = (v.sqrt() / math.sqrt(c2)).add_(group["eps"])
-                weight.addcdiv_(m, denom, value=-group["lr"] / c1)
-                write_back(p, weight, group["stochastic_rounding"])
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            if group["bias_correction"]:
+                self._fused_step(group, params)
+            else:
+                for p in params:
+                    self._step_one(group, p)
         return loss
+
+    def _fused_step(self, group: dict, params: list[torch.Tensor]) -> None:
+        """All of a group's tensors through torch's fused AdamW kernel, on fp32 working copies.
+
+        Working copies are exact (`p.float()`), so this is the same update as `_step_one`, at the speed
+        of one fused pass instead of a dozen elementwise ones.
+        """
+        beta1, beta2 = group["betas"]
+        weights, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, dtype=group["accum_type"], memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, dtype=group["accum_type"], memory_format=torch.preserve_format)
+            weights.append(p.float())  # p itself when p is fp32: updated in place
+            grads.append(p.grad.float())
+            exp_avgs.append(state["exp_avg"].float())
+            exp_avg_sqs.append(state["exp_avg_sq"].float())
+            steps.append(state["step"])
+        adamw(
+            weights, grads, exp_avgs, exp_avg_sqs, [], steps, fused=weights[0].device.type in ("cpu", "cuda"),
+            amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
+            eps=group["eps"], maximize=False,
+        )  # fmt: skip
+        for p, weight, m, v in zip(params, weights, exp_avgs, exp_avg_sqs):
+            state = self.state[p]
+            if state["exp_avg"] is not m:  # fp16 accumulators: store the fp32 result back
+                state["exp_avg"].copy_(m)
+                state["exp_avg_sq"].copy_(v)
+            if weight is not p:
+                write_back(p, weight, group["stochastic_rounding"])
+
+    def _step_one(self, group: dict, p: torch.Tensor) -> None:
+        """One tensor, written out: the reference rule (and the only one without bias correction)."""
+        beta1, beta2 = group["betas"]
+        grad = p.grad.float()
+        exp_avg, exp_avg_sq, step = self._moments(p, group["accum_type"])
+        m, v = self._update_moments(exp_avg, exp_avg_sq, grad, beta1, beta2)
+        c1 = 1 - beta1**step if group["bias_correction"] else 1.0
+        c2 = 1 - beta2**step if group["bias_correction"] else 1.0
+        weight = p.float()
+        weight.mul_(1 - group["lr"] * group["weight_decay"])
+        denom = (v.sqrt() / math.sqrt(c2)).add_(group["eps"])
+        weight.addcdiv_(m, denom, value=-group["lr"] / c1)
+        write_back(p, weight, group["stochastic_rounding"])
 
 
 class LAMB(_IPUOptimizer):
