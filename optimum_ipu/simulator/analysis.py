@@ -7,6 +7,7 @@ and then run the torch-free models on the profile: `report.report_for` prices on
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,6 +41,7 @@ def analyse(
     training: bool = True,
     optimizer: str = "adamw",
     fp32: bool = False,
+    cache_dir: str | None = None,
 ) -> CompileReport:
     """Estimate per-IPU memory and throughput of `model` laid out by `plan` under `ipu_config`.
 
@@ -55,9 +57,12 @@ def analyse(
         training: pipelined training (with backward and optimizer) or sharded inference.
         optimizer: "adamw", "adam", "lamb" or "sgd" (what optimizer state to hold).
         fp32: compute in fp32 instead of fp16.
+        cache_dir: keep the traced profile in this folder (the IPU config's `executable_cache_dir`),
+            so analysing the same model, layout and inputs again skips the trace; None: no cache.
 
     Returns:
-        A `CompileReport`; `report.memory.raise_if_out_of_memory()` fails like Poplar.
+        A `CompileReport` (`report.from_cache` tells whether the trace was reused);
+        `report.memory.raise_if_out_of_memory()` fails like Poplar.
     """
     spec = chip(hardware)
     workload = Workload.from_ipu_config(
@@ -66,9 +71,32 @@ def analyse(
     )  # fmt: skip
     if sample_inputs is None:
         sample_inputs = sample_inputs_for(model, micro_batch_size, seq_len, image_size)
-    profile = profile_model(model, plan, sample_inputs, training=training, float_bytes=workload.float_bytes)
+    profile, from_cache = _profile(model, plan, sample_inputs, training, workload.float_bytes, cache_dir)
     ipu_of = {block.name: block.ipu for block in plan.blocks}
-    return report_for(profile, ipu_of, workload, spec, model_name=model_name_of(model))
+    report = report_for(profile, ipu_of, workload, spec, model_name=model_name_of(model))
+    return dataclasses.replace(report, from_cache=from_cache)
+
+
+def _profile(model, plan, sample_inputs, training: bool, float_bytes: int, cache_dir: str | None):
+    """Trace `model`, or reuse a trace stored under everything it depends on (the executable cache)."""
+    if not cache_dir:
+        return profile_model(model, plan, sample_inputs, training=training, float_bytes=float_bytes), False
+    from optimum_ipu.simulator.cache import load_profile, profile_key, save_profile
+
+    config = getattr(model, "config", None)
+    key = profile_key(
+        config=config.to_dict() if hasattr(config, "to_dict") else None,
+        structure=repr(model),  # module tree, including serialized embeddings and layer placement wrappers
+        blocks=[(b.name, b.kind, list(b.modules)) for b in plan.blocks],
+        inputs={k: (list(v.shape), str(v.dtype)) for k, v in sample_inputs.items() if hasattr(v, "shape")},
+        training=training, float_bytes=float_bytes,
+    )  # fmt: skip
+    profile = load_profile(key, cache_dir)
+    if profile is not None:
+        return profile, True
+    profile = profile_model(model, plan, sample_inputs, training=training, float_bytes=float_bytes)
+    save_profile(key, profile, cache_dir)
+    return profile, False
 
 
 def plan_layout(

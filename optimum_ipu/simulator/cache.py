@@ -54,18 +54,18 @@ def profile_key(**parts: Any) -> str:
     return hashlib.sha256(json.dumps(stamp, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def load_profile(key: str) -> ModelProfile | None:
-    """The cached profile for `key`, or None (missing or unreadable entries count as missing)."""
-    path = cache_dir() / f"{key}.json"
+def load_profile(key: str, folder: str | os.PathLike | None = None) -> ModelProfile | None:
+    """The cached profile for `key` (in `folder`, default `cache_dir()`), or None when missing or unreadable."""
+    path = Path(folder or cache_dir()) / f"{key}.json"
     try:
         return ModelProfile.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
-def save_profile(key: str, profile: ModelProfile) -> Path | None:
-    """Store `profile` under `key`; returns the file, or None when the cache is not writable."""
-    folder = cache_dir()
+def save_profile(key: str, profile: ModelProfile, folder: str | os.PathLike | None = None) -> Path | None:
+    """Store `profile` under `key` (in `folder`, default `cache_dir()`); None when it is not writable."""
+    folder = Path(folder or cache_dir())
     path = folder / f"{key}.json"
     try:
         folder.mkdir(parents=True, exist_ok=True)

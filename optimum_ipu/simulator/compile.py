@@ -42,9 +42,15 @@ def _analyse(pipelined, ipu_config, micro_batch: dict, *, training: bool, hardwa
     report = analyse(
         pipelined.module, pipelined.plan, ipu_config, micro_batch_size=batch_size_of(micro_batch),
         sample_inputs=micro_batch, hardware=hardware, training=training, optimizer=optimizer, fp32=fp32,
+        cache_dir=ipu_config.executable_cache_dir or None,
     )  # fmt: skip
     report.memory.raise_if_out_of_memory()
     return report
+
+
+def _log_done(report, seconds: float) -> None:
+    verb = "Loaded" if report is not None and report.from_cache else "Compiled"
+    logger.info("%s model in %.2f secs", verb, seconds)
 
 
 def compile_training(
@@ -74,7 +80,7 @@ def compile_training(
             )
         bar.update()
     seconds = time.perf_counter() - start
-    logger.info("Compiled model in %.2f secs", seconds)
+    _log_done(report, seconds)
     if report is not None:
         logger.info("\n%s", report.summary())
     return Compiled(report, seconds, num_ipus)
@@ -105,7 +111,7 @@ def compile_inference(
             pipelined, ipu_config, micro_batch, training=False, hardware=hardware, optimizer="adamw", fp32=fp32
         )
     seconds = time.perf_counter() - start
-    logger.info("Compiled model in %.2f secs", seconds)
+    _log_done(report, seconds)
     if report is not None:
         logger.info("\n%s", report.summary())
     return Compiled(report, seconds, num_ipus)

@@ -42,6 +42,7 @@ class CompileReport:
         allocation: (block name, IPU) in execution order, as the Device Allocation table.
         parameters: parameters of the model.
         model_name: what the report is about (for titles).
+        from_cache: the model's trace came from the executable cache (a "Loaded", not "Compiled", model).
     """
 
     memory: MemoryReport
@@ -51,6 +52,7 @@ class CompileReport:
     allocation: list[tuple[str, int]] = field(default_factory=list)
     parameters: int = 0
     model_name: str = ""
+    from_cache: bool = False
 
     @property
     def estimated_samples_per_second(self) -> float:
