@@ -1,0 +1,208 @@
+"""IPUTrainer end to end on tiny models: equivalence with transformers' Trainer, fp16 training,
+checkpoints that plain transformers loads, resume, and the errors users meet."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+import torch
+from fixtures import tiny_bert_config, tiny_tokenizer
+from transformers import AutoModelForQuestionAnswering, BertForQuestionAnswering, Trainer, TrainingArguments
+
+from optimum_ipu import IPUConfig, IPUTrainer, IPUTrainingArguments
+
+SEQ = 16
+
+
+class PatternQA(torch.utils.data.Dataset):
+    """Learnable synthetic QA: the answer span starts at the token 7 and ends two tokens later."""
+
+    def __init__(self, n: int, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(10, 100, (n, SEQ), generator=g)
+        self.start = torch.randint(1, SEQ - 3, (n,), generator=g)
+        self.ids[torch.arange(n), self.start] = 7
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {
+            "input_ids": self.ids[i],
+            "attention_mask": torch.ones(SEQ, dtype=torch.long),
+            "start_positions": self.start[i],
+            "end_positions": self.start[i] + 2,
+        }
+
+
+def tiny_qa(layers=4, seed=0):
+    torch.manual_seed(seed)
+    return BertForQuestionAnswering(tiny_bert_config(num_hidden_layers=layers))
+
+
+def ipu_args(tmp_path, **kwargs):
+    values = dict(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, per_device_eval_batch_size=2,
+        learning_rate=1e-3, num_train_epochs=1, logging_steps=1, save_strategy="no", report_to="none",
+        seed=7, dataloader_num_workers=0, use_cpu=True,
+    )  # fmt: skip
+    values.update(kwargs)
+    return IPUTrainingArguments(**values)
+
+
+def two_ipu_config(**kwargs):
+    return IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2, gradient_accumulation_steps=4, **kwargs)
+
+
+def _train_losses(trainer) -> list[float]:
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+@pytest.mark.parametrize("optim", ["sgd", "adamw_torch"])
+def test_fp32_training_matches_plain_trainer_on_the_same_effective_batch(tmp_path, optim):
+    """micro-batch 2 x GA 4 on a 2-IPU pipeline == transformers at batch 8, with clipping honoured.
+
+    With SGD the update is linear in the gradient, so weights must agree to float rounding. Adam divides
+    by sqrt(v): for parameters whose gradient is ~0 (the QA head bias) rounding noise becomes a full
+    `lr`-sized step, so there the losses and the bulk of the weights are compared instead.
+    """
+    data = PatternQA(48)
+    plain_model, ipu_model = tiny_qa(), tiny_qa()
+    plain_args = TrainingArguments(
+        output_dir=str(tmp_path / "plain"), per_device_train_batch_size=8, learning_rate=1e-3, num_train_epochs=1,
+        save_strategy="no", report_to="none", seed=7, max_grad_norm=0.5, use_cpu=True, logging_steps=1, optim=optim,
+    )  # fmt: skip
+    plain = Trainer(plain_model, plain_args, train_dataset=data)
+    plain.train()
+
+    args = ipu_args(tmp_path, fp32=True, max_grad_norm=0.5, optim=optim)
+    trainer = IPUTrainer(ipu_model, two_ipu_config(), args, train_dataset=data)
+    result = trainer.train()
+    assert result.global_step == 6  # one step per combined batch of 8
+    torch.testing.assert_close(_train_losses(trainer), _train_losses(plain), atol=1e-5, rtol=1e-5)
+    if optim == "sgd":
+        for (name, a), (_, b) in zip(plain_model.named_parameters(), ipu_model.named_parameters()):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+    else:
+        flat = lambda m: torch.cat([p.detach().flatten() for p in m.parameters()])  # noqa: E731
+        a, b = flat(plain_model), flat(ipu_model)
+        assert (a - b).abs().max() < 2 * 6 * 1e-3  # never more than the steps' total learning rate
+        assert ((a - b).abs() < 1e-5).float().mean() > 0.999
+
+
+@pytest.mark.parametrize("fp32", [False, True], ids=["fp16", "fp32"])
+def test_tiny_bert_qa_learns_with_bert_base_ipu_and_pod16(tmp_path, fp32):
+    """Graphcore/bert-base-ipu ([0,4,4,4], GA 16) on pod16 (4 replicas), loss scaling 64."""
+    args = ipu_args(
+        tmp_path, pod_type="pod16", ipu_config_name="Graphcore/bert-base-ipu", loss_scaling=64.0, fp32=fp32,
+        per_device_train_batch_size=1, learning_rate=3e-3, num_train_epochs=8, warmup_steps=0,
+        ipu_config_overrides="embedding_serialization_factor=2",
+    )  # fmt: skip
+    model = tiny_qa(layers=12)
+    trainer = IPUTrainer(model, args=args, train_dataset=PatternQA(128))
+    cfg = trainer.ipu_config
+    assert (cfg.replication_factor, cfg.gradient_accumulation_steps, cfg.embedding_serialization_factor) == (4, 16, 2)
+    assert trainer._train_batch_size == 64
+    assert model.dtype == (torch.float32 if fp32 else torch.float16)
+    trainer.train()
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert len(losses) == 16
+    assert sum(losses[-3:]) / 3 < 0.75 * sum(losses[:3]) / 3, losses
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_checkpoint_loads_in_plain_transformers_and_resume_reproduces_the_run(tmp_path):
+    data = PatternQA(64)
+    tokenizer = tiny_tokenizer(tmp_path / "tok")
+
+    full = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path / "a", fp32=True, save_strategy="steps", save_steps=4),
+                      train_dataset=data, processing_class=tokenizer)  # fmt: skip
+    full.train()
+    checkpoint = tmp_path / "a" / "out" / "checkpoint-4"
+    names = set(os.listdir(checkpoint))
+    assert {"model.safetensors", "config.json", "ipu_config.json", "optimizer.pt", "scheduler.pt",
+            "trainer_state.json", "tokenizer.json"} <= names, names  # fmt: skip
+    assert any(n.startswith("rng_state") for n in names)
+    assert json.loads((checkpoint / "ipu_config.json").read_text())["gradient_accumulation_steps"] == 4
+
+    resumed = IPUTrainer(tiny_qa(seed=99), two_ipu_config(), ipu_args(tmp_path / "a", fp32=True), train_dataset=data)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    for (name, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+
+    full.save_model(str(tmp_path / "final"))
+    plain = AutoModelForQuestionAnswering.from_pretrained(str(tmp_path / "final"))
+    batch = {k: torch.stack([data[i][k] for i in range(4)]) for k in ("input_ids", "attention_mask")}
+    full.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(plain(**batch).start_logits, full.model(**batch).start_logits)
+
+
+def test_fp16_checkpoint_loads_in_plain_transformers(tmp_path):
+    trainer = IPUTrainer(tiny_qa(), two_ipu_config(embedding_serialization_factor=2), ipu_args(tmp_path),
+                         train_dataset=PatternQA(16))  # fmt: skip
+    trainer.train()
+    trainer.save_model(str(tmp_path / "final"))
+    plain = AutoModelForQuestionAnswering.from_pretrained(str(tmp_path / "final"), dtype=torch.float32)
+    assert set(plain.state_dict()) == set(tiny_qa().state_dict())
+    for name, p in plain.named_parameters():
+        torch.testing.assert_close(p, trainer.model.get_parameter(name).float(), msg=name)
+
+
+def test_evaluation_keeps_the_short_last_batch_and_pads_when_asked(tmp_path):
+    data = PatternQA(13)
+    for pad in (False, True):
+        trainer = IPUTrainer(tiny_qa(), two_ipu_config(inference_device_iterations=2),
+                             ipu_args(tmp_path, pad_on_batch_axis=pad), eval_dataset=data)  # fmt: skip
+        loader = trainer.get_eval_dataloader()
+        assert [len(b["input_ids"]) for b in loader] == [4, 4, 4, 1]  # micro-batch 2 x inference DI 2, short tail kept
+        prediction = trainer.predict(data)
+        assert prediction.predictions[0].shape == (13, SEQ)
+        assert prediction.predictions[0].dtype.name == "float32"
+        assert "test_loss" in prediction.metrics
+
+
+def test_dataset_smaller_than_one_combined_batch_is_a_clear_error(tmp_path):
+    trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path), train_dataset=PatternQA(5))
+    with pytest.raises(ValueError, match=r"5 samples, fewer than one combined batch of 8 .*micro-batch 2 x gradient"):
+        trainer.train()
+
+
+def test_pipeline_too_short_for_its_stages_fails_at_compile(tmp_path):
+    cfg = IPUConfig(layers_per_ipu=[1, 1, 1, 1], ipus_per_replica=4, gradient_accumulation_steps=4)
+    trainer = IPUTrainer(tiny_qa(), cfg, ipu_args(tmp_path), train_dataset=PatternQA(16))
+    with pytest.raises(ValueError, match="number of pipeline stages"):
+        trainer.train()
+
+
+def test_lamb_and_the_legacy_tokenizer_keyword(tmp_path):
+    tokenizer = tiny_tokenizer(tmp_path / "tok")
+    trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path, lamb=True), train_dataset=PatternQA(16),
+                         tokenizer=tokenizer)  # fmt: skip
+    assert trainer.processing_class is tokenizer
+    trainer.train()
+    assert type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__ == "LAMB"
+
+
+def test_plain_training_arguments_are_rejected_with_the_fix(tmp_path):
+    with pytest.raises(TypeError, match="IPUTrainingArguments"):
+        IPUTrainer(tiny_qa(), two_ipu_config(), TrainingArguments(output_dir=str(tmp_path)))
+
+
+def test_executable_cache_turns_compiled_into_loaded_with_the_same_report(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="optimum_ipu")
+    reports = []
+    for _ in range(2):
+        cfg = two_ipu_config(executable_cache_dir=str(tmp_path / "exe_cache"))
+        trainer = IPUTrainer(tiny_qa(), cfg, ipu_args(tmp_path, compile_only=False, max_steps=1), train_dataset=PatternQA(8))
+        trainer.train()
+        reports.append(trainer.compile_report)
+    logs = [r.getMessage() for r in caplog.records if r.getMessage().endswith("secs")]
+    assert logs[0].startswith("Compiled model in") and logs[1].startswith("Loaded model in"), logs
+    assert len(os.listdir(tmp_path / "exe_cache")) == 1
+    assert not reports[0].from_cache and reports[1].from_cache
+    assert reports[0].memory.ipus == reports[1].memory.ipus
+    assert reports[0].estimated_samples_per_second == reports[1].estimated_samples_per_second
