@@ -78,3 +78,67 @@ def tiny_tokenizer(directory: str | os.PathLike):
 
 def seeded(seed: int = 0) -> None:
     torch.manual_seed(seed)
+
+
+# --- Example scripts (examples/question-answering, examples/image-classification) ---------------
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+QA_EXAMPLE_DIR = EXAMPLES_DIR / "question-answering"
+IMAGE_EXAMPLE_DIR = EXAMPLES_DIR / "image-classification"
+
+
+def use_example(folder: str | os.PathLike) -> Path:
+    """Put an example folder on `sys.path` so its modules (run_qa, chestxray, ...) import by name.
+
+    The example folders have hyphens in their names and are scripts, not packages; their module
+    names are distinct across folders, so both can be on the path at once.
+    """
+    import sys
+
+    folder = Path(folder)
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    return folder
+
+
+def write_synthetic_squad(directory: str | os.PathLike, train_questions: int = 60, validation_questions: int = 20,
+                          layout: str = "squad", unanswerable_fraction: float = 0.0, seed: int = 0) -> dict:
+    """Generate SQuAD-format train/validation files with the example's generator; return paths by split."""
+    use_example(QA_EXAMPLE_DIR)
+    from make_synthetic_squad import make_dataset
+
+    return make_dataset(directory, train_questions, validation_questions, seed, layout, unanswerable_fraction)
+
+
+def tiny_qa_model_dir(directory: str | os.PathLike, **config_overrides) -> Path:
+    """Save a tiny BERT question-answering model and the tiny tokenizer to `directory`; return it.
+
+    Pass `num_hidden_layers=12` for a model that `Graphcore/bert-base-ipu`'s layout ([0,4,4,4]) fits.
+    """
+    from transformers import BertForQuestionAnswering
+
+    seeded(0)
+    directory = Path(directory)
+    tiny_tokenizer(directory)
+    BertForQuestionAnswering(tiny_bert_config(**config_overrides)).save_pretrained(directory)
+    return directory
+
+
+def write_synthetic_chestxray(directory: str | os.PathLike, patients: int = 24, max_images_per_patient: int = 4,
+                              image_size: int = 32, test_fraction: float = 0.0, seed: int = 0) -> Path:
+    """Generate a tiny ChestX-ray14-shaped folder (images/ + Data_Entry CSV); return the folder."""
+    use_example(IMAGE_EXAMPLE_DIR)
+    from make_synthetic_chestxray import make_chestxray
+
+    make_chestxray(directory, patients, max_images_per_patient, image_size, 0.3, test_fraction, seed)
+    return Path(directory)
+
+
+def tiny_vit_model_dir(directory: str | os.PathLike, **config_overrides) -> Path:
+    """Save a randomly initialised tiny ViT classifier (`tiny_vit_config`) to `directory`; return it."""
+    from transformers import ViTForImageClassification
+
+    seeded(0)
+    directory = Path(directory)
+    ViTForImageClassification(tiny_vit_config(**config_overrides)).save_pretrained(directory)
+    return directory
