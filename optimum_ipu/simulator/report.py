@@ -160,7 +160,12 @@ class CompileReport:
 
     def plot(self, path: str | Path) -> Path:
         """Draw the memory bars and the pipeline Gantt chart into `path` (PNG, matplotlib Agg)."""
-        import matplotlib
+        try:
+            import matplotlib
+        except ImportError as error:
+            raise ImportError(
+                f"Drawing {path} needs matplotlib: pip install 'optimum-ipu[plots]' (the JSON report does not)."
+            ) from error
 
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
