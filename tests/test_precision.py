@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from optimum_ipu.simulator.optim import LAMB, AdamW
@@ -72,3 +73,28 @@ def test_fp16_weights_with_fp32_moments_and_stochastic_rounding():
     assert w.dtype == torch.float16 and state["exp_avg"].dtype == torch.float32
     # The 1e-5 step is far below fp16 spacing at 1.0; on average it survives.
     assert abs(w.float().mean().item() - (1 + 1e-5)) < 3e-6
+
+
+@pytest.mark.parametrize("accum_type", [torch.float32, torch.float16])
+def test_fused_adamw_equals_the_written_out_rule_on_fp16_weights(accum_type):
+    """`step()` runs torch's fused kernel on fp32 working copies; `_step_one` is the reference rule."""
+    torch.manual_seed(0)
+    fused = [torch.nn.Parameter(torch.randn(300).half()) for _ in range(3)]
+    reference = [torch.nn.Parameter(p.detach().clone()) for p in fused]
+    kwargs = dict(lr=1e-3, weight_decay=0.01, accum_type=accum_type, stochastic_rounding=False)
+    opt_fused, opt_reference = AdamW(fused, **kwargs), AdamW(reference, **kwargs)
+    for _ in range(10):
+        for a, b in zip(fused, reference):
+            a.grad = torch.randn_like(a) * 1e-2
+            b.grad = a.grad.clone()
+        opt_fused.step()
+        with torch.no_grad():
+            for group in opt_reference.param_groups:
+                for p in group["params"]:
+                    opt_reference._step_one(group, p)
+    for a, b in zip(fused, reference):
+        # Same rule; the fused kernel may order fp32 operations differently: at most one fp16 ulp apart.
+        torch.testing.assert_close(a, b, atol=0, rtol=2**-10)
+        assert opt_fused.state[a]["exp_avg"].dtype == accum_type
+        torch.testing.assert_close(opt_fused.state[a]["exp_avg_sq"], opt_reference.state[b]["exp_avg_sq"])
+    assert int(opt_fused.state[fused[0]]["step"]) == 10

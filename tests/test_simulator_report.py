@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -58,6 +59,13 @@ def test_save_writes_json_and_png(report, tmp_path):
         == report.estimated_samples_per_second
     )
     assert png_path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_png_without_matplotlib_names_the_extra_to_install(report, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an environment without it looks like
+    with pytest.raises(ImportError, match=r"pip install 'optimum-ipu\[plots\]'"):
+        report.plot(tmp_path / "report.png")
+    assert not (tmp_path / "report.png").exists()
 
 
 def test_inference_report():

@@ -31,12 +31,17 @@ class _IPUOptimizer(torch.optim.Optimizer):
             raise ValueError(f"Invalid betas {defaults['betas']}: each must be in [0, 1).")
         super().__init__(params, defaults)
 
-    def _moments(self, p: torch.Tensor, accum_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _state(self, p: torch.Tensor, accum_dtype: torch.dtype) -> dict:
+        """`p`'s step count and two moments (in `accum_dtype`), created on its first update."""
         state = self.state[p]
         if not state:
             state["step"] = torch.tensor(0.0)
             state["exp_avg"] = torch.zeros_like(p, dtype=accum_dtype, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, dtype=accum_dtype, memory_format=torch.preserve_format)
+        return state
+
+    def _moments(self, p: torch.Tensor, accum_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, int]:
+        state = self._state(p, accum_dtype)
         state["step"] += 1
         return state["exp_avg"], state["exp_avg_sq"], int(state["step"].item())
 
@@ -100,11 +105,7 @@ class AdamW(_IPUOptimizer):
         beta1, beta2 = group["betas"]
         weights, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
         for p in params:
-            state = self.state[p]
-            if not state:
-                state["step"] = torch.tensor(0.0)
-                state["exp_avg"] = torch.zeros_like(p, dtype=group["accum_type"], memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, dtype=group["accum_type"], memory_format=torch.preserve_format)
+            state = self._state(p, group["accum_type"])
             weights.append(p.float())  # p itself when p is fp32: updated in place
             grads.append(p.grad.float())
             exp_avgs.append(state["exp_avg"].float())
