@@ -24,12 +24,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from optimum_ipu.costmodel.hardware import CALIBRATION, Calibration, chip  # noqa: E402
+from optimum_ipu.costmodel.performance import estimate_performance  # noqa: E402
+from optimum_ipu.costmodel.trace import profile_model, sample_inputs_for  # noqa: E402
+from optimum_ipu.costmodel.workload import Workload  # noqa: E402
 from optimum_ipu.pipelining.plan import build_stage_plan  # noqa: E402
 from optimum_ipu.pipelining.spec import spec_for  # noqa: E402
-from optimum_ipu.simulator.hardware import CALIBRATION, Calibration, chip  # noqa: E402
-from optimum_ipu.simulator.performance import estimate_performance  # noqa: E402
-from optimum_ipu.simulator.trace import profile_model, sample_inputs_for  # noqa: E402
-from optimum_ipu.simulator.workload import Workload  # noqa: E402
 
 
 @dataclass

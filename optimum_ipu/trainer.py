@@ -27,11 +27,11 @@ from transformers import Trainer
 
 from optimum_ipu.pipelining import to_pipelined
 from optimum_ipu.pipelining.pipeline import _move_to
-from optimum_ipu.simulator.compile import compile_inference, compile_training
-from optimum_ipu.simulator.executor import TrainingExecutable, batch_size_of, cast_floating
-from optimum_ipu.simulator.kernels import use_fp32_partials_in_convolutions
-from optimum_ipu.simulator.optim import LAMB, AdamW
-from optimum_ipu.simulator.precision import LossScaler
+from optimum_ipu.runtime.compile_report import compile_inference, compile_training
+from optimum_ipu.runtime.executor import TrainingExecutable, batch_size_of, cast_floating
+from optimum_ipu.runtime.kernels import use_fp32_partials_in_convolutions
+from optimum_ipu.runtime.optimizers import LAMB, AdamW
+from optimum_ipu.runtime.precision import LossScaler
 from optimum_ipu.training_args import IPUTrainingArguments, resolve_ipu_config
 
 logger = logging.getLogger(__name__)

@@ -12,6 +12,10 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, ViTConfig
 
+from optimum_ipu.costmodel.memory import MiB
+from optimum_ipu.costmodel.profile import HOST, BlockProfile, Matmul, ModelProfile, Transfer
+from optimum_ipu.costmodel.workload import Workload
+
 # Words the tiny tokenizer knows besides the special tokens; the synthetic QA templates use these.
 TINY_WORDS = (
     "the a of is in was what who where when which born city capital country river name year "
@@ -142,3 +146,45 @@ def tiny_vit_model_dir(directory: str | os.PathLike, **config_overrides) -> Path
     directory = Path(directory)
     ViTForImageClassification(tiny_vit_config(**config_overrides)).save_pretrained(directory)
     return directory
+
+
+# --- Cost model: a synthetic profile with round numbers, and a workload -------------------------
+
+P_LAYER, P_TABLE, SAVED, OUT, IDS = 1_000_000, 500_000, 10 * MiB, MiB, 1000
+MATMUL = Matmul(1, 512, 1024, 1024)
+
+
+def synthetic(layers: int = 4) -> ModelProfile:
+    """A cost-model profile: embedding + `layers` identical layers + a head, with round numbers."""
+    blocks = [
+        BlockProfile("Embedding", "embedding", ("emb",), True, P_TABLE, P_TABLE, P_TABLE, output_bytes=OUT)
+    ]
+    blocks += [
+        BlockProfile(
+            f"Layer {i}",
+            "layer",
+            (f"layers.{i}",),
+            parameters=P_LAYER,
+            trainable_parameters=P_LAYER,
+            matmuls=[MATMUL],
+            other_ops=10,
+            output_bytes=OUT,
+            saved_bytes=SAVED,
+        )
+        for i in range(layers)
+    ]
+    blocks.append(BlockProfile("Head", "head", ("head",), parameters=10, trainable_parameters=10))
+    names = [b.name for b in blocks]
+    transfers = [Transfer(1, IDS, HOST, "Embedding", floating=False)]
+    transfers += [Transfer(10 + i, OUT, a, b) for i, (a, b) in enumerate(zip(names, names[1:]))]
+    return ModelProfile(blocks, transfers, micro_batch_size=1, float_bytes=2, input_bytes=IDS, training=True)
+
+
+def workload(**changes) -> Workload:
+    values = dict(
+        micro_batch_size=1, gradient_accumulation_steps=8, ipus_per_replica=2, matmul_proportion=(0.2,)
+    )
+    values.update(changes)
+    return Workload(**values)
+
+

@@ -7,7 +7,7 @@ for the fastest layout that fits.
 
 MODEL is a folder or `config.json` path, or one of the built-in presets (public architecture
 hyper-parameters, so planning works offline). Traced profiles are cached (see
-`optimum_ipu.simulator.cache`): a repeated plan needs neither torch nor transformers and runs in well
+`optimum_ipu.costmodel.cache`): a repeated plan needs neither torch nor transformers and runs in well
 under a second.
 """
 
@@ -16,123 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-# Architecture hyper-parameters of public checkpoints (their config.json), for offline planning.
-_BERT_BASE = dict(model_type="bert", vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                  intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2)  # fmt: skip
-_BERT_LARGE = dict(
-    _BERT_BASE, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
-)
-_ROBERTA_BASE = dict(_BERT_BASE, model_type="roberta", vocab_size=50265, max_position_embeddings=514,
-                     type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5)  # fmt: skip
-_ROBERTA_LARGE = dict(_ROBERTA_BASE, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                      intermediate_size=4096)  # fmt: skip
-_DISTILBERT = dict(model_type="distilbert", vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072,
-                   max_position_embeddings=512)  # fmt: skip
-_GPT2 = dict(model_type="gpt2", vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
-_GPT2_MEDIUM = dict(_GPT2, n_embd=1024, n_layer=24, n_head=16)
-_VIT_BASE = dict(model_type="vit", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                 intermediate_size=3072, image_size=224, patch_size=16, num_channels=3, hidden_dropout_prob=0.0,
-                 attention_probs_dropout_prob=0.0)  # fmt: skip
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "bert-base-uncased": _BERT_BASE,
-    "bert-large-uncased": _BERT_LARGE,
-    "bert-base-cased": dict(_BERT_BASE, vocab_size=28996),
-    "bert-large-cased": dict(_BERT_LARGE, vocab_size=28996),
-    "roberta-base": _ROBERTA_BASE,
-    "roberta-large": _ROBERTA_LARGE,
-    "distilbert-base-uncased": _DISTILBERT,
-    "gpt2": _GPT2,
-    "gpt2-medium": _GPT2_MEDIUM,
-    "google/vit-base-patch16-224-in21k": _VIT_BASE,
-    "google/vit-base-patch16-224": dict(_VIT_BASE, num_labels=1000),
-}
-# Hub ids that name the same checkpoints (the Hub's renamed repos, Graphcore's copies).
-ALIASES = {
-    "google-bert/bert-base-uncased": "bert-base-uncased",
-    "google-bert/bert-large-uncased": "bert-large-uncased",
-    "Graphcore/bert-base-uncased": "bert-base-uncased",
-    "FacebookAI/roberta-base": "roberta-base",
-    "FacebookAI/roberta-large": "roberta-large",
-    "distilbert/distilbert-base-uncased": "distilbert-base-uncased",
-    "openai-community/gpt2": "gpt2",
-    "openai-community/gpt2-medium": "gpt2-medium",
-}
-# --task -> transformers Auto class building that head.
-TASKS = {
-    "question-answering": "AutoModelForQuestionAnswering",
-    "sequence-classification": "AutoModelForSequenceClassification",
-    "token-classification": "AutoModelForTokenClassification",
-    "masked-lm": "AutoModelForMaskedLM",
-    "pretraining": "AutoModelForPreTraining",
-    "causal-lm": "AutoModelForCausalLM",
-    "image-classification": "AutoModelForImageClassification",
-    "base": "AutoModel",
-}
-_DEFAULT_TASK = {"vit": "image-classification", "gpt2": "causal-lm"}  # others: question-answering
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """A model to plan: its config as a dict and the class (or Auto class) that builds its head."""
-
-    name: str
-    config: dict[str, Any]
-    builder: str
-
-    @property
-    def is_vision(self) -> bool:
-        return "image_size" in self.config and "num_channels" in self.config
-
-
-def resolve_model(name_or_path: str, task: str | None = None) -> ModelSource:
-    """Find the config of `name_or_path` (folder, config.json or preset) and the class to build.
-
-    Without `task` a config.json's `architectures` decides; else ViT plans image classification,
-    GPT-2 causal LM, and the BERT family question answering.
-
-    Raises:
-        ValueError: unknown name (the message lists the presets) or unknown task.
-    """
-    path = Path(name_or_path)
-    if path.is_dir():
-        path = path / "config.json"
-    architectures: list[str] = []
-    if path.is_file():
-        config = json.loads(path.read_text())
-        architectures = list(config.get("architectures") or [])
-    else:
-        preset = PRESETS.get(ALIASES.get(name_or_path, name_or_path))
-        if preset is None:
-            raise ValueError(
-                f"{name_or_path!r} is neither a folder with config.json, a config.json, nor a preset. Presets: "
-                f"{', '.join(PRESETS)} (and the Hub aliases {', '.join(ALIASES)})."
-            )
-        config = dict(preset)
-    if task is not None and task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}.")
-    if task is None and architectures:
-        builder = architectures[0]
-    else:
-        builder = TASKS[task or _DEFAULT_TASK.get(config.get("model_type"), "question-answering")]
-    return ModelSource(str(name_or_path), config, builder)
-
-
-def build_meta_model(source: ModelSource):
-    """Build the model on the meta device: shapes only, nothing allocated (imports transformers)."""
-    import torch
-    import transformers
-
-    values = {k: v for k, v in source.config.items() if k not in ("model_type", "architectures")}
-    config = transformers.AutoConfig.for_model(source.config["model_type"], **values)
-    config._name_or_path = source.name
-    cls = getattr(transformers, source.builder)
-    with torch.device("meta"):
-        return cls.from_config(config) if source.builder.startswith("AutoModel") else cls(config)
+from optimum_ipu.costmodel.presets import PRESETS, TASKS, ModelSource, build_meta_model, resolve_model
 
 
 def load_ipu_config(name: str, n_ipu: int | None, overrides: str | None, training: bool):
@@ -149,9 +35,9 @@ def load_ipu_config(name: str, n_ipu: int | None, overrides: str | None, trainin
 
 def _trace(source: ModelSource, ipus_per_replica: int, micro_batch: int, seq_len: int | None,
            image_size: int | None, training: bool, float_bytes: int):  # fmt: skip
+    from optimum_ipu.costmodel.trace import profile_model, sample_inputs_for
     from optimum_ipu.pipelining.plan import build_stage_plan
     from optimum_ipu.pipelining.spec import generic_spec, spec_for
-    from optimum_ipu.simulator.trace import profile_model, sample_inputs_for
 
     model = build_meta_model(source)
     plan = build_stage_plan(model, spec_for(model) or generic_spec(model), [-1], ipus_per_replica)
@@ -163,7 +49,7 @@ def model_profile(
     source: ModelSource, workload, seq_len: int | None, image_size: int | None, use_cache: bool = True
 ):
     """The traced profile of `source` for `workload`'s micro-batch, from the cache when possible."""
-    from optimum_ipu.simulator.cache import load_profile, profile_key, save_profile
+    from optimum_ipu.costmodel.cache import load_profile, profile_key, save_profile
 
     max_len = source.config.get("max_position_embeddings") or source.config.get("n_positions")
     if source.is_vision:
@@ -197,10 +83,10 @@ def _total_ipus(args: argparse.Namespace) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run `optimum-ipu plan`: 0 when the layout (or the proposal, with --auto) fits, 1 when not."""
-    from optimum_ipu.simulator.hardware import chip
-    from optimum_ipu.simulator.planner import propose_layout
-    from optimum_ipu.simulator.report import report_for
-    from optimum_ipu.simulator.workload import Workload
+    from optimum_ipu.costmodel.hardware import chip
+    from optimum_ipu.costmodel.planner import propose_layout
+    from optimum_ipu.costmodel.report import report_for
+    from optimum_ipu.costmodel.workload import Workload
 
     training = not args.inference
     try:

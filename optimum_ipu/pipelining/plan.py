@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from optimum_ipu.pipelining.placement import ipu_of_each_layer
 from optimum_ipu.pipelining.spec import CutSpec, base_model_path
-from optimum_ipu.placement import ipu_of_each_layer
 
 _ACRONYMS = {"qa": "QA", "cls": "CLS", "lm": "LM", "mlm": "MLM", "nsp": "NSP"}
 

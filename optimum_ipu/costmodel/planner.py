@@ -18,18 +18,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from optimum_ipu.simulator.hardware import ASSUMPTIONS, CALIBRATION, Calibration, ChipSpec
-from optimum_ipu.simulator.memory import MiB, ipu_memory, table_shares
-from optimum_ipu.simulator.performance import (
+from optimum_ipu.costmodel.hardware import ASSUMPTIONS, CALIBRATION, Calibration, ChipSpec
+from optimum_ipu.costmodel.memory import MiB, ipu_memory, table_shares
+from optimum_ipu.costmodel.performance import (
     StageTime,
     copy_time,
     pipeline_cycles,
     stage_time,
     weight_update_time,
 )
-from optimum_ipu.simulator.profile import BlockProfile, ModelProfile
-from optimum_ipu.simulator.report import CompileReport, report_for
-from optimum_ipu.simulator.workload import Workload
+from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile
+from optimum_ipu.costmodel.report import CompileReport, report_for
+from optimum_ipu.costmodel.workload import Workload
 
 MIN_PROPORTION = 0.05  # lower matmul proportions serialize matmuls into more pieces than is sensible
 TOLERANCE = 0.03  # layouts whose bottleneck is within 3% of the best are timed exactly

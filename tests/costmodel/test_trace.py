@@ -10,10 +10,10 @@ import torch
 from fixtures import tiny_bert_config, tiny_vit_config
 from transformers import BertForQuestionAnswering, GPT2Config, GPT2LMHeadModel, ViTForImageClassification
 
+from optimum_ipu.costmodel.profile import ModelProfile
+from optimum_ipu.costmodel.trace import profile_model, sample_inputs_for
 from optimum_ipu.pipelining import build_stage_plan, to_pipelined
 from optimum_ipu.pipelining.spec import spec_for
-from optimum_ipu.simulator.profile import ModelProfile
-from optimum_ipu.simulator.trace import profile_model, sample_inputs_for
 
 BATCH, SEQ = 2, 16  # tiny BERT: hidden 32, 4 heads, intermediate 64, vocab 128
 

@@ -16,14 +16,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from optimum_ipu.simulator import checks
-from optimum_ipu.simulator.executor import batch_size_of, split_batch
+from optimum_ipu.runtime import checks
+from optimum_ipu.runtime.executor import batch_size_of, split_batch
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Compiled:
+class CompilationReport:
     """The hardware report (None when `analyse_hardware=False`), compile time and IPUs attached."""
 
     report: Any
@@ -37,7 +37,7 @@ def _first_micro_batch(batch: Mapping[str, Any], micro_batch_size: int) -> dict[
 
 
 def _analyse(pipelined, ipu_config, micro_batch: dict, *, training: bool, hardware: str, optimizer: str, fp32: bool):
-    from optimum_ipu.simulator.analysis import analyse
+    from optimum_ipu.costmodel.analysis import analyse
 
     report = analyse(
         pipelined.module, pipelined.plan, ipu_config, micro_batch_size=batch_size_of(micro_batch),
@@ -64,7 +64,7 @@ def compile_training(
     fp32: bool = False,
     auto_round_num_ipus: bool = False,
     analyse_hardware: bool = True,
-) -> Compiled:
+) -> CompilationReport:
     """Check and analyse `pipelined` for training under `ipu_config` (in training mode)."""
     start = time.perf_counter()
     logger.info("Compiling Model...")
@@ -83,7 +83,7 @@ def compile_training(
     _log_done(report, seconds)
     if report is not None:
         logger.info("\n%s", report.summary())
-    return Compiled(report, seconds, num_ipus)
+    return CompilationReport(report, seconds, num_ipus)
 
 
 def compile_inference(
@@ -96,7 +96,7 @@ def compile_inference(
     pipelined_execution: bool = False,
     auto_round_num_ipus: bool = False,
     analyse_hardware: bool = True,
-) -> Compiled:
+) -> CompilationReport:
     """Check and analyse `pipelined` for inference under `ipu_config` (in inference mode)."""
     start = time.perf_counter()
     logger.info("Compiling Model...")
@@ -114,4 +114,4 @@ def compile_inference(
     _log_done(report, seconds)
     if report is not None:
         logger.info("\n%s", report.summary())
-    return Compiled(report, seconds, num_ipus)
+    return CompilationReport(report, seconds, num_ipus)

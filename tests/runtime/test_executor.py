@@ -10,9 +10,9 @@ import torch
 from fixtures import tiny_bert_config
 from transformers import BertForSequenceClassification
 
-from optimum_ipu.simulator import checks
-from optimum_ipu.simulator.executor import TrainingExecutable, split_batch
-from optimum_ipu.simulator.precision import LossScaler
+from optimum_ipu.runtime import checks
+from optimum_ipu.runtime.executor import TrainingExecutable, split_batch
+from optimum_ipu.runtime.precision import LossScaler
 
 
 def cfg(ga=1, replicas=1, di=1, output_mode="final"):

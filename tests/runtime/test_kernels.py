@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from optimum_ipu.simulator.kernels import use_fp32_partials_in_convolutions
+from optimum_ipu.runtime.kernels import use_fp32_partials_in_convolutions
 
 
 @pytest.mark.parametrize("make", [lambda: nn.Conv2d(3, 8, 4, stride=4), lambda: nn.Conv1d(4, 6, 3, padding=1, padding_mode="reflect")])

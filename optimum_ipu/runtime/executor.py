@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from optimum_ipu.simulator.checks import micro_batch_size_of
-from optimum_ipu.simulator.precision import LossScaler
+from optimum_ipu.runtime.checks import micro_batch_size_of
+from optimum_ipu.runtime.precision import LossScaler
 
 OUTPUT_MODES = ("final", "all", "sum", "default")
 

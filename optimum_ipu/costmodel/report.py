@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optimum_ipu.simulator.advice import advise
-from optimum_ipu.simulator.hardware import CALIBRATION, Calibration, ChipSpec
-from optimum_ipu.simulator.memory import CATEGORIES, MemoryReport, MiB, estimate_memory
-from optimum_ipu.simulator.performance import PerformanceReport, estimate_performance
-from optimum_ipu.simulator.profile import ModelProfile
-from optimum_ipu.simulator.workload import Workload
+from optimum_ipu.costmodel.advice import advise
+from optimum_ipu.costmodel.hardware import CALIBRATION, Calibration, ChipSpec
+from optimum_ipu.costmodel.memory import CATEGORIES, MemoryReport, MiB, estimate_memory
+from optimum_ipu.costmodel.performance import PerformanceReport, estimate_performance
+from optimum_ipu.costmodel.profile import ModelProfile
+from optimum_ipu.costmodel.workload import Workload
 
 REPORT_JSON = "ipu_report.json"
 REPORT_PNG = "ipu_report.png"

@@ -28,9 +28,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from optimum_ipu.simulator.hardware import ASSUMPTIONS, ChipSpec
-from optimum_ipu.simulator.profile import BlockProfile, Matmul, ModelProfile
-from optimum_ipu.simulator.workload import Workload
+from optimum_ipu.costmodel.hardware import ASSUMPTIONS, ChipSpec
+from optimum_ipu.costmodel.profile import BlockProfile, Matmul, ModelProfile
+from optimum_ipu.costmodel.workload import Workload
 
 MiB = 2**20
 CATEGORIES = ("code", "weights", "gradients", "optimizer", "stash", "activations", "temporaries")

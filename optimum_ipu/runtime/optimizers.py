@@ -17,7 +17,7 @@ import math
 import torch
 from torch.optim.adamw import adamw
 
-from optimum_ipu.simulator.precision import write_back
+from optimum_ipu.runtime.precision import write_back
 
 
 class _IPUOptimizer(torch.optim.Optimizer):

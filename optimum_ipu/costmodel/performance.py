@@ -24,15 +24,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from optimum_ipu.simulator.hardware import ASSUMPTIONS, CALIBRATION, IPUS_PER_POD, Calibration, ChipSpec
-from optimum_ipu.simulator.memory import (
+from optimum_ipu.costmodel.hardware import ASSUMPTIONS, CALIBRATION, IPUS_PER_POD, Calibration, ChipSpec
+from optimum_ipu.costmodel.memory import (
     matmul_temporary_bytes,
     optimizer_state_bytes,
     serialization_pieces,
     table_shares,
 )
-from optimum_ipu.simulator.profile import BlockProfile, ModelProfile
-from optimum_ipu.simulator.workload import Workload
+from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile
+from optimum_ipu.costmodel.workload import Workload
 
 
 @dataclass

@@ -6,17 +6,16 @@ import math
 
 import pytest
 import torch
-from fixtures import tiny_bert_config
-from test_simulator_memory import P_LAYER, synthetic, workload
+from fixtures import P_LAYER, synthetic, tiny_bert_config, workload
 from transformers import BertConfig, BertForQuestionAnswering, ViTConfig, ViTForImageClassification
 
 from optimum_ipu.configuration import IPUConfig
+from optimum_ipu.costmodel import HARDWARE
+from optimum_ipu.costmodel.analysis import plan_layout
+from optimum_ipu.costmodel.planner import propose_layout
+from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile
 from optimum_ipu.pipelining import build_stage_plan
 from optimum_ipu.pipelining.spec import spec_for
-from optimum_ipu.simulator import HARDWARE
-from optimum_ipu.simulator.analysis import plan_layout
-from optimum_ipu.simulator.planner import propose_layout
-from optimum_ipu.simulator.profile import BlockProfile, ModelProfile
 
 BERT_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
 

@@ -1,4 +1,7 @@
-"""The simulated IPU: hardware specs, memory and performance models, compile reports, layout planning.
+"""The cost model of the simulated IPU: hardware data, memory and speed estimates, reports, layout planning.
+
+It estimates; it never runs a model. `optimum-ipu plan` and the trainer's compile report use it; training
+does not need it.
 
 `analyse(model, plan, ipu_config, micro_batch_size=...)` traces a model on the meta device and returns
 a `CompileReport` (per-IPU memory against 900 MB, estimated throughput of a real IPU system);
@@ -14,18 +17,18 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS = {
-    "analyse": "optimum_ipu.simulator.analysis",
-    "CompileReport": "optimum_ipu.simulator.report",
-    "IPUOutOfMemoryError": "optimum_ipu.simulator.memory",
-    "HARDWARE": "optimum_ipu.simulator.hardware",
+    "analyse": "optimum_ipu.costmodel.analysis",
+    "CompileReport": "optimum_ipu.costmodel.report",
+    "IPUOutOfMemoryError": "optimum_ipu.costmodel.memory",
+    "HARDWARE": "optimum_ipu.costmodel.hardware",
 }
 __all__ = ["HARDWARE", "CompileReport", "IPUOutOfMemoryError", "analyse"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from optimum_ipu.simulator.analysis import analyse
-    from optimum_ipu.simulator.hardware import HARDWARE
-    from optimum_ipu.simulator.memory import IPUOutOfMemoryError
-    from optimum_ipu.simulator.report import CompileReport
+    from optimum_ipu.costmodel.analysis import analyse
+    from optimum_ipu.costmodel.hardware import HARDWARE
+    from optimum_ipu.costmodel.memory import IPUOutOfMemoryError
+    from optimum_ipu.costmodel.report import CompileReport
 
 
 def __getattr__(name: str):
@@ -33,4 +36,4 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'optimum_ipu.simulator' has no attribute {name!r}")
+    raise AttributeError(f"module 'optimum_ipu.costmodel' has no attribute {name!r}")

@@ -13,13 +13,13 @@ from typing import Any
 
 from torch import nn
 
+from optimum_ipu.costmodel.hardware import ChipSpec, chip
+from optimum_ipu.costmodel.planner import LayoutProposal, propose_layout
+from optimum_ipu.costmodel.report import CompileReport, report_for
+from optimum_ipu.costmodel.trace import profile_model, sample_inputs_for
+from optimum_ipu.costmodel.workload import Workload
 from optimum_ipu.pipelining.plan import StagePlan, build_stage_plan
 from optimum_ipu.pipelining.spec import generic_spec, spec_for
-from optimum_ipu.simulator.hardware import ChipSpec, chip
-from optimum_ipu.simulator.planner import LayoutProposal, propose_layout
-from optimum_ipu.simulator.report import CompileReport, report_for
-from optimum_ipu.simulator.trace import profile_model, sample_inputs_for
-from optimum_ipu.simulator.workload import Workload
 
 
 def model_name_of(model: nn.Module) -> str:
@@ -81,7 +81,7 @@ def _profile(model, plan, sample_inputs, training: bool, float_bytes: int, cache
     """Trace `model`, or reuse a trace stored under everything it depends on (the executable cache)."""
     if not cache_dir:
         return profile_model(model, plan, sample_inputs, training=training, float_bytes=float_bytes), False
-    from optimum_ipu.simulator.cache import load_profile, profile_key, save_profile
+    from optimum_ipu.costmodel.cache import load_profile, profile_key, save_profile
 
     config = getattr(model, "config", None)
     key = profile_key(

@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from optimum_ipu.simulator.profile import ModelProfile
+from optimum_ipu.costmodel.profile import ModelProfile
 
 PROFILE_FORMAT = 1
 _TRACER_SOURCES = ("trace.py", "profile.py")

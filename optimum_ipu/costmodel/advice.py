@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from optimum_ipu.simulator.hardware import ChipSpec
-from optimum_ipu.simulator.memory import MemoryReport, MiB, estimate_memory
-from optimum_ipu.simulator.profile import ModelProfile
-from optimum_ipu.simulator.workload import Workload
+from optimum_ipu.costmodel.hardware import ChipSpec
+from optimum_ipu.costmodel.memory import MemoryReport, MiB, estimate_memory
+from optimum_ipu.costmodel.profile import ModelProfile
+from optimum_ipu.costmodel.workload import Workload
 
 
 def _outcome(before: MemoryReport, after: MemoryReport, ipu: int) -> str:

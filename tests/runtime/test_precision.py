@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from optimum_ipu.simulator.optim import LAMB, AdamW
-from optimum_ipu.simulator.precision import stochastic_round_to_half
+from optimum_ipu.runtime.optimizers import LAMB, AdamW
+from optimum_ipu.runtime.precision import stochastic_round_to_half
 
 
 def test_stochastic_rounding_is_unbiased_where_nearest_rounding_loses_the_update():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from optimum_ipu.placement import (
+from optimum_ipu.pipelining.placement import (
     PlacementError,
     expand_layers_per_ipu,
     ipu_of_each_layer,

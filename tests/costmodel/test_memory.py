@@ -6,63 +6,25 @@ import math
 
 import pytest
 import torch
+from fixtures import IDS, MATMUL, OUT, P_LAYER, P_TABLE, SAVED, synthetic, workload
 from transformers import BertConfig, BertForQuestionAnswering, ViTConfig, ViTForImageClassification
 
 from optimum_ipu.configuration import IPUConfig
-from optimum_ipu.pipelining import build_stage_plan
-from optimum_ipu.pipelining.spec import spec_for
-from optimum_ipu.simulator import HARDWARE, IPUOutOfMemoryError, analyse
-from optimum_ipu.simulator.hardware import ASSUMPTIONS
-from optimum_ipu.simulator.memory import (
+from optimum_ipu.costmodel import HARDWARE, IPUOutOfMemoryError, analyse
+from optimum_ipu.costmodel.hardware import ASSUMPTIONS
+from optimum_ipu.costmodel.memory import (
     MiB,
     estimate_memory,
     matmul_temporary_bytes,
     serialization_pieces,
 )
-from optimum_ipu.simulator.profile import HOST, BlockProfile, Matmul, ModelProfile, Transfer
-from optimum_ipu.simulator.report import report_for
-from optimum_ipu.simulator.workload import Workload
+from optimum_ipu.costmodel.profile import BlockProfile, Matmul, ModelProfile
+from optimum_ipu.costmodel.report import report_for
+from optimum_ipu.pipelining import build_stage_plan
+from optimum_ipu.pipelining.spec import spec_for
 
 MK2 = HARDWARE["mk2"]
 CAPACITY = MK2.memory_bytes
-P_LAYER, P_TABLE, SAVED, OUT, IDS = 1_000_000, 500_000, 10 * MiB, MiB, 1000
-MATMUL = Matmul(1, 512, 1024, 1024)
-
-
-def synthetic(layers: int = 4) -> ModelProfile:
-    """Embedding + `layers` identical layers + a head, with round numbers."""
-    blocks = [
-        BlockProfile("Embedding", "embedding", ("emb",), True, P_TABLE, P_TABLE, P_TABLE, output_bytes=OUT)
-    ]
-    blocks += [
-        BlockProfile(
-            f"Layer {i}",
-            "layer",
-            (f"layers.{i}",),
-            parameters=P_LAYER,
-            trainable_parameters=P_LAYER,
-            matmuls=[MATMUL],
-            other_ops=10,
-            output_bytes=OUT,
-            saved_bytes=SAVED,
-        )
-        for i in range(layers)
-    ]
-    blocks.append(BlockProfile("Head", "head", ("head",), parameters=10, trainable_parameters=10))
-    names = [b.name for b in blocks]
-    transfers = [Transfer(1, IDS, HOST, "Embedding", floating=False)]
-    transfers += [Transfer(10 + i, OUT, a, b) for i, (a, b) in enumerate(zip(names, names[1:]))]
-    return ModelProfile(blocks, transfers, micro_batch_size=1, float_bytes=2, input_bytes=IDS, training=True)
-
-
-def workload(**changes) -> Workload:
-    values = dict(
-        micro_batch_size=1, gradient_accumulation_steps=8, ipus_per_replica=2, matmul_proportion=(0.2,)
-    )
-    values.update(changes)
-    return Workload(**values)
-
-
 def memory(layers_per_ipu=(2, 2), **changes):
     profile = synthetic(sum(layers_per_ipu))
     w = workload(ipus_per_replica=len(layers_per_ipu), **changes)

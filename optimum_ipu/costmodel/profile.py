@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from optimum_ipu.placement import ipu_of_each_layer
+from optimum_ipu.pipelining.placement import ipu_of_each_layer
 
 HOST = "<host>"  # producer name of the sample inputs streamed from the host
 

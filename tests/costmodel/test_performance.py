@@ -6,17 +6,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_simulator_memory import synthetic, workload
+from fixtures import synthetic, workload
 
-from optimum_ipu.simulator import HARDWARE
-from optimum_ipu.simulator.hardware import ASSUMPTIONS, CALIBRATION
-from optimum_ipu.simulator.performance import (
+from optimum_ipu.costmodel import HARDWARE
+from optimum_ipu.costmodel.hardware import ASSUMPTIONS, CALIBRATION
+from optimum_ipu.costmodel.performance import (
     StageTime,
     block_forward_time,
     estimate_performance,
     pipeline_cycles,
 )
-from optimum_ipu.simulator.profile import BlockProfile, Matmul
+from optimum_ipu.costmodel.profile import BlockProfile, Matmul
 
 MK2, BOW = HARDWARE["mk2"], HARDWARE["bow"]
 PER_OP = CALIBRATION.cycles_per_operation / MK2.clock_hz
@@ -134,7 +134,7 @@ def test_timeline_has_every_micro_batch_forward_and_backward_on_every_ipu():
 
 
 def test_calibration_reproduces_published_measurements_within_15_percent():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import calibration
 
     for point in calibration.POINTS:

@@ -11,10 +11,10 @@ from fixtures import tiny_bert_config
 from transformers import BertForQuestionAnswering
 
 from optimum_ipu.configuration import IPUConfig
+from optimum_ipu.costmodel import CompileReport, analyse
+from optimum_ipu.costmodel.report import REPORT_JSON, REPORT_PNG
 from optimum_ipu.pipelining import build_stage_plan
 from optimum_ipu.pipelining.spec import spec_for
-from optimum_ipu.simulator import CompileReport, analyse
-from optimum_ipu.simulator.report import REPORT_JSON, REPORT_PNG
 
 
 @pytest.fixture(scope="module")

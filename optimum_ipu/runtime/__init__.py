@@ -1,0 +1,8 @@
+"""What runs a host call on the simulated IPU: executables, precision and loss scaling, optimizers, checks.
+
+The trainer hands a combined batch to a `TrainingExecutable` (or an evaluation batch to an
+`InferenceExecutable`); the executable splits it into micro-batches, replicas and device iterations,
+runs forward and backward in the IPU's numerics and leaves reduced, unscaled gradients where the
+optimizer expects them. Nothing here imports transformers or the cost model's internals: the
+compile step asks the cost model (`optimum_ipu.costmodel`) for its memory and speed report.
+"""
