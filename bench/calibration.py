@@ -1,18 +1,22 @@
-"""Measured vs estimated throughput for every published IPU measurement the simulator is calibrated on.
+"""Measured vs estimated throughput for every published IPU measurement the cost model is fitted to.
 
-    python bench/calibration.py                  # the table: measured, estimated, error %
-    python bench/calibration.py --fit            # refit the two constants of `hardware.CALIBRATION`
-    python bench/calibration.py --leave-one-out  # fit on two points, predict the third
+    python bench/calibration.py                  # the table: measured, estimated, error, leave-one-out
+    python bench/calibration.py --fit            # refit the constants of `hardware.CALIBRATION`
+    python bench/calibration.py --sensitivity    # how far each assumption moves each point
 
-The workloads are those of `/work/shared/reference/ipu-hardware.md` ("Published measurements"):
-models built on the meta device from their published architecture, the published IPU layouts, and
-the hardware they ran on. Where a publication leaves a setting out, the value assumed is in
-`assumed` beside it. Fitting minimises the sum of squared log errors over a grid.
+Every point is a published throughput with its source URL, the published configuration that produced
+it (the model from `costmodel.presets`, the IPU layout, batch sizes, optimizer, head) and the hardware.
+A setting a publication leaves out is listed in `assumed`; every modelling choice is either read from
+the published configuration (layout, matmul proportions, recomputation, masked positions of the MLM
+head, embedding serialization, optimizer state placement) or one of the three fitted constants of
+`hardware.Calibration`. Fitting minimises the sum of squared log errors; leave-one-out refits on all
+points but one and predicts it, which is the error to expect on a layout that is not in the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -22,148 +26,198 @@ from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-
 from optimum_ipu.costmodel.hardware import CALIBRATION, Calibration, chip  # noqa: E402
 from optimum_ipu.costmodel.performance import estimate_performance  # noqa: E402
-from optimum_ipu.costmodel.trace import profile_model, sample_inputs_for  # noqa: E402
+from optimum_ipu.costmodel.presets import ModelSource, build_meta_model, resolve_model  # noqa: E402
+from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile  # noqa: E402
 from optimum_ipu.costmodel.workload import Workload  # noqa: E402
-from optimum_ipu.pipelining.plan import build_stage_plan  # noqa: E402
-from optimum_ipu.pipelining.spec import spec_for  # noqa: E402
+
+MLPERF_V11 = "https://github.com/mlcommons/training_results_v1.1/tree/main/Graphcore"
+EXAMPLES = "https://github.com/graphcore/examples/blob/master/nlp/bert/pytorch"
 
 
 @dataclass
 class Point:
-    """One published measurement and the setting that produced it."""
+    """One published measurement and the published setting that produced it.
+
+    Attributes:
+        measured: samples per second of the whole system (one sample = one row of the model's input;
+            for packed MLPerf data one pack of up to 3 sequences, see `note`).
+        model: a preset name (`costmodel.presets`), with `task` and `config` overrides.
+        ipu_config: the IPU config fields, as published.
+        inputs: `seq_len` or `image_size`.
+        masked_positions: the MLM head predicts only these positions (Graphcore's `mask_tokens`).
+    """
 
     name: str
     measured: float
     hardware: str
-    build: callable
-    inputs: dict
+    model: str
+    task: str | None
     ipu_config: dict
     micro_batch_size: int
+    inputs: dict
+    source: str
+    training: bool = True
     optimizer: str = "adamw"
+    config: dict = field(default_factory=dict)
+    masked_positions: int | None = None
     assumed: list[str] = field(default_factory=list)
-    source: str = ""
+    note: str = ""
 
 
-def _vit():
-    from transformers import ViTConfig, ViTForImageClassification
-
-    # google/vit-base-patch16-224-in21k's config: dropout 0.0; 15 ChestX-ray14 labels, multi-label.
-    config = ViTConfig(
-        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, image_size=224,
-        patch_size=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=15,
-        problem_type="multi_label_classification",
-    )  # fmt: skip
-    return ViTForImageClassification(config)
-
-
-def _bert(cls_name: str, large: bool):
-    import transformers
-
-    size = (
-        dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
-        if large
-        else {}
+def _mlperf(pod: int, measured_seq_per_s: float, layers, proportion, ga: int, replicas: int, offchip: bool,
+            half_momentum: bool, result: str) -> Point:  # fmt: skip
+    return Point(
+        name=f"BERT-Large MLPerf v1.1 pretraining, IPU-POD{pod}",
+        measured=measured_seq_per_s / 2,  # "avg_seq_per_pack": 2 in the submission's config
+        hardware="mk2",
+        model="bert-large-uncased",
+        task="pretraining",
+        config=dict(vocab_size=30912),  # "vocab_length": 30912 (padded vocabulary)
+        ipu_config=dict(
+            layers_per_ipu=layers, ipus_per_replica=len(layers), matmul_proportion=proportion,
+            gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=1,
+            recompute_checkpoint_every_layer=True, optimizer_state_offchip=offchip,
+            replicated_tensor_sharding=True, embedding_serialization_factor=4,
+            enable_half_first_order_momentum=half_momentum,
+        ),  # fmt: skip
+        micro_batch_size=2,
+        inputs=dict(seq_len=512),
+        optimizer="lamb",
+        masked_positions=76,
+        source=f"{MLPERF_V11}/results/ipu-pod{pod}-POPART-closed/bert/result_0.txt and "
+        f"benchmarks/bert/implementations/popart/configs/mk2/pod{pod}-closed.json",
+        assumed=[
+            "layers_per_ipu: the config's half-layer att_ffn_placement rounded to whole layers",
+            "recomputation of every layer (PopART pipeline default with checkpoints)",
+        ],
+        note=f"{measured_seq_per_s:,.0f} sequences/s in the steady blocks of the log, 2 sequences per pack of 512",
     )
-    return getattr(transformers, cls_name)(transformers.BertConfig(**size))
 
 
 POINTS = [
     Point(
-        name="ViT-base/16 224 px fine-tuning, 4 IPUs",
-        measured=302.0,
+        name="ViT-base/16 fine-tuning ChestX-ray14, 4 IPUs",
+        measured=302.148,
         hardware="mk2",
-        build=_vit,
-        inputs=dict(image_size=224),
+        model="google/vit-base-patch16-224-in21k",
+        task="image-classification",
+        config=dict(num_labels=15, problem_type="multi_label_classification"),
         ipu_config=dict(
-            layers_per_ipu=[3, 3, 3, 3],
-            ipus_per_replica=4,
-            matmul_proportion=0.3,
-            gradient_accumulation_steps=128,
-            replication_factor=1,
-            device_iterations=1,
-            recompute_checkpoint_every_layer=True,
-            optimizer_state_offchip=True,
-            replicated_tensor_sharding=True,
-            embedding_serialization_factor=1,
-        ),
+            layers_per_ipu=[3, 3, 3, 3], ipus_per_replica=4, matmul_proportion=0.3,
+            gradient_accumulation_steps=128, replication_factor=1, device_iterations=1,
+            recompute_checkpoint_every_layer=True, optimizer_state_offchip=True,
+            replicated_tensor_sharding=True, embedding_serialization_factor=1,
+        ),  # fmt: skip
         micro_batch_size=1,
+        inputs=dict(image_size=224),
+        source="https://huggingface.co/blog/vision-transformers (train_samples_per_second; seed 002) "
+        "with Graphcore/vit-base-ipu's ipu_config.json",
         assumed=["Mk2 (the source says 'likely Mk2')"],
-        source="Graphcore/vit-base-ipu + ChestX-ray14 walkthrough (seed 002)",
     ),
     Point(
-        name="BERT-Large SQuAD seq 384, Bow Pod16",
+        name="ViT-base/16 evaluation ChestX-ray14, 4 IPUs",
+        measured=321.742,
+        hardware="mk2",
+        model="google/vit-base-patch16-224-in21k",
+        task="image-classification",
+        config=dict(num_labels=15, problem_type="multi_label_classification"),
+        ipu_config=dict(
+            layers_per_ipu=[3, 3, 3, 3], ipus_per_replica=4, matmul_proportion=0.3,
+            replication_factor=1, device_iterations=4,
+        ),  # fmt: skip
+        micro_batch_size=1,
+        inputs=dict(image_size=224),
+        training=False,
+        source="https://huggingface.co/blog/vision-transformers (eval_samples_per_second, 'Batch size = 4'; "
+        "seed 002) with Graphcore/vit-base-ipu's inference_device_iterations 4",
+        assumed=["Mk2", "eval_runtime includes the data loader, as the published figure does"],
+    ),
+    Point(
+        name="BERT-Large SQuAD fine-tuning seq 384, Bow Pod16",
         measured=1009.0,
         hardware="bow",
-        build=lambda: _bert("BertForQuestionAnswering", large=True),
-        inputs=dict(seq_len=384),
+        model="bert-large-uncased",
+        task="question-answering",
         ipu_config=dict(
-            layers_per_ipu=[2, 3, 3, 3, 3, 3, 3, 4],
-            ipus_per_replica=8,
-            matmul_proportion=[0.08, 0.25, 0.32, 0.32, 0.36, 0.38, 0.4, 0.32],
-            gradient_accumulation_steps=32,
-            replication_factor=2,
-            device_iterations=1,
-            recompute_checkpoint_every_layer=True,
-            optimizer_state_offchip=False,
-            replicated_tensor_sharding=True,
-            embedding_serialization_factor=2,
-        ),
+            layers_per_ipu=[2, 3, 3, 3, 3, 3, 3, 4], ipus_per_replica=8,
+            matmul_proportion=[0.08, 0.28, 0.32, 0.32, 0.36, 0.38, 0.4, 0.32],
+            gradient_accumulation_steps=32, replication_factor=2, device_iterations=2,
+            recompute_checkpoint_every_layer=True, optimizer_state_offchip=False,
+            replicated_tensor_sharding=True, embedding_serialization_factor=1,
+            enable_half_first_order_momentum=True,
+        ),  # fmt: skip
         micro_batch_size=4,
-        assumed=["device_iterations 1", "recompute checkpoint every layer", "embedding serialization 2"],
-        source="Graphcore performance results, PyTorch BERT-Large SQuAD",
+        inputs=dict(seq_len=384),
+        source="https://www.graphcore.ai/performance-results (reference table) with the squad_large_384 "
+        f"config of {EXAMPLES}/configs_squad.yml",
     ),
     Point(
         name="BERT-Base pretraining phase 1 seq 128, Bow Pod16",
         measured=15911.0,
         hardware="bow",
-        build=lambda: _bert("BertForPreTraining", large=False),
-        inputs=dict(seq_len=128),
+        model="bert-base-uncased",
+        task="pretraining",
         ipu_config=dict(
-            layers_per_ipu=[0, 4, 4, 4],
-            ipus_per_replica=4,
-            matmul_proportion=0.25,
-            gradient_accumulation_steps=512,
-            replication_factor=4,
-            device_iterations=1,
-            recompute_checkpoint_every_layer=True,
-            optimizer_state_offchip=False,
-            replicated_tensor_sharding=True,
-            embedding_serialization_factor=2,
-        ),
+            layers_per_ipu=[0, 4, 4, 4], ipus_per_replica=4, matmul_proportion=0.25,
+            gradient_accumulation_steps=512, replication_factor=4, device_iterations=1,
+            recompute_checkpoint_every_layer=True, optimizer_state_offchip=True,
+            replicated_tensor_sharding=True, embedding_serialization_factor=1,
+        ),  # fmt: skip
         micro_batch_size=32,
+        inputs=dict(seq_len=128),
         optimizer="lamb",
-        assumed=[
-            "matmul proportion 0.25",
-            "embedding serialization 2",
-            "LAMB, state on chip + RTS",
-            "MLM head over all 128 positions (transformers' model; Graphcore's gathers 20)",
-        ],
-        source="Graphcore performance results, PyTorch BERT-Base pretraining phase 1",
+        masked_positions=20,
+        source="https://www.graphcore.ai/performance-results (reference table) with the pretrain_base_128 "
+        f"config of {EXAMPLES}/configs_pretraining.yml (mask_tokens 20)",
     ),
+    _mlperf(16, 175_000 / 114.636, [4, 7, 7, 6], [0.23] * 4, 192, 4, True, True, "pod16"),
+    _mlperf(64, 175_000 / 35.953, [1, 2, 3, 4, 3, 4, 3, 4], [0.2] + [0.25] * 7, 96, 8, False, False, "pod64"),
+    _mlperf(128, 200_000 / 22.231, [1, 2, 3, 4, 3, 4, 3, 4], [0.2] + [0.25] * 7, 96, 16, False, True, "pod128"),
 ]
+
+
+def gather_masked_positions(profile: ModelProfile, fraction: float) -> ModelProfile:
+    """The profile with the MLM head computing only `fraction` of the positions, as Graphcore's BERT
+    gathers the `mask_tokens` masked positions before the prediction head (transformers' head
+    predicts every position). Scales the head's per-position matmuls and memory traffic."""
+    tokens = max(m.m for b in profile.blocks if b.kind == "layer" for m in b.matmuls)
+
+    def scaled(block: BlockProfile) -> BlockProfile:
+        if block.kind != "head" or not any(m.word_embedding for m in block.matmuls):
+            return block
+        matmuls = [
+            dataclasses.replace(m, m=max(round(m.m * fraction), 1)) if m.m == tokens else m for m in block.matmuls
+        ]
+        flops = block.forward_flops - sum(m.flops for m in block.matmuls) + sum(m.flops for m in matmuls)
+        return dataclasses.replace(
+            block, matmuls=matmuls, forward_flops=flops, other_bytes=int(block.other_bytes * fraction),
+            saved_bytes=int(block.saved_bytes * fraction),
+            largest_tensor_bytes=int(block.largest_tensor_bytes * fraction),
+        )  # fmt: skip
+
+    return dataclasses.replace(profile, blocks=[scaled(b) for b in profile.blocks])
 
 
 def prepare(point: Point):
     """Trace the point's model once: its profile, placement, workload and hardware."""
-    with torch.device("meta"):
-        model = point.build()
+    from optimum_ipu.costmodel.trace import profile_model, sample_inputs_for
+    from optimum_ipu.pipelining.plan import build_stage_plan
+    from optimum_ipu.pipelining.spec import spec_for
+
+    preset = resolve_model(point.model, point.task)
+    model = build_meta_model(ModelSource(preset.name, {**preset.config, **point.config}, preset.builder))
     config = SimpleNamespace(**point.ipu_config)
     plan = build_stage_plan(model, spec_for(model), config.layers_per_ipu, config.ipus_per_replica)
     inputs = sample_inputs_for(model, point.micro_batch_size, **point.inputs)
-    profile = profile_model(model, plan, inputs, training=True)
+    profile = profile_model(model, plan, inputs, training=point.training)
+    if point.masked_positions:
+        profile = gather_masked_positions(profile, point.masked_positions / point.inputs["seq_len"])
     workload = Workload.from_ipu_config(
-        config, micro_batch_size=point.micro_batch_size, optimizer=point.optimizer
+        config, micro_batch_size=point.micro_batch_size, optimizer=point.optimizer, training=point.training
     )
     return profile, {b.name: b.ipu for b in plan.blocks}, workload, chip(point.hardware)
-
-
-def estimate(prepared, calibration: Calibration) -> float:
-    """Estimated samples/s of a prepared point under `calibration`."""
-    return performance(prepared, calibration).samples_per_second
 
 
 def performance(prepared, calibration: Calibration):
@@ -171,64 +225,112 @@ def performance(prepared, calibration: Calibration):
     return estimate_performance(profile, ipu_of, workload, hardware, calibration)
 
 
-def fit(prepared_points) -> Calibration:
-    """Grid search of the two constants minimising the sum of squared log errors."""
-    best = None
-    for efficiency in [e / 100 for e in range(15, 101)]:
-        for cycles in range(1_000, 40_001, 500):
-            cal = Calibration(efficiency, cycles)
-            loss = sum(math.log(estimate(p, cal) / pt.measured) ** 2 for pt, p in prepared_points)
-            if best is None or loss < best[0]:
-                best = (loss, cal)
-    return best[1]
+def estimate(prepared, calibration: Calibration) -> float:
+    """Estimated samples/s of a prepared point under `calibration`."""
+    return performance(prepared, calibration).samples_per_second
 
 
-def leave_one_out(prepared) -> None:
-    """Fit on all points but one and predict it: how well the two constants generalise."""
-    print("\nLeave one out (fit on the other two, predict this one):")
-    for i, (held, p) in enumerate(prepared):
-        cal = fit([q for j, q in enumerate(prepared) if j != i])
-        est = estimate(p, cal)
-        print(
-            f"  {held.name:<52} {est:>10,.0f} vs {held.measured:>8,.0f} ({100 * (est / held.measured - 1):+.1f}%)"
-            f"  [matmul_efficiency={cal.matmul_efficiency:g}, cycles_per_operation={cal.cycles_per_operation:g}]"
-        )
+# The fitted constants and the ranges searched (log-spaced grids, refined around the best).
+_RANGES = {
+    "matmul_efficiency": (0.2, 1.0),
+    "cycles_per_operation": (1_000.0, 60_000.0),
+    "host_call_overhead_s": (1e-4, 0.05),
+}
+
+
+def _loss(pairs, calibration: Calibration) -> float:
+    return sum(math.log(estimate(p, calibration) / point.measured) ** 2 for point, p in pairs)
+
+
+# Every fit starts from the geometric middle of the ranges, so a fit (and leave-one-out) does not
+# depend on the constants currently in `hardware.py`.
+START = Calibration(**{k: math.sqrt(lo * hi) for k, (lo, hi) in _RANGES.items()})
+
+
+def fit(pairs, start: Calibration = START, rounds: int = 10, steps: int = 9) -> Calibration:
+    """Minimise the squared log errors of `pairs` ((point, prepared) tuples) over the three constants:
+    coordinate descent on log grids that narrow each round around the best value."""
+    best = start
+    span = {k: math.log(hi / lo) for k, (lo, hi) in _RANGES.items()}
+    for _ in range(rounds):
+        for name, (lo, hi) in _RANGES.items():
+            centre = getattr(best, name)
+            candidates = [
+                min(max(centre * math.exp(span[name] * (i / (steps - 1) - 0.5)), lo), hi) for i in range(steps)
+            ]
+            best = min(
+                (dataclasses.replace(best, **{name: value}) for value in candidates + [centre]),
+                key=lambda cal: _loss(pairs, cal),
+            )
+        span = {k: v / 1.6 for k, v in span.items()}
+    return best
+
+
+def leave_one_out(pairs, start: Calibration = START) -> list[tuple[Point, float, Calibration]]:
+    """For each point: fit on all the others and estimate it. Returns (point, estimate, constants)."""
+    out = []
+    for i, (held, prepared) in enumerate(pairs):
+        calibration = fit([q for j, q in enumerate(pairs) if j != i], start)
+        out.append((held, estimate(prepared, calibration), calibration))
+    return out
+
+
+def sensitivity(pairs, calibration: Calibration) -> None:
+    """Move each assumption by a stated factor and print the largest change of any point."""
+    global ASSUMPTIONS
+    import optimum_ipu.costmodel.hardware as hw
+
+    base = [estimate(p, calibration) for _, p in pairs]
+    for name, factor in [("backward_flops_ratio", 1.1), ("pipeline_links", 2), ("allreduce_links", 2),
+                         ("host_bandwidth", 0.5), ("code_bytes_per_ipu", 1.5)]:  # fmt: skip
+        original = hw.ASSUMPTIONS
+        value = getattr(original, name) * factor
+        hw.ASSUMPTIONS = dataclasses.replace(original, **{name: type(getattr(original, name))(value)})
+        for module in ("optimum_ipu.costmodel.performance", "optimum_ipu.costmodel.scaleout",
+                       "optimum_ipu.costmodel.memory"):  # fmt: skip
+            sys.modules[module].ASSUMPTIONS = hw.ASSUMPTIONS
+        moved = [estimate(p, calibration) / b - 1 for (_, p), b in zip(pairs, base)]
+        for module in ("optimum_ipu.costmodel.performance", "optimum_ipu.costmodel.scaleout",
+                       "optimum_ipu.costmodel.memory"):  # fmt: skip
+            sys.modules[module].ASSUMPTIONS = original
+        hw.ASSUMPTIONS = original
+        worst = max(range(len(moved)), key=lambda i: abs(moved[i]))
+        print(f"  {name} x{factor:g}: largest move {100 * moved[worst]:+.1f}% ({pairs[worst][0].name})")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fit", action="store_true", help="refit the two calibration constants")
-    parser.add_argument("--leave-one-out", action="store_true", help="fit on two points, predict the third")
+    parser.add_argument("--fit", action="store_true", help="refit the constants on every point")
+    parser.add_argument("--sensitivity", action="store_true", help="move each assumption, report the effect")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    prepared = [(pt, prepare(pt)) for pt in POINTS]
-    calibration = fit(prepared) if args.fit else CALIBRATION
+    pairs = [(pt, prepare(pt)) for pt in POINTS]
+    calibration = fit(pairs) if args.fit else CALIBRATION
     print(
-        f"Calibration: matmul_efficiency={calibration.matmul_efficiency:g}, "
-        f"cycles_per_operation={calibration.cycles_per_operation:g}  (2 fitted constants)\n"
+        f"Calibration ({len(_RANGES)} fitted constants): matmul_efficiency={calibration.matmul_efficiency:.3g}, "
+        f"cycles_per_operation={calibration.cycles_per_operation:.4g}, "
+        f"host_call_overhead_s={calibration.host_call_overhead_s:.3g}\n"
     )
-    header = (
-        f"{'workload':<52} {'hardware':>8} {'measured':>10} {'estimated':>10} {'error':>8} {'of peak':>8}"
-    )
+    held_out = leave_one_out(pairs)
+    header = f"{'workload':<52} {'hw':>4} {'measured':>9} {'estimated':>9} {'error':>7} {'LOO est':>9} {'LOO err':>8}"
     print(header)
     print("-" * len(header))
-    worst = 0.0
-    for pt, p in prepared:
-        report = performance(p, calibration)
-        est = report.samples_per_second
-        error = 100 * (est - pt.measured) / pt.measured
-        worst = max(worst, abs(error))
-        print(
-            f"{pt.name:<52} {pt.hardware:>8} {pt.measured:>10,.0f} {est:>10,.0f} {error:>+7.1f}% "
-            f"{100 * report.utilisation:>7.1f}%"
-        )
-    print(f"\nworst error {worst:.1f}% (target 15%)")
-    for pt, _ in prepared:
-        print(f"  {pt.name}: assumed {'; '.join(pt.assumed)}")
-    if args.leave_one_out:
-        leave_one_out(prepared)
+    errors = []
+    for (pt, p), (_, loo, _) in zip(pairs, held_out):
+        est = estimate(p, calibration)
+        error, loo_error = 100 * (est / pt.measured - 1), 100 * (loo / pt.measured - 1)
+        errors.append(abs(loo_error))
+        print(f"{pt.name:<52} {pt.hardware:>4} {pt.measured:>9,.0f} {est:>9,.0f} {error:>+6.1f}% "
+              f"{loo:>9,.0f} {loo_error:>+7.1f}%")  # fmt: skip
+    mean, worst = sum(errors) / len(errors), max(errors)
+    print(f"\nleave-one-out: mean absolute error {mean:.1f}%, max {worst:.1f}% (targets 15%, 30%)")
+    for pt, _ in pairs:
+        print(f"  {pt.name}: {pt.source}" + (f"; assumed: {'; '.join(pt.assumed)}" if pt.assumed else ""))
+    if args.sensitivity:
+        print("\nSensitivity of the points to the assumptions (hardware.ASSUMPTIONS):")
+        sensitivity(pairs, calibration)
     print(f"({time.perf_counter() - start:.1f} s)")
-    return 0 if worst <= 15 else 1
+    return 0 if mean <= 15 and worst <= 30 else 1
 
 
 if __name__ == "__main__":

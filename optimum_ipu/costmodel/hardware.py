@@ -6,11 +6,13 @@ better measurement changes one number in one place. Three kinds of number live i
 * **facts** (`ChipSpec` fields, `POD_SIZES`): published by Graphcore (IPU-M2000 / Bow-2000 data
   sheets, the MLPerf system descriptions) or derived from them by arithmetic; the source is in the
   comment beside each;
-* **fitted constants** (`CALIBRATION`): two, fitted to the three published training throughputs that
-  `bench/calibration.py` reproduces. Each exists because a physical effect cannot be derived from the
-  data sheets (see `Calibration`);
+* **fitted constants** (`CALIBRATION`): three, fitted to the published throughputs (training and
+  inference, four pod sizes) that `bench/calibration.py` reproduces and cross-validates
+  leave-one-out. Each exists because a physical effect cannot be derived from the data sheets (see
+  `Calibration`);
 * **assumptions** (`ASSUMPTIONS`): not fitted to any throughput, each chosen from physical reasoning
-  and stated with it; changing them within reason moves the estimates by a few percent.
+  and stated with it. `python bench/calibration.py --sensitivity` moves each by a stated factor and
+  prints how far every calibration point moves, so an assumption that matters shows up.
 """
 
 from __future__ import annotations
@@ -112,8 +114,13 @@ POD_SIZES: dict[str, int] = {
     "pod256": 256,  # 4 x POD64 over GW-Links
     "pod1024": 1024,  # Bow Pod1024
 }
-# IPUs joined by IPU-Links; beyond this, replicas all-reduce over the slower GW-Links.
+# Topology (seed 004, "Bow-2000 / Bow-POD64 topology"): IPU-Links form a 2D torus inside one POD64;
+# PODs join over the gateways' GW-Links (2 x 100 Gbps per machine). Beyond 64 IPUs, replicas
+# all-reduce hierarchically: inside each POD over IPU-Links, then across PODs over GW-Links.
 IPUS_PER_POD = 64
+# One Poplar host drives up to 4 machines (reference table: "POD16 = 4 machines on one host"); bigger
+# pods have one host per 16 IPUs, each streaming its replicas' inputs and paying its own call overhead.
+IPUS_PER_HOST = 16
 
 
 def chip(name: str | ChipSpec) -> ChipSpec:
@@ -128,7 +135,7 @@ def chip(name: str | ChipSpec) -> ChipSpec:
 
 @dataclass(frozen=True)
 class Calibration:
-    """The two constants fitted to published throughputs (see `bench/calibration.py`).
+    """The three constants fitted to published throughputs (see `bench/calibration.py`).
 
     Attributes:
         matmul_efficiency: the fraction of AMP peak that a matmul reaches once it is large enough for
@@ -140,15 +147,21 @@ class Calibration:
             over 1472 of them. It exists because measured utilisation falls from ~25% of peak at
             BERT-Large's micro-batch to ~4% at ViT-base's micro-batch of 1 (reference table), a
             fall FLOPs alone cannot explain. In cycles, so Bow's faster clock shortens it.
+        host_call_overhead_s: fixed cost of one host call (one combined batch): the host's Python,
+            PopTorch and data-loader work and the IPU<->host synchronisation, paid once per call and
+            amortised by device iterations. Nothing publishes it for the systems measured; the
+            reference's "about 17 ms on a small model" was taken on another host and made sharded
+            BERT-Large inference 4x too slow, so it is fitted (to the one inference point).
     """
 
     matmul_efficiency: float
     cycles_per_operation: float
+    host_call_overhead_s: float = 0.002
 
 
-# Fitted by `python bench/calibration.py --fit` (least squares on the log errors of the three points:
-# ViT-base Mk2 302 samples/s, BERT-Large Bow 1,009 seq/s, BERT-Base pretraining Bow 15,911 seq/s).
-CALIBRATION = Calibration(matmul_efficiency=0.71, cycles_per_operation=18_000)
+# Fitted by `python bench/calibration.py --fit` (least squares on the log errors of every published
+# point in `bench/calibration.py`; its leave-one-out errors are in the README).
+CALIBRATION = Calibration(matmul_efficiency=0.74, cycles_per_operation=16_280, host_call_overhead_s=0.00745)
 
 
 @dataclass(frozen=True)
@@ -156,14 +169,14 @@ class Assumptions:
     """Constants the models need that are neither published nor fitted; each stated with its reason.
 
     Attributes:
-        host_call_overhead_s: fixed cost of one host call (one combined batch): measured as about
-            17 ms on a small model (reference table); amortised by device iterations.
         backward_flops_ratio: backward time / forward time. A matmul's backward computes the input
             gradient and the weight gradient, each as many FLOPs as the forward: 2 exactly for
             matmuls, and a fair average for the rest.
         pipeline_links: IPU-Links joining two neighbouring IPUs of a pipeline (of 10 per chip: the
             others go to the other IPUs of the machine and to the next machines).
         allreduce_links: IPU-Links a replica ring all-reduce drives per IPU and direction.
+        host_bandwidth: bytes/s one Poplar host streams to and from all the IPUs it drives: its
+            NICs, taken as 2 x 100 GbE like one machine's RoCE links (no published host spec).
         code_bytes_per_ipu: always-live memory per IPU that the model cannot see: control program,
             exchange code, vertex code and state, runtime buffers. Not fitted to a measurement; set so
             that the layouts Graphcore shipped (which compiled) fit and leave a margin.
@@ -174,10 +187,10 @@ class Assumptions:
             has to be spread over every tile beside everything else, which rarely balances.
     """
 
-    host_call_overhead_s: float = 0.017
     backward_flops_ratio: float = 2.0
     pipeline_links: int = 2
     allreduce_links: int = 2
+    host_bandwidth: float = 25 * GB
     code_bytes_per_ipu: int = 120 * 2**20
     balance_headroom: float = 0.90
     largest_tensor_fraction: float = 0.25

