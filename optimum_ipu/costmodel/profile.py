@@ -7,13 +7,35 @@ the reports read it. Nothing here imports torch, so a profile saved as JSON can 
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from optimum_ipu.pipelining.placement import ipu_of_each_layer
-
 HOST = "<host>"  # producer name of the sample inputs streamed from the host
+
+
+def placement_rule() -> ModuleType:
+    """`optimum_ipu.pipelining.placement`, the one owner of the `layers_per_ipu` rule, imported
+    without running `optimum_ipu.pipelining`'s `__init__` (which imports torch for `to_pipelined`).
+
+    Pricing a cached or shipped profile must not import torch (it is most of a cold `optimum-ipu
+    plan`), and `placement.py` itself is pure Python. The module is registered under its own name, so
+    a later `import optimum_ipu.pipelining` shares this very module object.
+    """
+    name = "optimum_ipu.pipelining.placement"
+    module = sys.modules.get(name)
+    if module is None:
+        package = importlib.util.find_spec("optimum_ipu.pipelining")  # locates, does not execute
+        path = Path(next(iter(package.submodule_search_locations))) / "placement.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 @dataclass(frozen=True)
@@ -139,13 +161,21 @@ class ModelProfile:
         return out
 
     def placement(self, layers_per_ipu: Sequence[int], ipus_per_replica: int) -> dict[str, int]:
-        """IPU of every block for another `layers_per_ipu`, by the same rule as `build_stage_plan`."""
-        layer_ipus = iter(ipu_of_each_layer(self.num_layers, layers_per_ipu, ipus_per_replica))
+        """IPU of every block for another `layers_per_ipu`: layers by `pipelining.placement` (the rule
+        `build_stage_plan` applies), embeddings and tied heads on IPU 0, other heads on the last."""
+        rule = placement_rule()
+        layer_ipus = iter(rule.ipu_of_each_layer(self.num_layers, layers_per_ipu, ipus_per_replica))
         last = ipus_per_replica - 1
         return {
             b.name: next(layer_ipus) if b.kind == "layer" else (0 if b.on_first_ipu else last)
             for b in self.blocks
         }
+
+    @property
+    def output_bytes(self) -> int:
+        """Bytes of the model's outputs per micro-batch: what blocks produce that no block reads."""
+        read = {t.producer for t in self.transfers}
+        return sum(b.output_bytes for b in self.blocks if b.name not in read)
 
     @property
     def forward_flops(self) -> int:

@@ -12,6 +12,7 @@ other IPUs without tracing again.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import math
 from collections.abc import Mapping
@@ -259,22 +260,15 @@ def _block_of_path(plan: StagePlan) -> dict[str, int]:
     return {path: i for i, block in enumerate(plan.blocks) for path in block.modules}
 
 
-def _owner(path: str, owners: dict[str, int]) -> int | None:
-    """Index of the block owning module `path` (longest owned prefix), as `StagePlan.ipu_of_module`."""
-    while True:
-        if path in owners:
-            return owners[path]
-        if "." not in path:
-            return owners.get("") if path else None
-        path = path.rsplit(".", 1)[0]
-
-
-def _count_parameters(
-    model: nn.Module, profile: ModelProfile, owners: dict[str, int], table: str | None
-) -> None:
+def _count_parameters(model: nn.Module, profile: ModelProfile, plan: StagePlan, table: str | None) -> None:
+    # Ownership is the plan's own rule (`StagePlan.ipu_of_module`: the longest owned prefix), asked of a
+    # copy of the plan whose "IPU" of each block is the block's index.
+    indexed = StagePlan(
+        tuple(dataclasses.replace(b, ipu=i) for i, b in enumerate(plan.blocks)), plan.ipus_per_replica
+    )
     for name, param in model.named_parameters():  # tied weights are listed once
         module_path = name.rpartition(".")[0]
-        index = _owner(module_path, owners)
+        index = indexed.ipu_of_module(module_path)
         block = profile.blocks[index if index is not None else 0]
         block.parameters += param.numel()
         if param.requires_grad:
@@ -371,5 +365,5 @@ def profile_model(
         block.on_first_ipu = block.kind == "embedding" or (
             block.kind == "head" and (tied or (planned.ipu == 0 and plan.ipus_per_replica > 1))
         )
-    _count_parameters(meta, profile, owners, table_path)
+    _count_parameters(meta, profile, plan, table_path)
     return profile
