@@ -1,0 +1,5 @@
+"""`optimum.graphcore.quantization`: IPU custom ops have no equivalent; using a name says what to use instead."""
+
+from optimum_ipu.compat._names import bind
+
+__all__, __getattr__, __dir__ = bind(__name__)

@@ -1,0 +1,5 @@
+"""`optimum.graphcore.trainer_seq2seq`: no equivalent here; using its name says what to use instead."""
+
+from optimum_ipu.compat._names import bind
+
+__all__, __getattr__, __dir__ = bind(__name__)

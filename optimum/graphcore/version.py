@@ -1,0 +1,5 @@
+"""`optimum.graphcore.version`: the Optimum Graphcore API version provided (0.7.1)."""
+
+from optimum_ipu.compat._names import bind
+
+__all__, __getattr__, __dir__ = bind(__name__)

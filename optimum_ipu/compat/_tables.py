@@ -1,0 +1,200 @@
+"""What each `optimum.graphcore` module of Optimum Graphcore 0.7 exported, and what it is here.
+
+An entry is ``"module:attr"`` (the name is that object) or `Missing(why, instead)` (the name imports
+but raises `NoEquivalentError` on use). The public names come from Optimum Graphcore 0.7.1's
+package and the modules its notebooks and example scripts import from.
+"""
+
+from __future__ import annotations
+
+from optimum_ipu.compat._names import Missing
+
+_SEQ2SEQ = Missing(
+    "encoder-decoder pipelining and on-device `generate` are not simulated",
+    "transformers' `Seq2SeqTrainer` / `Seq2SeqTrainingArguments` (CPU/GPU) for encoder-decoder models, or "
+    "`IPUTrainer` / `IPUTrainingArguments` for the architectures optimum-ipu places (BERT, RoBERTa, "
+    "DistilBERT, GPT-2, ViT, or any model with a list of layers via `force_to_pipelined=True`)",
+)
+_OTHER_PIPELINE = Missing(
+    "only the question-answering and image-classification pipelines run on the simulated IPU",
+    '`optimum.graphcore.pipeline("question-answering" or "image-classification", model=..., ipu_config=...)`, '
+    "or transformers' `pipeline(task)` on CPU/GPU for other tasks",
+)
+_GENERATION = Missing(
+    "text generation on the IPU (the on-device decoding loop, a KV cache in IPU memory) is not simulated",
+    "transformers' `model.generate()` on CPU/GPU",
+)
+_DIFFUSERS = Missing(
+    "Stable Diffusion on IPUs is not simulated",
+    "diffusers' `StableDiffusionPipeline` / `StableDiffusionImg2ImgPipeline` / `StableDiffusionInpaintPipeline` on CPU/GPU",
+)
+_CUSTOM_OPS = Missing(
+    "it is an IPU custom operation (Poplar codelet)",
+    "keep the layer as it is (fp16 by default) or quantize with a torch tool on CPU/GPU",
+)
+_POPTORCH_LAYER = Missing(
+    "it is a PopTorch-specific layer of the original's hand-written pipelined models",
+    "the plain transformers layers; `embedding_serialization_factor` / `projection_serialization_factor` in "
+    "the IPU config make `parallelize()` serialize the embedding and a tied head",
+)
+
+
+def _pipelined_missing(transformers_class: str) -> Missing:
+    return Missing(
+        "optimum-ipu has no cut spec for this architecture (it places BERT, RoBERTa, DistilBERT, GPT-2 and ViT)",
+        f"load `transformers.{transformers_class}` and call `to_pipelined(model, ipu_config, force=True)` "
+        "(the generic cut: the largest list of layers spread over the IPUs), or add a `CutSpec` to "
+        "`optimum_ipu.pipelining.CUT_SPECS`",
+    )
+
+
+# Pipelined classes of 0.7 whose architecture has a cut spec here: adapters in compat.modeling.
+PIPELINED_SUPPORTED = (
+    "PipelinedBertModel", "PipelinedBertForMaskedLM", "PipelinedBertForMultipleChoice",
+    "PipelinedBertForPreTraining", "PipelinedBertForQuestionAnswering",
+    "PipelinedBertForSequenceClassification", "PipelinedBertForTokenClassification",
+    "PipelinedDistilBertForMaskedLM", "PipelinedDistilBertForMultipleChoice",
+    "PipelinedDistilBertForQuestionAnswering", "PipelinedDistilBertForSequenceClassification",
+    "PipelinedDistilBertForTokenClassification",
+    "PipelinedGPT2ForSequenceClassification", "PipelinedGPT2ForTokenClassification", "PipelinedGPT2LMHeadModel",
+    "PipelinedRobertaForMaskedLM", "PipelinedRobertaForMultipleChoice", "PipelinedRobertaForQuestionAnswering",
+    "PipelinedRobertaForSequenceClassification", "PipelinedRobertaForTokenClassification",
+    "PipelinedViTForImageClassification",
+)  # fmt: skip
+PIPELINED_UNSUPPORTED = (
+    "PipelinedBartForConditionalGeneration", "PipelinedBartForSequenceClassification",
+    "PipelinedConvNextForImageClassification", "PipelinedHubertForSequenceClassification",
+    "PipelinedLxmertForQuestionAnswering", "PipelinedMT5ForConditionalGeneration",
+    "PipelinedT5ForConditionalGeneration", "PipelinedT5EncoderModel", "PipelinedWav2Vec2ForPreTraining",
+    "PipelinedMPNetModel", "PipelinedMPNetForMaskedLM",
+)  # fmt: skip
+
+_CONFIG = {
+    "IPUConfig": "optimum_ipu.configuration:IPUConfig",
+    "IPU_CONFIG_NAME": "optimum_ipu.configuration:CONFIG_NAME",
+    # The original raised it for a config that is inconsistent or does not fit the model.
+    "IncompatibleIPUConfigError": "optimum_ipu.configuration:IPUConfigError",
+}
+_TRAINER = {
+    "IPUTrainer": "optimum_ipu.trainer:IPUTrainer",
+    "IPUTrainerState": "transformers:TrainerState",  # the original's was TrainerState unchanged
+    "IPUTrainingArguments": "optimum_ipu.training_args:IPUTrainingArguments",
+}
+_PIPELINES = {
+    "pipeline": "optimum_ipu.compat.pipelines:pipeline",
+    "SUPPORTED_TASKS": "optimum_ipu.compat.pipelines:SUPPORTED_TASKS",
+    "list_tasks": "optimum_ipu.compat.pipelines:list_tasks",
+    "get_poplar_executor": Missing(
+        "PopTorch executors do not exist on the simulated IPU",
+        "`optimum.graphcore.pipeline(task, model=..., ipu_config=...)`, which builds the IPU executable itself",
+    ),
+    **{
+        name: _OTHER_PIPELINE
+        for name in (
+            "IPUFillMaskPipeline",
+            "IPUTokenClassificationPipeline",
+            "IPUZeroShotClassificationPipeline",
+            "IPUAutomaticSpeechRecognitionPipeline",
+            "IPUSummarizationPipeline",
+            "IPUText2TextGenerationPipeline",
+            "IPUTranslationPipeline",
+        )  # fmt: skip
+    },
+}
+_DATA = {
+    "pad_on_batch_axis": "optimum_ipu.compat.data:pad_on_batch_axis",
+    "DataCollatorForLanguageModelingWithMaxTokensMasked": Missing(
+        "it capped the masked tokens per sequence to keep the IPU graph's shapes static, which a simulated "
+        "IPU does not need",
+        "`transformers.DataCollatorForLanguageModeling`",
+    ),
+}
+_VERSION = {"__version__": "optimum_ipu.compat.versions:OPTIMUM_GRAPHCORE_API_VERSION"}
+
+G = "optimum.graphcore"
+TABLES: dict[str, dict[str, str | Missing]] = {
+    G: {
+        **_CONFIG,
+        **_TRAINER,
+        **_VERSION,
+        "IPUSeq2SeqTrainer": _SEQ2SEQ,
+        "IPUSeq2SeqTrainingArguments": _SEQ2SEQ,
+        "pipeline": _PIPELINES["pipeline"],
+        "IPUFillMaskPipeline": _OTHER_PIPELINE,
+        "IPUTokenClassificationPipeline": _OTHER_PIPELINE,
+        **{name: f"optimum_ipu.compat.modeling:{name}" for name in PIPELINED_SUPPORTED},
+        **{name: _pipelined_missing(name.removeprefix("Pipelined")) for name in PIPELINED_UNSUPPORTED},
+    },
+    f"{G}.ipu_configuration": _CONFIG,
+    f"{G}.modeling_utils": {
+        **_CONFIG,
+        "to_pipelined": "optimum_ipu.compat.modeling:to_pipelined",
+        "get_layer_ipu": "optimum_ipu.compat.modeling:get_layer_ipu",
+        "SerializedEmbedding": "optimum_ipu.pipelining.serialized:SerializedEmbedding",
+        "SerializedLinear": Missing(
+            "its constructor built a new layer from sizes; optimum-ipu serializes an existing one",
+            "`optimum_ipu.pipelining.SerializedLinear(linear, factor)`, or `projection_serialization_factor` "
+            "in the IPU config",
+        ),
+        "shift_tokens_right": "transformers.models.bart.modeling_bart:shift_tokens_right",
+        "PipelineMixin": Missing(
+            "a pipelined model here is the unchanged transformers module plus a stage plan, not a subclass",
+            "`to_pipelined(model, ipu_config)`; for an architecture without a cut spec "
+            "`to_pipelined(model, ipu_config, force=True)` or a `CutSpec` in `optimum_ipu.pipelining.CUT_SPECS`",
+        ),
+        "register": Missing(
+            "architectures are registered as declarative cut specs, not as pipelined classes",
+            "add a `CutSpec` to `optimum_ipu.pipelining.CUT_SPECS` under the config's `model_type`",
+        ),
+        "recomputation_checkpoint": Missing(
+            "it annotated the PopTorch graph",
+            "`recompute_checkpoint_every_layer=True` in the IPU config (or `--gradient_checkpointing`): "
+            "`parallelize()` then checkpoints every layer",
+        ),
+        "outline_attribute": Missing("it annotated the PopTorch graph for outlining", "remove the call"),
+        "split_encoder_decoder_ipu_config": _SEQ2SEQ,
+        "SplitProjection": _POPTORCH_LAYER,
+        "SharedEmbedding": _POPTORCH_LAYER,
+        "OnehotGather": _POPTORCH_LAYER,
+    },
+    f"{G}.trainer": _TRAINER,
+    f"{G}.training_args": {"IPUTrainingArguments": _TRAINER["IPUTrainingArguments"]},
+    f"{G}.trainer_seq2seq": {"IPUSeq2SeqTrainer": _SEQ2SEQ},
+    f"{G}.training_args_seq2seq": {"IPUSeq2SeqTrainingArguments": _SEQ2SEQ},
+    f"{G}.trainer_utils": {
+        "to_poptorch_dataloader": Missing(
+            "PopTorch data loaders do not exist on the simulated IPU",
+            "IPUTrainer, which builds combined-batch loaders itself; in your own loop a torch `DataLoader` "
+            "with batch_size = micro-batch x `ipu_config.batch_size_factor()`",
+        )
+    },
+    f"{G}.pipelines": _PIPELINES,
+    f"{G}.data": _DATA,
+    f"{G}.data.data_collator": _DATA,
+    f"{G}.utils": {"check_min_version": "optimum_ipu.compat.versions:check_min_version", **_VERSION},
+    f"{G}.version": _VERSION,
+    f"{G}.generation": {
+        name: _GENERATION
+        for name in (
+            "IPUGenerationMixin",
+            "IPUAttentionMixin",
+            "MODELS_SUPPORTING_KV_CACHE",
+            "supports_kv_cache",
+            "assert_poptorch_supports_cond",
+        )
+    },  # fmt: skip
+    f"{G}.diffusers": {
+        name: _DIFFUSERS
+        for name in (
+            "IPUStableDiffusionPipeline",
+            "IPUStableDiffusionImg2ImgPipeline",
+            "IPUStableDiffusionInpaintPipeline",
+            "get_default_ipu_configs",
+            "INFERENCE_ENGINES_TO_MODEL_NAMES",
+        )
+    },  # fmt: skip
+    f"{G}.quantization": {
+        name: _CUSTOM_OPS
+        for name in ("GroupQuantLinear", "group_quantize_compress", "group_quantize_decompress")
+    },
+}

@@ -1,0 +1,155 @@
+"""`optimum.graphcore.modeling_utils` on optimum-ipu: `to_pipelined`, `get_layer_ipu`, `Pipelined*` classes.
+
+Optimum Graphcore's `to_pipelined(model, ipu_config)` returned the model itself, turned into a
+pipelined subclass, so notebooks call model methods on the result:
+`model = to_pipelined(model, ipu_config).parallelize().half()`. Here a pipelined model is a
+handle around the unchanged module (`optimum_ipu.pipelining.PipelinedModel`); the view returned by
+this `to_pipelined` keeps the old call pattern by passing every other attribute to the module.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch import nn
+
+from optimum_ipu.pipelining import PipelinedModel
+from optimum_ipu.pipelining import to_pipelined as _to_pipelined
+from optimum_ipu.pipelining.placement import ipu_of_each_layer
+
+__all__ = ["PipelinedModelView", "get_layer_ipu", "to_pipelined"]
+
+logger = logging.getLogger(__name__)
+
+
+class PipelinedModelView:
+    """What Optimum Graphcore's `to_pipelined` returned: the model, plus `parallelize()`/`deparallelize()`.
+
+    Calling the view calls the model; any other attribute (`eval`, `half`, `config`,
+    `save_pretrained`, ...) is the model's. `parallelize()` and `deparallelize()` return the view, so
+    they chain as before. The underlying `PipelinedModel` is `view.pipelined`.
+    """
+
+    def __init__(self, pipelined: PipelinedModel):
+        object.__setattr__(self, "pipelined", pipelined)
+
+    @property
+    def ipu_config(self):
+        return self.pipelined.ipu_config
+
+    def parallelize(self, **kwargs: Any) -> PipelinedModelView:
+        """Lay the model out on its IPUs; the original's model-specific keywords have no effect here."""
+        if kwargs:
+            logger.warning(
+                "parallelize(%s): these options of Optimum Graphcore's hand-written pipelined models have no "
+                "effect on the simulated IPU; the IPU config decides the layout.", ", ".join(sorted(kwargs))
+            )  # fmt: skip
+        self.pipelined.parallelize()
+        return self
+
+    def deparallelize(self) -> PipelinedModelView:
+        """Undo `parallelize()`, giving back the plain transformers modules."""
+        self.pipelined.deparallelize()
+        return self
+
+    def __call__(self, *args, **kwargs):
+        return self.pipelined.module(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.pipelined.module, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.pipelined.module, name, value)
+
+    def __repr__(self) -> str:
+        return f"PipelinedModelView({self.pipelined.module.__class__.__name__}, {self.pipelined.plan.ipus_per_replica} IPUs)"
+
+
+def to_pipelined(model: nn.Module, ipu_config, force: bool = False) -> PipelinedModelView:
+    """Optimum Graphcore's `to_pipelined(model, ipu_config, force=False)`, on optimum-ipu's pipelining.
+
+    Args:
+        model: a transformers model.
+        ipu_config: its `IPUConfig`; the config's current mode (`train()`/`eval()`) picks the layout.
+        force: place an architecture without a cut spec with the generic cut
+            (`force_to_pipelined=True` in optimum-ipu).
+
+    Returns:
+        A `PipelinedModelView`: call `.parallelize()` on it, then use it as the model.
+    """
+    return PipelinedModelView(_to_pipelined(model, ipu_config, force_to_pipelined=force))
+
+
+def get_layer_ipu(ipu_config, target_number_of_layers: int | list[int] | None = None) -> list[int]:
+    """The IPU index of every layer under `ipu_config`'s `layers_per_ipu`, in layer order.
+
+    Args:
+        ipu_config: an `IPUConfig` (its current mode's `layers_per_ipu` and `ipus_per_replica`).
+        target_number_of_layers: the model's layer count; with no wildcard in `layers_per_ipu` it may be
+            omitted (it is then their sum). A list (encoder and decoder counts) is summed.
+    """
+    layers_per_ipu = list(ipu_config.layers_per_ipu)
+    if isinstance(target_number_of_layers, (list, tuple)):
+        target_number_of_layers = sum(target_number_of_layers)
+    if target_number_of_layers is None:
+        if -1 in layers_per_ipu:
+            raise ValueError(
+                f"layers_per_ipu={layers_per_ipu} has a -1 wildcard, so get_layer_ipu needs the model's layer "
+                "count: pass target_number_of_layers=model.config.num_hidden_layers."
+            )
+        target_number_of_layers = sum(layers_per_ipu)
+    return ipu_of_each_layer(target_number_of_layers, layers_per_ipu, ipu_config.ipus_per_replica)
+
+
+def _pipelined_class(name: str) -> type:
+    """An Optimum Graphcore `Pipelined<Model>` class name for an architecture optimum-ipu places.
+
+    The original classes were transformers subclasses built with `from_transformers(model, ipu_config)`
+    or `from_pretrained_transformers(name, ipu_config)`; both keep working and return a
+    `PipelinedModelView`. Instantiating the class directly has no equivalent.
+    """
+    transformers_name = name.removeprefix("Pipelined")
+
+    def from_transformers(cls, model: nn.Module, ipu_config) -> PipelinedModelView:
+        return to_pipelined(model, ipu_config)
+
+    def from_pretrained_transformers(
+        cls, model_name_or_path: str, ipu_config, *args, **kwargs
+    ) -> PipelinedModelView:
+        import transformers
+
+        model = getattr(transformers, transformers_name).from_pretrained(model_name_or_path, *args, **kwargs)
+        return to_pipelined(model, ipu_config)
+
+    def __new__(cls, *args, **kwargs):
+        from optimum_ipu.compat._names import NoEquivalentError
+
+        raise NoEquivalentError(
+            f"`{name}(config)` built a pipelined subclass of transformers' {transformers_name}; optimum-ipu "
+            f"places the unchanged model instead. Build `transformers.{transformers_name}(config)` (or "
+            f"`.from_pretrained(...)`) and call `to_pipelined(model, ipu_config).parallelize()`, or use "
+            f"`{name}.from_transformers(model, ipu_config)`."
+        )
+
+    return type(
+        name,
+        (),
+        {
+            "__module__": "optimum.graphcore",
+            "__doc__": f"`{transformers_name}` placed on IPUs: use `from_transformers` or `from_pretrained_transformers`.",
+            "__new__": __new__,
+            "from_transformers": classmethod(from_transformers),
+            "from_pretrained_transformers": classmethod(from_pretrained_transformers),
+        },
+    )
+
+
+def __getattr__(name: str):
+    from optimum_ipu.compat._tables import PIPELINED_SUPPORTED
+
+    if name in PIPELINED_SUPPORTED:
+        cls = _pipelined_class(name)
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

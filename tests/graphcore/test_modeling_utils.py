@@ -1,0 +1,98 @@
+"""`optimum.graphcore.modeling_utils`: `to_pipelined`, `get_layer_ipu`, `Pipelined*` (optimum_ipu/compat/modeling.py)."""
+
+import pytest
+import torch
+from fixtures import seeded, tiny_bert_config
+from transformers import BertForQuestionAnswering
+
+from optimum.graphcore import (
+    IPUConfig,
+    PipelinedBertForQuestionAnswering,
+    PipelinedT5ForConditionalGeneration,
+)
+from optimum.graphcore.modeling_utils import get_layer_ipu, to_pipelined
+from optimum_ipu.compat import NoEquivalentError
+
+
+def tiny_qa_model() -> BertForQuestionAnswering:
+    seeded(0)
+    return BertForQuestionAnswering(tiny_bert_config()).eval()
+
+
+def inputs():
+    ids = torch.randint(5, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def test_to_pipelined_keeps_the_notebook_call_pattern_and_the_math():
+    model = tiny_qa_model()
+    expected = model(**inputs()).start_logits
+    config = IPUConfig(layers_per_ipu=[1, 3], ipus_per_replica=2, embedding_serialization_factor=2)
+
+    pipelined = to_pipelined(model, config).parallelize()  # Optimum Graphcore's chain
+    assert pipelined.config is model.config and pipelined.ipu_config is config
+    assert [b.ipu for b in pipelined.pipelined.plan.layer_blocks] == [0, 1, 1, 1]
+    with torch.no_grad():
+        torch.testing.assert_close(pipelined(**inputs()).start_logits, expected)
+    assert pipelined.eval() is model  # model methods pass through (nn.Module's return the model)
+
+    pipelined.deparallelize()
+    assert type(model.bert.embeddings.word_embeddings) is torch.nn.Embedding
+
+
+def test_parallelize_options_of_the_original_models_are_ignored_with_a_warning(caplog):
+    pipelined = to_pipelined(tiny_qa_model(), IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2))
+    with caplog.at_level("WARNING"):
+        pipelined.parallelize(use_cache=True)
+    assert "use_cache" in caplog.text and "no effect" in caplog.text
+
+
+def test_force_places_an_architecture_without_a_cut_spec():
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(4))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    config = IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2)
+    with pytest.raises(ValueError, match="force_to_pipelined=True"):
+        to_pipelined(Stack(), config)
+    view = to_pipelined(Stack(), config, force=True).parallelize()
+    assert [b.ipu for b in view.pipelined.plan.layer_blocks] == [0, 0, 1, 1]
+
+
+def test_get_layer_ipu_follows_the_layers_per_ipu_rule():
+    assert get_layer_ipu(IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2), 6) == [0, 0, 0, 1, 1, 1]
+    assert get_layer_ipu(IPUConfig(layers_per_ipu=[-1, 2, -1, 2], ipus_per_replica=4), 7) == [
+        0,
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+    ]
+    assert get_layer_ipu(IPUConfig(layers_per_ipu=[0, 2, 2], ipus_per_replica=3)) == [1, 1, 2, 2]
+    assert get_layer_ipu(IPUConfig(layers_per_ipu=[1, 1], ipus_per_replica=2), [1, 1]) == [0, 1]
+    with pytest.raises(ValueError, match="target_number_of_layers"):
+        get_layer_ipu(IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2))
+
+
+def test_pipelined_classes_build_from_transformers_models(tmp_path):
+    config = IPUConfig(layers_per_ipu=[2, 2], ipus_per_replica=2)
+    model = tiny_qa_model()
+    view = PipelinedBertForQuestionAnswering.from_transformers(model, config).parallelize()
+    assert view.pipelined.module is model
+
+    model.save_pretrained(tmp_path)
+    loaded = PipelinedBertForQuestionAnswering.from_pretrained_transformers(str(tmp_path), config)
+    assert type(loaded.pipelined.module) is BertForQuestionAnswering
+
+    with pytest.raises(NoEquivalentError, match=r"transformers.BertForQuestionAnswering\(config\)"):
+        PipelinedBertForQuestionAnswering(model.config)
+    with pytest.raises(NoEquivalentError, match=r"force=True"):
+        PipelinedT5ForConditionalGeneration.from_transformers(model, config)
