@@ -1,0 +1,246 @@
+"""`optimum.graphcore.pipeline`: transformers pipelines whose forward runs on the simulated IPU.
+
+What the original did, here: the model is laid out on the IPUs of the config's inference layout
+(`to_pipelined(model, ipu_config)` with the config in `eval()` mode, then `parallelize()`), cast to
+fp16 unless `fp16=False`, and each forward is one host call of an `InferenceExecutable` (sharded
+inference: one batch through the stages, no gradients). The first call "compiles": PopTorch's
+checks, the per-IPU memory check and the throughput estimate, as `IPUTrainer.evaluate` does.
+Pre- and post-processing are the pipeline's own, so the answers are those of the plain model up to
+fp16 rounding.
+
+Two tasks run on the IPU: "image-classification" (transformers' `ImageClassificationPipeline` with
+the IPU underneath) and "question-answering" (transformers v5 removed its extractive pipeline, so
+`IPUQuestionAnsweringPipeline` provides one, see `question_answering.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from transformers import (
+    AutoImageProcessor,
+    AutoModelForImageClassification,
+    AutoModelForQuestionAnswering,
+    AutoTokenizer,
+    ImageClassificationPipeline,
+    Pipeline,
+)
+from transformers.utils import ModelOutput
+
+from optimum_ipu.compat.question_answering import IPUQuestionAnsweringPipeline, RunsOnIPU
+from optimum_ipu.configuration import IPUConfig, IPUConfigError
+from optimum_ipu.pipelining import to_pipelined
+from optimum_ipu.pipelining.placement import PlacementError
+from optimum_ipu.runtime.batches import batch_size_of
+from optimum_ipu.runtime.compile_report import compile_inference
+from optimum_ipu.runtime.executor import InferenceExecutable
+from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
+
+__all__ = ["SUPPORTED_TASKS", "IPUImageClassificationPipeline", "IPUInference", "list_tasks", "pipeline"]
+
+logger = logging.getLogger(__name__)
+
+
+def _to_host_float32(value: Any) -> Any:
+    """Model outputs as the pipelines' post-processing expects them: fp32 tensors on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", torch.float32 if value.is_floating_point() else value.dtype)
+    if isinstance(value, ModelOutput):
+        return type(value)(**{k: _to_host_float32(v) for k, v in value.items()})
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_host_float32(v) for v in value)
+    return value
+
+
+class IPUInference:
+    """The IPU side of a pipeline: a placed model, run by an inference executable, compiled on first use.
+
+    Args:
+        pipelined: the `PipelinedModel`, parallelized with its config in inference mode.
+        ipu_config: that config.
+        fp32: whether the model runs in fp32 (the compile report prices fp16 otherwise).
+    """
+
+    def __init__(self, pipelined, ipu_config: IPUConfig, fp32: bool):
+        self.pipelined = pipelined
+        self.ipu_config = ipu_config
+        self.fp32 = fp32
+        self.fp16_compute = resolve_fp16_compute(None, self.input_device)
+        self.compiled = None
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where the inputs go: the device of the first IPU's blocks (hooks move them on from there)."""
+        return next(self.pipelined.module.parameters()).device
+
+    def __call__(self, inputs: dict[str, Any]) -> ModelOutput:
+        """One host call: the batch through the stages; fp32 outputs on the CPU."""
+        # One call is one micro-batch: the pipeline's config has one device iteration and one replica.
+        size = batch_size_of(inputs)
+        fp16_compute = None if self.fp32 else self.fp16_compute
+        if self.compiled is None:
+            self.compiled = compile_inference(
+                self.pipelined, self.ipu_config, sample_batch=inputs, micro_batch_size=size, fp32=self.fp32,
+                fp16_compute=fp16_compute,
+            )  # fmt: skip
+        executable = InferenceExecutable(
+            self.pipelined.module, micro_batch_size=size, fp16_compute=self.fp16_compute
+        )
+        return _to_host_float32(executable(inputs))
+
+
+class IPUImageClassificationPipeline(RunsOnIPU, ImageClassificationPipeline):
+    """transformers' image-classification pipeline, each forward one host call on the simulated IPU."""
+
+    def _forward(self, model_inputs):
+        return self.ipu(dict(model_inputs))
+
+
+SUPPORTED_TASKS: dict[str, dict[str, Any]] = {
+    "image-classification": {
+        "impl": IPUImageClassificationPipeline,
+        "class": (AutoModelForImageClassification,),
+        # Used when no model / IPU config is given, as in Optimum Graphcore (the model needs the Hub).
+        "default": {"model": "google/vit-base-patch16-224", "ipu_config": "Graphcore/vit-base-ipu"},
+        "type": "image",
+    },
+    "question-answering": {
+        "impl": IPUQuestionAnsweringPipeline,
+        "class": (AutoModelForQuestionAnswering,),
+        "default": {
+            "model": "distilbert-base-cased-distilled-squad",
+            "ipu_config": "Graphcore/distilbert-base-ipu",
+        },
+        "type": "text",
+    },
+}
+
+
+def list_tasks() -> list[str]:
+    """The tasks `pipeline` runs on the simulated IPU."""
+    return sorted(SUPPORTED_TASKS)
+
+
+def _inference_config(ipu_config: IPUConfig | str | dict | None, task: str) -> IPUConfig:
+    """The pipeline's own copy of the config, in inference mode, one batch per host call."""
+    if ipu_config is None:
+        ipu_config = SUPPORTED_TASKS[task]["default"]["ipu_config"]
+    if isinstance(ipu_config, str):
+        config = IPUConfig.from_pretrained(ipu_config)
+    elif isinstance(ipu_config, dict):
+        config = IPUConfig.from_dict(ipu_config)
+    elif isinstance(ipu_config, IPUConfig):
+        config = ipu_config.copy()  # the original changed the caller's config; a copy leaves it alone
+    else:
+        raise TypeError(
+            f"ipu_config must be an IPUConfig, a name or path (e.g. 'Graphcore/vit-base-ipu') or a dict, "
+            f"got {type(ipu_config).__name__}."
+        )
+    # A pipeline call is one batch: no device-iteration loop, no inference replicas (as in the original).
+    return config.update(inference_device_iterations=1, inference_replication_factor=1).eval()
+
+
+def pipeline(
+    task: str | None = None,
+    model: str | torch.nn.Module | None = None,
+    ipu_config: IPUConfig | str | dict | None = None,
+    tokenizer=None,
+    feature_extractor=None,
+    revision: str | None = None,
+    use_auth_token: str | bool | None = None,
+    pipeline_class: type | None = None,
+    fp16: bool = True,
+    parallelize_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> Pipeline:
+    """Build a pipeline for `task` whose model runs on the simulated IPU (Optimum Graphcore's signature).
+
+    Args:
+        task: "question-answering" or "image-classification".
+        model: a model name or path, or a loaded transformers model (then pass its `tokenizer` or
+            `feature_extractor` too). None loads the original's default model from the Hub.
+        ipu_config: an `IPUConfig`, a config name or path, or a dict; None takes the original's default
+            for the task (`Graphcore/distilbert-base-ipu`, `Graphcore/vit-base-ipu`). Its inference
+            layout places the model; the pipeline works on a copy.
+        tokenizer: the tokenizer (question answering), or a name or path.
+        feature_extractor: the image processor (image classification), or a name or path;
+            `image_processor=` is accepted too.
+        revision, use_auth_token: for loading from the Hub.
+        pipeline_class: a subclass of the task's IPU pipeline class, to customise it.
+        fp16: run the model in fp16 (the IPU default); False keeps fp32.
+        parallelize_kwargs: options of the original's hand-written models; they have no effect here.
+        **kwargs: passed to the pipeline class (e.g. `top_k`, `device`).
+
+    Raises:
+        ValueError: for a task with no IPU pipeline here (the message lists those that have one).
+        IPUConfigError: when the IPU config's layout does not fit the model.
+    """
+    if task is None:
+        raise ValueError(
+            f"Pass the task: one of {list_tasks()} (the task cannot be looked up on the Hub offline)."
+        )
+    if task not in SUPPORTED_TASKS:
+        raise ValueError(
+            f"Task {task!r} has no pipeline on the simulated IPU; supported tasks: {', '.join(list_tasks())}. "
+            f"For {task!r}, use transformers' `pipeline({task!r}, model=...)` on CPU/GPU."
+        )
+    spec = SUPPORTED_TASKS[task]
+    impl = spec["impl"]
+    if pipeline_class is not None and not (
+        isinstance(pipeline_class, type) and issubclass(pipeline_class, impl)
+    ):
+        raise TypeError(f"pipeline_class must subclass {impl.__name__} so that its forward runs on the IPU.")
+    if parallelize_kwargs:
+        logger.warning(
+            "parallelize_kwargs %s have no effect on the simulated IPU.", sorted(parallelize_kwargs)
+        )
+
+    load = {"revision": revision, "token": use_auth_token}
+    model_id = spec["default"]["model"] if model is None else model
+    if isinstance(model_id, str):
+        model = spec["class"][0].from_pretrained(model_id, **load)
+    processor = feature_extractor if feature_extractor is not None else kwargs.pop("image_processor", None)
+    if spec["type"] == "text":
+        if tokenizer is None and not isinstance(model_id, str):
+            raise ValueError(
+                "A model passed as an object needs its tokenizer: pipeline(..., tokenizer=tokenizer)."
+            )
+        tokenizer = (
+            AutoTokenizer.from_pretrained(tokenizer or model_id, **load)
+            if not _loaded(tokenizer)
+            else tokenizer
+        )
+        processors = {"tokenizer": tokenizer}
+    else:
+        if processor is None and not isinstance(model_id, str):
+            raise ValueError(
+                "A model passed as an object needs its image processor: pipeline(..., feature_extractor=processor)."
+            )
+        processor = (
+            AutoImageProcessor.from_pretrained(processor or model_id, **load)
+            if not _loaded(processor)
+            else processor
+        )
+        processors = {"image_processor": processor}
+
+    config = _inference_config(ipu_config, task)
+    model.eval()
+    if fp16:
+        model.half()  # computed with fp32 partials on a CPU, as the IPU does (see runtime.fp16_compute)
+    try:
+        pipelined = to_pipelined(model, config)
+        built = (pipeline_class or impl)(model=model, task=task, **processors, **kwargs)
+        pipelined.parallelize()
+    except PlacementError as error:
+        raise IPUConfigError(
+            f"The IPU config does not fit {type(model).__name__}: {error} Pass an ipu_config whose "
+            "inference_layers_per_ipu fits the model, e.g. IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2)."
+        ) from error
+    built.attach_ipu(IPUInference(pipelined, config, fp32=not fp16))
+    return built
+
+
+def _loaded(obj) -> bool:
+    return obj is not None and not isinstance(obj, str)
