@@ -17,11 +17,13 @@ _EXPORTS = {
     "IPUTrainingArguments": "optimum_ipu.training_args",
     "IPUTrainer": "optimum_ipu.trainer",
     "to_pipelined": "optimum_ipu.pipelining",
+    "get_last_checkpoint": "optimum_ipu.checkpoints",
 }
 
-__all__ = ["IPUConfig", "IPUTrainer", "IPUTrainingArguments", "to_pipelined", "__version__"]
+__all__ = ["IPUConfig", "IPUTrainer", "IPUTrainingArguments", "get_last_checkpoint", "to_pipelined", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from optimum_ipu.checkpoints import get_last_checkpoint
     from optimum_ipu.configuration import IPUConfig
     from optimum_ipu.pipelining import to_pipelined
     from optimum_ipu.trainer import IPUTrainer
