@@ -134,6 +134,25 @@ def _save(args: argparse.Namespace, data: dict, report) -> None:
         print(f"Wrote {args.png}")
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1, so a bad size fails when parsed, naming the flag."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def pod_size(text: str) -> str:
+    """argparse type for --pod: a number of IPUs, optionally spelled podN (pod16)."""
+    number = text.lower().removeprefix("pod")
+    if not number.isdigit() or int(number) < 1:
+        raise argparse.ArgumentTypeError(f"give the number of IPUs, e.g. 16 or pod16; got {text!r}")
+    return text
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `plan` on the `optimum-ipu` parser."""
     parser = subparsers.add_parser(
@@ -146,16 +165,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--ipu-config", required=True, help="IPU config: Hub id (Graphcore/bert-base-ipu) or path."
     )
     pods = parser.add_mutually_exclusive_group()
-    pods.add_argument("--pod", "--pod-type", dest="pod", default=None, help="Total IPUs as a pod size: 16, pod16, 64 ...")
+    pods.add_argument("--pod", "--pod-type", dest="pod", type=pod_size, default=None, help="Total IPUs as a pod size: 16, pod16, 64 ...")
     pods.add_argument(
-        "--n-ipu", type=int, default=None, help="Total IPUs (replicas = n_ipu / ipus_per_replica)."
+        "--n-ipu", type=positive_int, default=None, help="Total IPUs (replicas = n_ipu / ipus_per_replica)."
     )
-    parser.add_argument("--micro-batch", type=int, default=1, help="Samples per micro-batch (default 1).")
+    parser.add_argument("--micro-batch", type=positive_int, default=1, help="Samples per micro-batch (default 1).")
     parser.add_argument(
-        "--seq-len", type=int, default=384, help="Sequence length of text models (default 384)."
+        "--seq-len", type=positive_int, default=384, help="Sequence length of text models (default 384)."
     )
     parser.add_argument(
-        "--image-size", type=int, default=None, help="Image side of vision models (default: config)."
+        "--image-size", type=positive_int, default=None, help="Image side of vision models (default: config)."
     )
     parser.add_argument(
         "--hardware", choices=("mk2", "bow"), default="mk2", help="IPU generation (default mk2)."
