@@ -136,17 +136,53 @@ def read_label_csv(path: str | os.PathLike) -> list[XrayRecord]:
     return records
 
 
+# Pixel formats that convert to RGB faithfully. 16-bit and float images would be clipped to white by
+# PIL's convert("RGB"), silently training on blank images, so they are refused by name.
+USABLE_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr")
+# What a complete file ends with: PNG's IEND chunk, JPEG's end-of-image marker.
+_FILE_ENDS = {"PNG": (b"IEND\xaeB`\x82",), "JPEG": (b"\xff\xd9", b"\xff\xd9\x00")}
+
+
+def image_problem(path: str | os.PathLike) -> str | None:
+    """Why an image file cannot be used (empty, not an image, truncated, unusable mode), or None.
+
+    Reads the header and the last bytes only, so checking the 112,120 ChestX-ray14 files stays cheap;
+    a PNG or JPEG without its end marker was cut off (an interrupted download or extraction).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    size = path.stat().st_size
+    if size == 0:
+        return "empty file"
+    try:
+        with Image.open(path) as image:
+            image_format, mode = image.format, image.mode
+    except (UnidentifiedImageError, OSError) as err:
+        return f"not an image: {type(err).__name__}"
+    ends = _FILE_ENDS.get(image_format)
+    if ends:
+        with path.open("rb") as handle:
+            handle.seek(max(0, size - 16))
+            tail = handle.read()
+        if not any(tail.rstrip(b"\x00").endswith(end.rstrip(b"\x00")) for end in ends):
+            return f"truncated {image_format}"
+    if mode not in USABLE_MODES:
+        return f"pixel mode {mode}, not 8-bit; convert it to 8-bit grayscale or RGB"
+    return None
+
+
 def check_images(records: list[XrayRecord], images_dir: str | os.PathLike,
                  skip_missing: bool = False) -> list[XrayRecord]:
-    """Keep the records whose image exists and opens as an image; report the rest clearly.
+    """Keep the records whose image exists and is usable (see `image_problem`); report the rest clearly.
 
-    Only the image header is read (cheap even for 112,120 files); a file that is not an image fails.
+    Only the header and the last bytes of each image are read (cheap even for 112,120 files); an empty,
+    truncated or 16-bit file, or one that is not an image, fails.
 
     Args:
         skip_missing: drop listed-but-absent images with a warning instead of failing (for a partial
             download of the 12 ``images_*.tar.gz`` archives). Unreadable files always fail.
     """
-    from PIL import Image, UnidentifiedImageError
 
     images_dir = Path(images_dir)
     if not images_dir.is_dir():
@@ -164,11 +200,9 @@ def check_images(records: list[XrayRecord], images_dir: str | os.PathLike,
     kept = [r for r in records if r.image in present]
     unreadable = []
     for record in kept:
-        try:
-            with Image.open(images_dir / record.image) as image:
-                image.size  # noqa: B018 - opening parses the header; touching size makes the intent explicit
-        except (UnidentifiedImageError, OSError) as err:
-            unreadable.append(f"{record.image} ({type(err).__name__})")
+        problem = image_problem(images_dir / record.image)
+        if problem:
+            unreadable.append(f"{record.image} ({problem})")
     if unreadable:
         raise ValueError(f"{len(unreadable)} image(s) in {images_dir} cannot be read as images: "
                          f"{_listing(unreadable)}. Re-extract or re-download them, or remove their rows from the CSV.")

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+HIGH_BIT_DEPTH_MODES = ("I", "F", "I;16", "I;16L", "I;16B", "I;16N")
+
 
 @dataclass
 class ImageTransform:
@@ -54,7 +56,14 @@ class ImageTransform:
         return image.crop((left, top, left + w, top + h))
 
     def pixel_values(self, image: Image.Image) -> np.ndarray:
-        """One image → a float32 ``[3, height, width]`` array."""
+        """One image → a float32 ``[3, height, width]`` array; 16-bit and float images are refused.
+
+        PIL's ``convert("RGB")`` clips 16-bit pixels to white, which would train on blank images.
+        """
+        if image.mode in HIGH_BIT_DEPTH_MODES:
+            name = getattr(image, "filename", "") or "an image of the data set"
+            raise ValueError(f"{name} has pixel mode {image.mode} (more than 8 bits per channel); convert the "
+                             "images to 8-bit grayscale or RGB before training.")
         image = image.convert("RGB")
         if self.random_crop_scale is not None:
             image = self._crop(image)

@@ -44,9 +44,8 @@ from transformers import (
     ViTImageProcessorPil,
     set_seed,
 )
-from transformers.trainer_utils import get_last_checkpoint
 
-from optimum_ipu import IPUTrainer, IPUTrainingArguments
+from optimum_ipu import IPUTrainer, IPUTrainingArguments, get_last_checkpoint
 from optimum_ipu.training_args import resolve_ipu_config
 
 logger = logging.getLogger(__name__)
@@ -112,6 +111,18 @@ class DataTrainingArguments:
         sources = [bool(self.chestxray_dir), bool(self.dataset_name), bool(self.train_dir)]
         if sum(sources) != 1:
             raise ValueError("Give exactly one data source: --chestxray_dir, --dataset_name or --train_dir.")
+        for flag in ("chestxray_dir", "train_dir", "validation_dir"):
+            path = getattr(self, flag)
+            if path and not os.path.isdir(path):
+                raise FileNotFoundError(f"--{flag} {path}: no such folder.")
+        if self.train_val_split is not None and not 0 < self.train_val_split < 1:
+            raise ValueError(f"--train_val_split is a share of the data, between 0 and 1; got {self.train_val_split}.")
+        if self.random_crop_min_scale is not None and not 0 < self.random_crop_min_scale <= 1:
+            raise ValueError(f"--random_crop_min_scale must be in (0, 1], got {self.random_crop_min_scale}.")
+        for flag in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, flag)
+            if value is not None and value < 1:
+                raise ValueError(f"--{flag} must be >= 1, got {value}.")
 
 
 @dataclass
@@ -163,6 +174,15 @@ def load_data(data_args: DataTrainingArguments, cache_dir: str | None, seed: int
     return data, LabelSpace(list(feature.names), False, column)
 
 
+def from_pretrained(loader, name: str, what: str, **kwargs):
+    """``loader.from_pretrained(name)``, with an error that names the input when it cannot be found."""
+    try:
+        return loader.from_pretrained(name, **kwargs)
+    except OSError as error:
+        raise OSError(f"Cannot load the {what} {name!r}: {error}\nGive a local folder or an existing Hub id; "
+                      "offline (HF_HUB_OFFLINE=1), a Hub id must already be in the Hugging Face cache.") from error
+
+
 def build_model(model_args: ModelArguments, labels: LabelSpace):
     """The classifier, from pretrained weights or (``--model_type`` / ``--config_name``) from a config."""
     label_config = dict(
@@ -173,8 +193,8 @@ def build_model(model_args: ModelArguments, labels: LabelSpace):
     )
     hub = dict(cache_dir=model_args.cache_dir, revision=model_args.model_revision)
     if model_args.config_name or model_args.model_name_or_path:
-        config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path,
-                                            **label_config, **hub)
+        config = from_pretrained(AutoConfig, model_args.config_name or model_args.model_name_or_path, "config",
+                                 **label_config, **hub)
     else:
         config = AutoConfig.for_model(model_args.model_type, **label_config)
     if model_args.model_config_overrides:
@@ -284,7 +304,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if training_args.do_train:
         checkpoint = training_args.resume_from_checkpoint
         if checkpoint is None and os.path.isdir(training_args.output_dir) and not training_args.overwrite_output_dir:
-            checkpoint = get_last_checkpoint(training_args.output_dir)
+            checkpoint = get_last_checkpoint(training_args.output_dir, save_only_model=training_args.save_only_model)
         result = trainer.train(resume_from_checkpoint=checkpoint)
         trainer.save_model()
         metrics = dict(result.metrics, train_samples=len(train_set), train_steps=result.global_step)

@@ -40,10 +40,9 @@ from transformers import (
     default_data_collator,
     set_seed,
 )
-from transformers.trainer_utils import get_last_checkpoint
 from utils_qa import postprocess_qa_predictions
 
-from optimum_ipu import IPUTrainingArguments
+from optimum_ipu import IPUTrainingArguments, get_last_checkpoint
 from optimum_ipu.training_args import resolve_ipu_config
 
 logger = logging.getLogger(__name__)
@@ -91,6 +90,17 @@ class DataTrainingArguments:
     def __post_init__(self):
         if not (self.dataset_name or self.train_file or self.validation_file or self.test_file):
             raise ValueError("Give a data set: --dataset_name (e.g. squad) or --train_file/--validation_file/--test_file.")
+        for flag in ("train_file", "validation_file", "test_file"):
+            path = getattr(self, flag)
+            if path and not os.path.isfile(path):
+                raise FileNotFoundError(f"--{flag} {path}: no such file. Give the path of a SQuAD-format JSON "
+                                        "file (or generate one with make_synthetic_squad.py).")
+        for flag, low in (("max_seq_length", 1), ("doc_stride", 0), ("n_best_size", 1), ("max_answer_length", 1),
+                          ("max_train_samples", 1), ("max_eval_samples", 1), ("max_predict_samples", 1),
+                          ("preprocessing_num_workers", 1)):  # fmt: skip
+            value = getattr(self, flag)
+            if value is not None and value < low:
+                raise ValueError(f"--{flag} must be >= {low}, got {value}.")
 
 
 def parse_arguments(argv: list[str] | None = None):
@@ -100,6 +110,15 @@ def parse_arguments(argv: list[str] | None = None):
     if len(argv) == 1 and argv[0].endswith(".json"):
         return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
     return parser.parse_args_into_dataclasses(args=argv)
+
+
+def from_pretrained(loader, name: str, what: str, **kwargs):
+    """``loader.from_pretrained(name)``, with an error that names the input when it cannot be found."""
+    try:
+        return loader.from_pretrained(name, **kwargs)
+    except OSError as error:
+        raise OSError(f"Cannot load the {what} {name!r}: {error}\nGive a local folder or an existing Hub id; "
+                      "offline (HF_HUB_OFFLINE=1), a Hub id must already be in the Hugging Face cache.") from error
 
 
 def load_raw_datasets(data_args: DataTrainingArguments, model_args: ModelArguments) -> datasets.DatasetDict:
@@ -207,7 +226,7 @@ def detect_checkpoint(training_args) -> str | None:
     output_dir = training_args.output_dir
     if not (training_args.do_train and os.path.isdir(output_dir)) or getattr(training_args, "overwrite_output_dir", False):
         return None
-    last = get_last_checkpoint(output_dir)
+    last = get_last_checkpoint(output_dir, save_only_model=training_args.save_only_model)  # complete ones only
     if last is not None:
         logger.info("Resuming from %s; pass --overwrite_output_dir to start afresh.", last)
     return last
@@ -222,13 +241,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     set_seed(training_args.seed)
 
     raw = load_raw_datasets(data_args, model_args)
-    config = AutoConfig.from_pretrained(model_args.config_name or model_args.model_name_or_path,
-                                        cache_dir=model_args.cache_dir, revision=model_args.model_revision)
-    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path,
-                                              cache_dir=model_args.cache_dir, revision=model_args.model_revision)
-    model = AutoModelForQuestionAnswering.from_pretrained(model_args.model_name_or_path, config=config,
-                                                          cache_dir=model_args.cache_dir,
-                                                          revision=model_args.model_revision)
+    hub = dict(cache_dir=model_args.cache_dir, revision=model_args.model_revision)
+    config = from_pretrained(AutoConfig, model_args.config_name or model_args.model_name_or_path, "config", **hub)
+    tokenizer = from_pretrained(AutoTokenizer, model_args.tokenizer_name or model_args.model_name_or_path,
+                                "tokenizer", **hub)
+    model = from_pretrained(AutoModelForQuestionAnswering, model_args.model_name_or_path, "model", config=config,
+                            **hub)
     ipu_config = resolve_ipu_config(training_args, model_args.model_name_or_path)
     check_tokenizer(tokenizer, FeatureSettings(min(data_args.max_seq_length, tokenizer.model_max_length),
                                                data_args.doc_stride, data_args.pad_to_max_length))
