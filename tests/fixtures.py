@@ -188,15 +188,28 @@ def workload(**changes) -> Workload:
     return Workload(**values)
 
 
-# --- Optimum Graphcore compatibility (tests/graphcore): processors for the tiny models ------------
 
 
-def tiny_image_processor(image_size: int = 32):
-    """A ViT image processor for `tiny_vit_config` images (resize to `image_size`, mean and std 0.5).
+# --- Training data for trainer tests ---------------------------------------------------------------
 
-    The PIL-backed class when transformers has it, so no torchvision is needed (nor warned about).
-    """
-    import transformers
 
-    processor_class = getattr(transformers, "ViTImageProcessorPil", None) or transformers.ViTImageProcessor
-    return processor_class(size={"height": image_size, "width": image_size}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+class PatternQA:
+    """Learnable synthetic QA (a map-style torch data set): the answer starts at token 7, ends two later."""
+
+    def __init__(self, n: int, seed: int = 0, seq: int = 16):
+        g = torch.Generator().manual_seed(seed)
+        self.seq = seq
+        self.ids = torch.randint(10, 100, (n, seq), generator=g)
+        self.start = torch.randint(1, seq - 3, (n,), generator=g)
+        self.ids[torch.arange(n), self.start] = 7
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {
+            "input_ids": self.ids[i],
+            "attention_mask": torch.ones(self.seq, dtype=torch.long),
+            "start_positions": self.start[i],
+            "end_positions": self.start[i] + 2,
+        }
