@@ -188,6 +188,18 @@ def workload(**changes) -> Workload:
     return Workload(**values)
 
 
+# --- Optimum Graphcore compatibility (tests/graphcore): processors for the tiny models ------------
+
+
+def tiny_image_processor(image_size: int = 32):
+    """A ViT image processor for `tiny_vit_config` images (resize to `image_size`, mean and std 0.5).
+
+    The PIL-backed class when transformers has it, so no torchvision is needed (nor warned about).
+    """
+    import transformers
+
+    processor_class = getattr(transformers, "ViTImageProcessorPil", None) or transformers.ViTImageProcessor
+    return processor_class(size={"height": image_size, "width": image_size}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
 
 
 # --- Training data for trainer tests ---------------------------------------------------------------
