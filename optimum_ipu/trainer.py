@@ -5,11 +5,16 @@ clipping, logging, checkpointing and resuming; below those hooks the IPU semanti
 
 - the data loaders yield combined batches (micro-batch x GA x replicas x device iterations); one
   trainer step is one combined batch, and the Trainer's own gradient accumulation stays 1;
-- `training_step` hands the combined batch to a `TrainingExecutable` that splits it into
-  micro-batches, accumulates and reduces gradients, applies loss scaling and leaves the unscaled
-  gradients (None after an overflow, so the update is skipped) for the Trainer's clip and step;
-- the model is cast to fp16 unless `--fp32`, laid out on the pipeline's IPUs (`to_pipelined`), and
-  "compiled" before training: PopTorch's checks, a per-IPU memory and throughput report;
+- `training_step` hands the combined batch to a `TrainingExecutable`, which runs every micro-batch
+  of every replica with the loss scaled, reduces the gradients in fp32, skips overflows, clips and
+  applies the update(s) of the call; the Trainer's own clip and optimizer step that follow find no
+  gradient, and its LR schedule advances once per combined batch;
+- evaluation runs sharded through an `InferenceExecutable` (per device iteration and replica);
+- the model is cast to fp16 unless `--fp32` (its matmuls computed with fp32 partials on a CPU, see
+  `runtime.fp16_compute`), laid out on the pipeline's IPUs (`to_pipelined`), and "compiled" before
+  training: PopTorch's checks, a per-IPU memory and throughput report;
+- the loss scaler and the replicas' random streams ride in the optimizer's state dict (public
+  optimizer state-dict hooks), so a checkpoint restores them with the optimizer;
 - checkpoints hold plain transformers weights plus the effective `ipu_config.json`.
 """
 
@@ -18,20 +23,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import sys
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import Trainer
+from transformers.trainer_utils import TrainOutput
 
+from optimum_ipu.checkpoints import AtomicCheckpoints
 from optimum_ipu.pipelining import to_pipelined
-from optimum_ipu.pipelining.pipeline import _move_to
+from optimum_ipu.runtime.batches import batch_size_of, cast_floating, move_to, pad_by_repeating
 from optimum_ipu.runtime.compile_report import compile_inference, compile_training
-from optimum_ipu.runtime.executor import TrainingExecutable, batch_size_of, cast_floating
-from optimum_ipu.runtime.kernels import use_fp32_partials_in_convolutions
-from optimum_ipu.runtime.optimizers import LAMB, AdamW
-from optimum_ipu.runtime.precision import LossScaler
+from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
+from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
+from optimum_ipu.runtime.loss_scaling import LossScaler
+from optimum_ipu.runtime.optimizers import LAMB, AdamW, IPUOptimizer
+from optimum_ipu.runtime.replicas import ReplicaStreams
 from optimum_ipu.training_args import IPUTrainingArguments, resolve_ipu_config
 
 logger = logging.getLogger(__name__)
@@ -50,15 +57,58 @@ def _overridden(obj, **values):
             setattr(obj, k, v)
 
 
-def _pad_by_repeating(batch: dict[str, Any], size: int) -> dict[str, Any]:
-    """Pad every batched tensor to `size` rows by repeating samples (`pad_on_batch_axis`)."""
-    out = {}
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] < size:
-            index = torch.arange(size, device=value.device) % value.shape[0]
-            value = value.index_select(0, index)
-        out[key] = value
-    return out
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning(message)
+
+
+def settings_without_effect(ipu_config, args: IPUTrainingArguments) -> list[str]:
+    """Messages for settings the user gave that change nothing on this backend, and why.
+
+    A setting either acts or is named here: a user must never believe a setting acted when it did not.
+    """
+    messages = []
+    if args.dataloader_mode != "sync":
+        messages.append(
+            f"dataloader_mode={args.dataloader_mode!r} has no effect on the simulated IPU: batches come from the "
+            "Trainer's DataLoader (use --dataloader_num_workers to load them in the background)."
+        )
+    for name in ("parallelize_kwargs", "inference_parallelize_kwargs"):
+        if vars(ipu_config).get(name):
+            messages.append(
+                f"{name}={vars(ipu_config)[name]} has no effect: the cut specs here take no parallelize() "
+                "arguments (the layout comes from layers_per_ipu and the serialization settings)."
+            )
+    for name, default in (("projection_serialization_factor", 1), ("serialized_projection_splits_per_ipu", None)):
+        for key in (name, f"inference_{name}"):
+            value = vars(ipu_config).get(key)
+            if value not in (default, None):
+                messages.append(
+                    f"{key}={value} has no effect: no architecture supported here has an untied output "
+                    "projection to serialize (a head tied to the word embedding follows "
+                    "embedding_serialization_factor)."
+                )
+    if vars(ipu_config).get("serialized_embedding_splits_per_ipu"):
+        messages.append(
+            "serialized_embedding_splits_per_ipu: the embedding is split into "
+            f"{sum(vars(ipu_config)['serialized_embedding_splits_per_ipu'])} pieces as asked, but at run time "
+            "every piece stays on IPU 0's device (the memory model places them per IPU)."
+        )
+    if not args.fp32 and ipu_config.enable_half_partials:
+        messages.append(
+            "enable_half_partials=True: matmuls and convolutions accumulate fp32 partial sums on this backend "
+            "(at least as accurate as the IPU's fp16 partials; fp16 partial sums are not emulated)."
+        )
+    if not args.fp32 and not args.lamb and args.optim not in ("adamw_torch", "adamw_torch_fused", "adamw"):
+        messages.append(
+            f"--optim {args.optim} has no effect in fp16: fp16 weights are updated by the IPU's AdamW "
+            "(fp32 math, stochastic rounding), or LAMB with --lamb. Use --fp32 to train with --optim."
+        )
+    return messages
 
 
 def _to_float32(value):
@@ -77,7 +127,23 @@ def _trim(value, size: int):
     return value
 
 
-class IPUTrainer(Trainer):
+class _ShardedModel(nn.Module):
+    """What the Trainer's prediction step calls as its model: one inference call on the simulated IPU."""
+
+    def __init__(self, executable: InferenceExecutable, real_samples: int):
+        super().__init__()
+        self.executable = executable
+        self.real_samples = real_samples
+        self.config = getattr(executable.model, "config", None)
+
+    def forward(self, **batch):
+        return self.executable(batch, real_samples=self.real_samples)
+
+
+# AtomicCheckpoints (optimum_ipu/checkpoints.py) owns checkpoint saving and resuming: atomic folders,
+# the newest complete checkpoint, the setup comparison. It is the only place that touches private
+# Trainer methods; keep it first in the bases so its hooks wrap transformers' own.
+class IPUTrainer(AtomicCheckpoints, Trainer):
     """A transformers `Trainer` whose training and evaluation run on a simulated IPU system.
 
     Args:
@@ -124,17 +190,25 @@ class IPUTrainer(Trainer):
             args, model_name_or_path=getattr(model, "name_or_path", None) or None, ipu_config=ipu_config
         ).train()
         self.hardware = hardware
+        for message in settings_without_effect(self.ipu_config, args):
+            _warn_once(message)
+        self.fp16_compute = None if args.fp32 else resolve_fp16_compute(args.fp16_compute, args.device)
         if not args.fp32:
             model.half()  # IPU training default: fp16 weights and activations
-            use_fp32_partials_in_convolutions(model)  # torch's CPU fp16 conv backward is ~50x slow
+            logger.info("fp16 compute: %s", self.fp16_compute)
         self._pipelined = to_pipelined(model, self.ipu_config, force_to_pipelined=force_to_pipelined)
+        # One trainer step is one combined batch: `args.train_batch_size` (what the Trainer sizes its loader
+        # and step counts from) is micro-batch x GA x replicas x device iterations; evaluation likewise.
+        args.set_combined_batch_factors(
+            self.ipu_config.batch_size_factor(), self.ipu_config.batch_size_factor(for_inference=True)
+        )
 
         super().__init__(model, args, *positional, **kwargs)
-        # One trainer step is one combined batch: the Trainer sizes its loader and its step counts from this.
-        self._train_batch_size = args.per_device_train_batch_size * self.ipu_config.batch_size_factor()
         self._pipelined.parallelize()
         self._mode = "training"
         self._executable: TrainingExecutable | None = None
+        self.loss_scaler = LossScaler(args.loss_scaling or 1.0, auto=bool(self.ipu_config.auto_loss_scaling))
+        self.replica_streams = ReplicaStreams(args.seed, self.ipu_config.replication_factor)
         self.compile_report = None
         self.inference_report = None
 
@@ -155,11 +229,11 @@ class IPUTrainer(Trainer):
     # -- data --------------------------------------------------------------------------------
 
     def _inference_batch_size(self) -> int:
-        return self.args.per_device_eval_batch_size * self.ipu_config.batch_size_factor(for_inference=True)
+        return self.args.eval_batch_size
 
     def get_train_dataloader(self):
         """Combined batches; an incomplete last combined batch is dropped, as on the IPU."""
-        combined = self._train_batch_size
+        combined = self.args.train_batch_size
         dataset = self.train_dataset
         if dataset is not None and hasattr(dataset, "__len__") and len(dataset) < combined:
             cfg = self.ipu_config
@@ -176,15 +250,11 @@ class IPUTrainer(Trainer):
 
     def get_eval_dataloader(self, eval_dataset=None):
         """Combined inference batches (micro-batch x inference replicas x device iterations); the last is kept."""
-        with _overridden(
-            self.args, per_device_eval_batch_size=self._inference_batch_size(), dataloader_drop_last=False
-        ):
+        with _overridden(self.args, dataloader_drop_last=False):
             return super().get_eval_dataloader(eval_dataset)
 
     def get_test_dataloader(self, test_dataset):
-        with _overridden(
-            self.args, per_device_eval_batch_size=self._inference_batch_size(), dataloader_drop_last=False
-        ):
+        with _overridden(self.args, dataloader_drop_last=False):
             return super().get_test_dataloader(test_dataset)
 
     # -- optimizer ---------------------------------------------------------------------------
@@ -193,13 +263,15 @@ class IPUTrainer(Trainer):
         """AdamW (fp32 math on fp16 weights, stochastic rounding) or LAMB with `--lamb`.
 
         With `--fp32` and no `--lamb`, the optimizer transformers would pick (`--optim`) is used, so an
-        fp32 run matches plain transformers.
+        fp32 run matches plain transformers. Either way the optimizer's state dict also carries the
+        loss scaler and the replicas' random streams (see `_carry_run_state`).
         """
         if self.optimizer is not None:
             return self.optimizer
         args = self.args
         if args.fp32 and not args.lamb:
-            return super().create_optimizer(model)
+            self._carry_run_state(super().create_optimizer(model))
+            return self.optimizer
         model = model if model is not None else self.model
         decay = set(self.get_decay_parameter_names(model))
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -207,12 +279,39 @@ class IPUTrainer(Trainer):
             {"params": [p for n, p in named if n in decay], "weight_decay": args.weight_decay},
             {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
         ]
-        common = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), stochastic_rounding=not args.fp32)
+        common = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), stochastic_rounding=not args.fp32,
+                      seed=args.seed)  # fmt: skip
         if args.lamb:
             self.optimizer = LAMB(groups, eps=args.adam_epsilon, bias_correction=not args.lamb_no_bias_correction, **common)
         else:
             self.optimizer = AdamW(groups, eps=args.adam_epsilon, **common)
+        self._carry_run_state(self.optimizer)
         return self.optimizer
+
+    def _carry_run_state(self, optimizer: torch.optim.Optimizer) -> None:
+        """Save and restore the loss scaler and replica streams with the optimizer (`optimizer.pt`).
+
+        Uses torch's public optimizer state-dict hooks, so the Trainer's own checkpointing carries
+        them; the executable reads the restored objects when it is built.
+        """
+
+        def save(_optimizer, state_dict):
+            state_dict["ipu_run_state"] = {
+                "loss_scaler": self.loss_scaler.state_dict(),
+                "replica_streams": self.replica_streams.state_dict(),
+            }
+            return state_dict
+
+        def load(_optimizer, state_dict):
+            state_dict = dict(state_dict)
+            run_state = state_dict.pop("ipu_run_state", None)
+            if run_state is not None:
+                self.loss_scaler.load_state_dict(run_state["loss_scaler"])
+                self.replica_streams.load_state_dict(run_state["replica_streams"])
+            return state_dict
+
+        optimizer.register_state_dict_post_hook(save)
+        optimizer.register_load_state_dict_pre_hook(load)
 
     # -- training ----------------------------------------------------------------------------
 
@@ -222,7 +321,7 @@ class IPUTrainer(Trainer):
         compiled = compile_training(
             self._pipelined, self.ipu_config, sample_batch=cast_floating(sample, self._model_dtype),
             micro_batch_size=self.args.per_device_train_batch_size, hardware=self.hardware,
-            optimizer_name="lamb" if self.args.lamb else "adamw", fp32=self.args.fp32,
+            optimizer_name="lamb" if self.args.lamb else "adamw", fp32=self.args.fp32, fp16_compute=self.fp16_compute,
         )  # fmt: skip
         self.compile_report = compiled.report
 
@@ -233,52 +332,67 @@ class IPUTrainer(Trainer):
         logger.info(
             "Combined batch: micro-batch %d x gradient accumulation %d x replicas %d x device iterations %d = %d",
             self.args.per_device_train_batch_size, cfg.gradient_accumulation_steps, cfg.replication_factor,
-            cfg.device_iterations, self._train_batch_size,
+            cfg.device_iterations, self.args.train_batch_size,
         )  # fmt: skip
         self._compile_for_training()
         if self.args.compile_only:
             if self.compile_report is not None and self.args.should_save:
                 self.compile_report.save(self.args.output_dir)
-            logger.info("compile_only: compilation done, report written to %s; exiting.", self.args.output_dir)
-            sys.exit(0)
+            logger.info("compile_only: compilation done, report written to %s; no training.", self.args.output_dir)
+            return TrainOutput(global_step=0, training_loss=0.0, metrics={"compile_only": True})
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 
     def _build_executable(self, model: nn.Module) -> TrainingExecutable:
-        scaler = LossScaler(
-            self.optimizer, initial_scale=self.args.loss_scaling or 1.0, auto=bool(self.args.auto_loss_scaling)
-        )
         return TrainingExecutable(
             model,
             self.ipu_config,
             loss_fn=lambda micro_batch: self.compute_loss(model, micro_batch),
             optimizer=self.optimizer,
-            loss_scaler=scaler,
+            loss_scaler=self.loss_scaler,
+            streams=self.replica_streams,
             max_grad_norm=self.args.max_grad_norm,
+            fp16_compute=self.fp16_compute,
         )
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch=None) -> torch.Tensor:
         """One host call on the combined batch; returns the mean micro-batch loss for logging."""
         self._use_mode("training")
-        if self._executable is None or self._executable.optimizer is not self.optimizer:
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        if self._executable is None or self._executable.optimizer is not inner:
+            if not self.args.fp32 and not isinstance(inner, IPUOptimizer):
+                raise TypeError(
+                    f"fp16 weights need an IPU optimizer (fp32 math, stochastic rounding); got {type(inner).__name__} "
+                    "from `optimizers=`. Pass optimum_ipu.runtime.optimizers.AdamW / LAMB, or train with --fp32."
+                )
             self._executable = self._build_executable(model)
-        self._executable(_move_to(inputs, self.args.device))
-        return self._executable.last_losses.mean().to(self.args.device)
+        self._executable(move_to(inputs, self.args.device))
+        return self._executable.last_losses.nanmean().to(self.args.device)
 
     # -- evaluation ----------------------------------------------------------------------------
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        """Sharded inference on a combined batch; a short last batch is padded when `pad_on_batch_axis`."""
+        """Sharded inference on a combined batch; a short last batch is padded when `pad_on_batch_axis`.
+
+        The Trainer's own prediction step does the bookkeeping (labels, ignore_keys, the loss); the
+        model it calls is the `InferenceExecutable`, which runs the batch micro-batch by micro-batch
+        and leaves padded samples out of the loss.
+        """
         self._use_mode("inference")
         size = batch_size_of(inputs)
         if self.args.pad_on_batch_axis and size < self._inference_batch_size():
-            inputs = _pad_by_repeating(inputs, self._inference_batch_size())
+            inputs = pad_by_repeating(inputs, self._inference_batch_size())
         inputs = cast_floating(inputs, self._model_dtype)
         if self.inference_report is None:
             compiled = compile_inference(
-                self._pipelined, self.ipu_config, sample_batch=inputs, hardware=self.hardware, fp32=self.args.fp32
-            )
+                self._pipelined, self.ipu_config, sample_batch=inputs,
+                micro_batch_size=self.args.per_device_eval_batch_size, hardware=self.hardware, fp32=self.args.fp32,
+                fp16_compute=self.fp16_compute,
+            )  # fmt: skip
             self.inference_report = compiled.report
-        loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        executable = _ShardedModel(
+            InferenceExecutable(model, self.args.per_device_eval_batch_size, self.fp16_compute), real_samples=size
+        )
+        loss, logits, labels = super().prediction_step(executable, inputs, prediction_loss_only, ignore_keys)
         return _to_float32(loss), _trim(_to_float32(logits), size), _trim(_to_float32(labels), size)
 
     def evaluation_loop(self, *args, **kwargs):
@@ -303,7 +417,16 @@ class IPUTrainer(Trainer):
             self.ipu_config.save_pretrained(output_dir)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Add the simulator's estimate of the real system's throughput beside the measured one."""
+        """Add the loss scale, skipped updates and the estimated throughput of the real system.
+
+        The Trainer's `grad_norm` is replaced by the executable's: the Trainer measures gradients
+        after the executable has applied and released them.
+        """
+        if "loss" in logs and self._executable is not None:
+            if self._executable.last_grad_norm is not None and "grad_norm" in logs:
+                logs = {**logs, "grad_norm": round(self._executable.last_grad_norm, 6)}
+            if not self.args.fp32 or self.args.loss_scaling:
+                logs = {**logs, "loss_scale": self.loss_scaler.scale, "skipped_updates": self.loss_scaler.skipped_updates}
         report = self.compile_report if "train_samples_per_second" in logs else None
         if any(k.endswith("_samples_per_second") and not k.startswith("train") for k in logs):
             report = self.inference_report or report

@@ -14,6 +14,7 @@ effective `IPUConfig` of a run.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Literal
@@ -64,7 +65,16 @@ class IPUTrainingArguments(TrainingArguments):
                   "backward and the gradients divided back before the update."},
     )
     auto_loss_scaling: bool = field(
-        default=False, metadata={"help": "Adapt the loss scale automatically (training only)."}
+        default=False,
+        metadata={"help": "Adapt the loss scale automatically (training only). `auto_loss_scaling: true` in the "
+                  "IPU config turns it on as well; either source is enough."},
+    )
+    fp16_compute: Literal["auto", "emulated", "native"] = field(
+        default="auto",
+        metadata={"help": "How fp16 matmuls, convolutions and attention are computed: emulated (fp16 values, fp32 "
+                  "partials, fp16 results: fp32 speed on any CPU), native (torch's fp16 kernels, fast on CUDA), "
+                  "auto (emulated on CPUs, native on CUDA). The environment variable OPTIMUM_IPU_FP16_COMPUTE "
+                  "sets it when this is auto."},
     )
     dataloader_mode: Literal["sync", "async", "async_rebatched"] = field(
         default="sync", metadata={"help": "How the data loader feeds the IPUs: sync, async or async_rebatched."}
@@ -76,6 +86,12 @@ class IPUTrainingArguments(TrainingArguments):
         default=None,
         metadata={"help": "Override IPU config attributes, e.g. "
                   '"embedding_serialization_factor=2,matmul_proportion=[0.1 0.2 0.3 0.3]".'},
+    )
+    allow_batch_change_on_resume: bool = field(
+        default=False,
+        metadata={"help": "Resume from a checkpoint written with another micro-batch, gradient accumulation, "
+                  "replication or device iterations: training continues from the same number of samples "
+                  "(without it, such a resume is an error naming the changed fields)."},
     )
     pad_on_batch_axis: bool = field(
         default=False,
@@ -90,6 +106,9 @@ class IPUTrainingArguments(TrainingArguments):
         default=None,
         metadata={"help": "Set from --gradient_accumulation_steps (None: the IPU config decides)."},
     )
+    # Set by IPUTrainer from the IPU config: samples per micro-batch sample in a training / inference call.
+    train_batch_factor: int = field(default=1, init=False, repr=False)
+    eval_batch_factor: int = field(default=1, init=False, repr=False)
     # Removed by transformers v5; accepted so Optimum Graphcore command lines run unchanged.
     warmup_ratio: float | None = field(
         default=None,
@@ -112,10 +131,25 @@ class IPUTrainingArguments(TrainingArguments):
 
     def __post_init__(self) -> None:
         self._check_pods()
+        self._check_numbers()
         self._take_gradient_accumulation()
         self._take_precision()
         self._map_removed_arguments()
         super().__post_init__()
+
+    @property
+    def train_batch_size(self) -> int:
+        """Samples per trainer step: the combined batch, micro-batch x GA x replicas x device iterations."""
+        return self.per_device_train_batch_size * self.train_batch_factor
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Samples per inference call: micro-batch x inference replicas x inference device iterations."""
+        return self.per_device_eval_batch_size * self.eval_batch_factor
+
+    def set_combined_batch_factors(self, training: int, inference: int) -> None:
+        """Record the IPU config's batch size factors (IPUTrainer does this when it resolves the config)."""
+        self.train_batch_factor, self.eval_batch_factor = int(training), int(inference)
 
     def _check_pods(self) -> None:
         if self.n_ipu is not None and (isinstance(self.n_ipu, bool) or int(self.n_ipu) < 1):
@@ -129,6 +163,20 @@ class IPUTrainingArguments(TrainingArguments):
                 "them, or make them agree."
             )
         self.n_ipu = pod_ipus
+
+    def _check_numbers(self) -> None:
+        """Reject values that would only fail at the first step (or never, training on nonsense)."""
+        scale = self.loss_scaling
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                                  or not math.isfinite(scale) or scale <= 0):  # fmt: skip
+            raise ValueError(
+                f"--loss_scaling must be a finite number > 0 (e.g. 64 to 32768), got {scale!r}; leave it out "
+                "for no loss scaling, or use --auto_loss_scaling."
+            )
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name} is the micro-batch size and must be an integer >= 1, got {value!r}.")
 
     def _take_gradient_accumulation(self) -> None:
         if self.gradient_accumulation_steps is not None and self.ipu_gradient_accumulation_steps is None:

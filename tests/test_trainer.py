@@ -206,3 +206,101 @@ def test_executable_cache_turns_compiled_into_loaded_with_the_same_report(tmp_pa
     assert not reports[0].from_cache and reports[1].from_cache
     assert reports[0].memory.ipus == reports[1].memory.ipus
     assert reports[0].estimated_samples_per_second == reports[1].estimated_samples_per_second
+
+
+# -- fp16 semantics and run state (issue: fp16 numerics and IPU semantics) -------------------------
+
+
+def test_auto_loss_scaling_in_the_ipu_config_file_alone_turns_it_on(tmp_path):
+    cfg = two_ipu_config(auto_loss_scaling=True)
+    path = tmp_path / "cfg"
+    cfg.save_pretrained(path)
+    trainer = IPUTrainer(tiny_qa(), IPUConfig.from_pretrained(path), ipu_args(tmp_path, loss_scaling=16.0, max_steps=2),
+                         train_dataset=PatternQA(16))  # fmt: skip
+    assert trainer.loss_scaler.auto
+    trainer.train()
+    assert trainer.loss_scaler.scale == 64.0  # clean updates double it: 16 -> 32 -> 64
+    assert [e["loss_scale"] for e in trainer.state.log_history if "loss_scale" in e] == [32.0, 64.0]
+
+
+def test_device_iterations_through_the_trainer_equal_the_same_updates_one_by_one(tmp_path):
+    data = PatternQA(32)
+    kwargs = dict(fp32=True, optim="sgd", max_grad_norm=0.05, lr_scheduler_type="constant")
+    one_call = IPUTrainer(tiny_qa(), two_ipu_config(device_iterations=2), ipu_args(tmp_path / "a", **kwargs),
+                          train_dataset=data)  # fmt: skip
+    one_call.train()
+    one_by_one = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path / "b", **kwargs), train_dataset=data)
+    one_by_one.train()
+    assert one_call.state.global_step * 2 == one_by_one.state.global_step == 4
+    for (name, a), (_, b) in zip(one_call.model.named_parameters(), one_by_one.model.named_parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_padded_evaluation_equals_an_unpadded_one(tmp_path):
+    data = PatternQA(13)
+    results = []
+    for pad in (False, True):
+        trainer = IPUTrainer(tiny_qa(), two_ipu_config(inference_device_iterations=2),
+                             ipu_args(tmp_path, fp32=True, pad_on_batch_axis=pad), eval_dataset=data)  # fmt: skip
+        results.append(trainer.predict(data))
+    torch.testing.assert_close(results[0].metrics["test_loss"], results[1].metrics["test_loss"], atol=1e-6, rtol=1e-6)
+    for a, b in zip(results[0].predictions, results[1].predictions):
+        torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(b))
+
+
+@pytest.mark.parametrize("fp16_compute", ["emulated", "native"])
+def test_fp16_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, fp16_compute):
+    """fp16, automatic loss scaling, GA x replicas, dropout on: stop at a checkpoint, resume, same weights."""
+    data = PatternQA(64)
+
+    def model():
+        torch.manual_seed(0)
+        return BertForQuestionAnswering(tiny_bert_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+
+    def run(folder, **kwargs):
+        cfg = IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2, gradient_accumulation_steps=4, replication_factor=2,
+                        auto_loss_scaling=True)  # fmt: skip
+        args = ipu_args(tmp_path / folder, loss_scaling=256.0, fp16_compute=fp16_compute, save_strategy="steps",
+                        save_steps=2, num_train_epochs=2, **kwargs)  # fmt: skip
+        return IPUTrainer(model(), cfg, args, train_dataset=data)
+
+    full = run("full")
+    full.train()
+    resumed = run("full")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "out" / "checkpoint-2"))
+    for (name, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
+        assert torch.equal(a, b), name
+    assert full.loss_scaler.state_dict() == resumed.loss_scaler.state_dict()
+
+
+def test_fp16_trains_the_same_on_the_emulated_and_the_native_path(tmp_path):
+    losses = {}
+    for mode in ("emulated", "native"):
+        trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path / mode, fp16_compute=mode, loss_scaling=64.0,
+                             num_train_epochs=2), train_dataset=PatternQA(48))  # fmt: skip
+        trainer.train()
+        assert trainer.compile_report.precision.startswith(f"precision: fp16, matmuls {mode}")
+        losses[mode] = _train_losses(trainer)
+    assert losses["emulated"][-1] < 0.9 * losses["emulated"][0]
+    torch.testing.assert_close(losses["emulated"], losses["native"], atol=0.05, rtol=0.02)
+
+
+def test_compile_only_returns_a_result_instead_of_exiting(tmp_path):
+    trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path, compile_only=True), train_dataset=PatternQA(8))
+    result = trainer.train()
+    assert result.metrics == {"compile_only": True} and result.global_step == 0
+    assert (tmp_path / "out" / "ipu_report.json").exists()
+
+
+def test_settings_without_effect_are_named_once(tmp_path, caplog):
+    from optimum_ipu import trainer as trainer_module
+
+    trainer_module._WARNED.clear()
+    cfg = two_ipu_config(parallelize_kwargs={"use_cache": False}, projection_serialization_factor=2)
+    caplog.set_level(logging.WARNING, logger="optimum_ipu")
+    for _ in range(2):
+        IPUTrainer(tiny_qa(), cfg, ipu_args(tmp_path, dataloader_mode="async", optim="sgd"), train_dataset=PatternQA(8))
+    messages = [r.getMessage() for r in caplog.records]
+    for setting in ("dataloader_mode='async'", "parallelize_kwargs", "projection_serialization_factor=2",
+                    "enable_half_partials=True", "--optim sgd"):  # fmt: skip
+        assert sum(setting in m for m in messages) == 1, (setting, messages)

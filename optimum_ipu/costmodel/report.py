@@ -43,6 +43,7 @@ class CompileReport:
         parameters: parameters of the model.
         model_name: what the report is about (for titles).
         from_cache: the model's trace came from the executable cache (a "Loaded", not "Compiled", model).
+        precision: how this backend computes the run's fp16 ops (set by the runtime's compile step).
     """
 
     memory: MemoryReport
@@ -53,6 +54,7 @@ class CompileReport:
     parameters: int = 0
     model_name: str = ""
     from_cache: bool = False
+    precision: str = ""
 
     @property
     def estimated_samples_per_second(self) -> float:
@@ -129,6 +131,7 @@ class CompileReport:
         return {
             "model": self.model_name,
             "hardware": self.hardware.name,
+            "precision": self.precision,
             "training": w.training,
             "fp32": w.fp32,
             "ipus_per_replica": w.ipus_per_replica,

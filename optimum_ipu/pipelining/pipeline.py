@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
@@ -19,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from optimum_ipu.pipelining.plan import StagePlan, build_stage_plan
 from optimum_ipu.pipelining.serialized import SerializedEmbedding, SerializedLinear
 from optimum_ipu.pipelining.spec import CutSpec, base_model_path, generic_spec, spec_for
+from optimum_ipu.runtime.batches import move_to
 
 logger = logging.getLogger(__name__)
 
@@ -31,18 +31,6 @@ def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
     parent_path, _, name = path.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
     setattr(parent, name, module)
-
-
-def _move_to(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, tuple):
-        return tuple(_move_to(v, device) for v in value)
-    if isinstance(value, list):
-        return [_move_to(v, device) for v in value]
-    if isinstance(value, dict):
-        return {k: _move_to(v, device) for k, v in value.items()}
-    return value
 
 
 def default_ipu_devices(ipus_per_replica: int) -> list[torch.device]:
@@ -163,7 +151,7 @@ class PipelinedModel:
                 module = self.module.get_submodule(path)
                 module.to(device)
                 handle = module.register_forward_pre_hook(
-                    lambda _m, args, kwargs, d=device: (_move_to(args, d), _move_to(kwargs, d)),
+                    lambda _m, args, kwargs, d=device: (move_to(args, d), move_to(kwargs, d)),
                     with_kwargs=True,
                 )
                 self._undo.append(handle.remove)

@@ -1,4 +1,4 @@
-"""Compiling for the simulated IPU: checks, the hardware report, and the executable.
+"""Compiling for the simulated IPU: checks and the hardware report, returned as a `CompilationReport`.
 
 "Compilation" here does what a user of PopTorch relies on it for: it refuses configurations a real
 IPU system would refuse (with a message saying what to change), estimates per-IPU memory and fails
@@ -17,18 +17,38 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from optimum_ipu.runtime import checks
-from optimum_ipu.runtime.executor import batch_size_of, split_batch
+from optimum_ipu.runtime.batches import batch_size_of, split_batch
 
 logger = logging.getLogger(__name__)
 
 
+_HALF_PARTIALS = {
+    "emulated": "fp16 values, fp32 partial sums (emulated on the host's fp32 units), fp16 results",
+    "native": "torch's native fp16 kernels",
+}
+
+
 @dataclass
 class CompilationReport:
-    """The hardware report (None when `analyse_hardware=False`), compile time and IPUs attached."""
+    """What compiling produced: the hardware estimate, time taken, IPUs attached, fp16 compute mode.
+
+    Attributes:
+        report: the cost model's `CompileReport` (None when `analyse_hardware=False`).
+        seconds: compile time (excluded from the speed metrics, as PopTorch's).
+        num_ipus: IPUs attached (a power of two).
+        fp16_compute: "emulated", "native", or None for an fp32 run.
+    """
 
     report: Any
     seconds: float
     num_ipus: int
+    fp16_compute: str | None = None
+
+    def describe_precision(self) -> str:
+        """One line for the log: how fp16 matmuls are computed on this backend."""
+        if self.fp16_compute is None:
+            return "precision: fp32"
+        return f"precision: fp16, matmuls {self.fp16_compute} ({_HALF_PARTIALS[self.fp16_compute]})"
 
 
 def _first_micro_batch(batch: Mapping[str, Any], micro_batch_size: int) -> dict[str, Any]:
@@ -48,9 +68,15 @@ def _analyse(pipelined, ipu_config, micro_batch: dict, *, training: bool, hardwa
     return report
 
 
-def _log_done(report, seconds: float) -> None:
+def _finish(report, start: float, num_ipus: int, fp16_compute: str | None) -> CompilationReport:
+    result = CompilationReport(report, time.perf_counter() - start, num_ipus, fp16_compute)
     verb = "Loaded" if report is not None and report.from_cache else "Compiled"
-    logger.info("%s model in %.2f secs", verb, seconds)
+    logger.info("%s model in %.2f secs", verb, result.seconds)
+    logger.info(result.describe_precision())
+    if report is not None:
+        report.precision = result.describe_precision()
+        logger.info("\n%s", report.summary())
+    return result
 
 
 def compile_training(
@@ -64,6 +90,7 @@ def compile_training(
     fp32: bool = False,
     auto_round_num_ipus: bool = False,
     analyse_hardware: bool = True,
+    fp16_compute: str | None = None,
 ) -> CompilationReport:
     """Check and analyse `pipelined` for training under `ipu_config` (in training mode)."""
     start = time.perf_counter()
@@ -79,11 +106,7 @@ def compile_training(
                 pipelined, ipu_config, micro_batch, training=True, hardware=hardware, optimizer=optimizer_name, fp32=fp32
             )
         bar.update()
-    seconds = time.perf_counter() - start
-    _log_done(report, seconds)
-    if report is not None:
-        logger.info("\n%s", report.summary())
-    return CompilationReport(report, seconds, num_ipus)
+    return _finish(report, start, num_ipus, fp16_compute)
 
 
 def compile_inference(
@@ -91,27 +114,21 @@ def compile_inference(
     ipu_config,
     *,
     sample_batch: Mapping[str, Any],
+    micro_batch_size: int,
     hardware: str = "mk2",
     fp32: bool = False,
-    pipelined_execution: bool = False,
     auto_round_num_ipus: bool = False,
     analyse_hardware: bool = True,
+    fp16_compute: str | None = None,
 ) -> CompilationReport:
-    """Check and analyse `pipelined` for inference under `ipu_config` (in inference mode)."""
+    """Check and analyse `pipelined` for sharded inference under `ipu_config` (in inference mode)."""
     start = time.perf_counter()
     logger.info("Compiling Model...")
-    if pipelined_execution:
-        checks.check_pipelined_inference(ipu_config.device_iterations, ipu_config.ipus_per_replica)
     num_ipus = checks.check_num_ipus(ipu_config.ipus_per_replica, ipu_config.replication_factor, auto_round_num_ipus)
     report = None
     if analyse_hardware:
-        per_call = ipu_config.device_iterations * ipu_config.replication_factor
-        micro_batch = _first_micro_batch(sample_batch, max(batch_size_of(sample_batch) // per_call, 1))
+        micro_batch = _first_micro_batch(sample_batch, micro_batch_size)
         report = _analyse(
             pipelined, ipu_config, micro_batch, training=False, hardware=hardware, optimizer="adamw", fp32=fp32
         )
-    seconds = time.perf_counter() - start
-    _log_done(report, seconds)
-    if report is not None:
-        logger.info("\n%s", report.summary())
-    return CompilationReport(report, seconds, num_ipus)
+    return _finish(report, start, num_ipus, fp16_compute)

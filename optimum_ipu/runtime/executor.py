@@ -1,17 +1,21 @@
 """Executables: what one host call does on the simulated IPU system.
 
 A training call consumes one *combined batch* of micro_batch x GA x replicas x device_iterations
-samples, laid out as [device iteration][replica][accumulation step][micro-batch]. Every replica
-runs its GA micro-batches through the pipeline (the pipeline's micro-batches *are* the accumulation
-micro-batches); gradients are reduced over accumulation steps and replicas (a mean by default, as
-PopTorch's `accumulationAndReplicationReductionType`), unscaled, checked for overflow, and the
-optimizer steps once per device iteration. The last device iteration's update is left to the
-caller (IPUTrainer), so the trainer's gradient clipping, optimizer step and LR schedule run as in
-transformers; within one call every update uses the same learning rate, as on the IPU.
+samples, laid out as [device iteration][replica][accumulation step][micro-batch]. For every device
+iteration, each replica runs its GA micro-batches through the pipeline (the pipeline's micro-batches
+*are* the accumulation micro-batches) with the loss scaled by S, in its own random stream; the
+gradients are summed in fp32, reduced over replicas, divided by S x replicas x GA (PopTorch's mean
+reduction) in fp32, checked for overflow, clipped by their global norm, and the optimizer steps.
+Every update of the call uses the same learning rate, as within one PopTorch call; the executable
+leaves no gradient behind, so the Trainer's own clip and step that follow find nothing to do and
+only its LR schedule advances.
 
-Replicas are simulated in one process, one after another on the same weights: the math is that of
-r data-parallel copies followed by an all-reduce. Inference runs sharded: one forward over the
-whole batch, the stages one after another, no accumulation.
+Replicas run in this process one after another on the same weights (`LocalReplicas`), or a slice
+of them per process with `torch.distributed` (see `distributed.py`): the math is the same.
+
+Inference runs sharded, as the IPU does: for every device iteration and replica, one micro-batch
+through the stages one after another; outputs are put back together, and the loss of an evaluation
+batch counts real samples only (padding repeated by `pad_on_batch_axis` is left out).
 """
 
 from __future__ import annotations
@@ -22,48 +26,29 @@ from typing import Any
 import torch
 from torch import nn
 
+from optimum_ipu.runtime.batches import batch_size_of, cast_floating, concatenate, slice_batch, split_batch
 from optimum_ipu.runtime.checks import micro_batch_size_of
-from optimum_ipu.runtime.precision import LossScaler
+from optimum_ipu.runtime.fp16_compute import fp16_compute_context
+from optimum_ipu.runtime.gradients import GradientAccumulator, clip_
+from optimum_ipu.runtime.loss_scaling import LossScaler
+from optimum_ipu.runtime.replicas import LocalReplicas, ReplicaStreams
 
 OUTPUT_MODES = ("final", "all", "sum", "default")
 
 
-def cast_floating(batch: Mapping[str, Any], dtype: torch.dtype) -> dict[str, Any]:
-    """Cast floating tensors (pixel values, float labels) to the model's dtype; leave ids alone."""
-    return {
-        k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != dtype else v
-        for k, v in batch.items()
-    }
-
-
-def split_batch(batch: Mapping[str, Any], parts: int) -> list[dict[str, Any]]:
-    """Split every tensor of `batch` into `parts` equal chunks along dim 0 (other values are shared)."""
-    chunks: list[dict[str, Any]] = [{} for _ in range(parts)]
-    for key, value in batch.items():
-        pieces = value.chunk(parts, dim=0) if isinstance(value, torch.Tensor) and value.dim() > 0 else [value] * parts
-        for chunk, piece in zip(chunks, pieces):
-            chunk[key] = piece
-    return chunks
-
-
-def batch_size_of(batch: Mapping[str, Any]) -> int:
-    for value in batch.values():
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            return value.shape[0]
-    raise ValueError(f"the batch has no tensor with a batch dimension (keys: {sorted(batch)}).")
-
-
 class TrainingExecutable:
-    """One host call = one combined batch: forward, backward, reductions and all but the last update.
+    """One host call = one combined batch: forward, backward, reductions and every weight update.
 
     Args:
         model: the (parallelized) model.
         ipu_config: its `IPUConfig` in training mode.
         loss_fn: micro-batch -> scalar loss (IPUTrainer passes its `compute_loss`).
-        optimizer: stepped for every device iteration but the last.
+        optimizer: stepped once per device iteration (an IPU optimizer when weights are fp16).
         loss_scaler: the `LossScaler` (static or automatic).
-        max_grad_norm: clip gradients before the inner updates (0 disables), as the trainer does.
-        reduction: "mean" or "sum" over accumulation steps and replicas.
+        streams: one random stream per replica (dropout differs between replicas).
+        max_grad_norm: clip the global gradient norm before each update (0 disables).
+        fp16_compute: "emulated" (fp32 partials) or "native" fp16 kernels.
+        replicas: which replicas run here and how they reduce (`LocalReplicas` by default).
     """
 
     def __init__(
@@ -73,25 +58,30 @@ class TrainingExecutable:
         loss_fn: Callable[[dict[str, Any]], torch.Tensor],
         optimizer: torch.optim.Optimizer,
         loss_scaler: LossScaler,
+        streams: ReplicaStreams,
+        *,
         max_grad_norm: float = 0.0,
-        reduction: str = "mean",
+        fp16_compute: str = "emulated",
+        replicas=None,
     ):
-        if reduction not in ("mean", "sum"):
-            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
         if ipu_config.output_mode not in OUTPUT_MODES:
             raise ValueError(f"output_mode must be one of {OUTPUT_MODES}, got {ipu_config.output_mode!r}.")
         self.model = model
         self.loss_fn = loss_fn
-        self.optimizer = optimizer
+        self.optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper -> the optimizer
         self.loss_scaler = loss_scaler
+        self.streams = streams
         self.max_grad_norm = max_grad_norm
-        self.reduction = reduction
+        self.fp16_compute = fp16_compute
+        self.replicas = replicas or LocalReplicas()
         self.device_iterations = ipu_config.device_iterations
         self.replication_factor = ipu_config.replication_factor
         self.gradient_accumulation_steps = ipu_config.gradient_accumulation_steps
         self.output_mode = ipu_config.output_mode
         self.dtype = next(model.parameters()).dtype
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.gradients = GradientAccumulator([p for p in model.parameters() if p.requires_grad])
+        self.last_losses = torch.empty(0)
+        self.last_grad_norm: float | None = None
         self.last_update_applied = True
 
     def _losses_to_return(self, losses: torch.Tensor) -> torch.Tensor:
@@ -106,36 +96,96 @@ class TrainingExecutable:
         di, replicas, ga = self.device_iterations, self.replication_factor, self.gradient_accumulation_steps
         micro_batch_size_of(batch_size_of(batch), di, replicas, ga)  # raises "Invalid batch dimension"
         micro_batches = split_batch(cast_floating(batch, self.dtype), di * replicas * ga)
-        divisor = replicas * ga if self.reduction == "mean" else 1
-        losses = torch.empty(di, replicas, ga)
+        losses = torch.full((di, replicas, ga), float("nan"))
 
         self.model.train()
         for d in range(di):
-            scale = self.loss_scaler.scale
-            for r in range(replicas):
-                for g in range(ga):
-                    loss = self.loss_fn(micro_batches[(d * replicas + r) * ga + g])
-                    (loss.float() * (scale / divisor)).backward()
-                    losses[d, r, g] = loss.detach().float()
-            self.last_update_applied = self.loss_scaler.unscale_and_check(self.params)
-            if d < di - 1:
-                if self.last_update_applied:
-                    if self.max_grad_norm and self.max_grad_norm > 0:
-                        torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-                    self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+            with self.gradients.collecting(), fp16_compute_context(self.fp16_compute):
+                for r in self.replicas.local_replicas(replicas):
+                    with self.streams.use(r):
+                        for g in range(ga):
+                            loss = self.loss_fn(micro_batches[(d * replicas + r) * ga + g])
+                            self.loss_scaler.scale_loss(loss).backward()
+                            losses[d, r, g] = loss.detach().float()
+            self._update(replicas * ga)
         self.last_losses = losses
         return self._losses_to_return(losses)
 
+    def _update(self, micro_batches: int) -> None:
+        """Reduce, unscale, check, clip and apply one update; leave no gradient behind."""
+        pairs = self.gradients.gradients()
+        params, grads = (list(t) for t in zip(*pairs)) if pairs else ([], [])
+        self.replicas.sum_(grads)
+        norm = self.loss_scaler.unscale_(grads, micro_batches, self.replicas)
+        self.last_update_applied = norm is not None
+        if norm is not None:
+            self.last_grad_norm = norm
+            clip_(grads, self.max_grad_norm, torch.tensor(norm))
+            fp32_gradients = {p: g for p, g in zip(params, grads) if p.dtype != g.dtype}
+            if fp32_gradients:
+                self.optimizer.step(gradients=fp32_gradients)
+            else:
+                self.optimizer.step()
+        self.gradients.clear()
+
 
 class InferenceExecutable:
-    """Sharded inference: the whole (possibly short) batch through the stages, without gradients."""
+    """Sharded inference: micro-batches per device iteration and replica, through the stages in turn.
 
-    def __init__(self, model: nn.Module):
+    Args:
+        model: the (parallelized) model, in inference mode.
+        micro_batch_size: samples per micro-batch (`per_device_eval_batch_size`).
+        fp16_compute: "emulated" or "native", for an fp16 model.
+    """
+
+    def __init__(self, model: nn.Module, micro_batch_size: int, fp16_compute: str = "emulated"):
         self.model = model
+        self.micro_batch_size = micro_batch_size
+        self.fp16_compute = fp16_compute
         self.dtype = next(model.parameters()).dtype
 
     @torch.no_grad()
-    def __call__(self, batch: Mapping[str, Any]):
+    def __call__(self, batch: Mapping[str, Any], real_samples: int | None = None):
+        """Run `batch` (a whole inference call, possibly padded) and return the model's combined output.
+
+        Args:
+            batch: micro-batch x inference replicas x inference device iterations samples (fewer
+                for a short last batch that is not padded).
+            real_samples: how many leading samples are real; the rest repeat earlier ones
+                (`pad_on_batch_axis`) and are left out of the returned loss.
+        """
         self.model.eval()
-        return self.model(**cast_floating(batch, self.dtype))
+        batch = cast_floating(batch, self.dtype)
+        size = batch_size_of(batch)
+        real = size if real_samples is None else real_samples
+        starts = range(0, size, self.micro_batch_size)
+        outputs, sizes, loss_parts = [], [], []
+        with fp16_compute_context(self.fp16_compute):
+            for start in starts:  # [device iteration][replica] order: micro-batches in turn
+                stop = min(start + self.micro_batch_size, size)
+                micro = slice_batch(batch, start, stop)
+                out = self.model(**micro)
+                outputs.append(out)
+                sizes.append(stop - start)
+                real_rows = max(0, min(stop, real) - start)
+                loss = out.get("loss") if isinstance(out, Mapping) else None
+                if loss is not None and real_rows:
+                    if real_rows < stop - start:  # the IPU ran padding here: its loss comes from real rows only
+                        loss = self.model(**slice_batch(micro, 0, real_rows))["loss"]
+                    loss_parts.append((loss.detach().float(), real_rows))
+        return _combine(outputs, sizes, loss_parts)
+
+
+def _combine(outputs: list, sizes: list[int], loss_parts: list[tuple[torch.Tensor, int]]):
+    """Concatenate micro-batch outputs; the loss is the sample-weighted mean over real samples."""
+    first = outputs[0]
+    if not isinstance(first, Mapping):
+        return concatenate(outputs, sizes)
+    combined = {key: concatenate([o[key] for o in outputs], sizes) for key in first if key != "loss"}
+    if loss_parts:
+        total = sum(n for _, n in loss_parts)
+        combined["loss"] = sum(loss * n for loss, n in loss_parts) / total
+    try:
+        return type(first)(**combined)  # the model's own ModelOutput class
+    except TypeError:
+        return combined

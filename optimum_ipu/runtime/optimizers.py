@@ -6,30 +6,91 @@ to fp16 with stochastic rounding. These classes do the same on the host. On fp32
 AdamW update is the standard decoupled-weight-decay rule (Loshchilov & Hutter), and LAMB is the
 layer-wise trust-ratio rule of You et al. (2019).
 
-Parameters with `grad is None` are skipped entirely, which is how a loss-scaling overflow skips an
-update.
+`step(gradients=...)` takes fp32 gradients for fp16 parameters (the executable's fp32 reduction:
+an fp16 `.grad` would flush small values to zero); a parameter with neither is skipped, which is
+how a loss-scaling overflow skips an update. Stochastic rounding draws from the optimizer's own
+generator, seeded once and saved with its state: the update is the same on every replica (the
+IPU's identical-seeds rule) and a resumed run rounds as the uninterrupted one would.
+
+Loading a state dict keeps every tensor in the dtype it was saved in: torch's
+`Optimizer.load_state_dict` casts state to the parameter's dtype, which would turn the fp32 moments
+of fp16 weights into fp16 and flush most of `exp_avg_sq` to zero.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 from torch.optim.adamw import adamw
 
-from optimum_ipu.runtime.precision import write_back
+from optimum_ipu.runtime.rounding import write_back
 
 
-class _IPUOptimizer(torch.optim.Optimizer):
-    """Shared state handling: fp32 working copies, accumulator dtype, write-back rounding."""
+class IPUOptimizer(torch.optim.Optimizer):
+    """Shared handling: fp32 gradients and working copies, accumulator dtype, write-back rounding."""
 
-    def __init__(self, params, defaults: dict):
+    def __init__(self, params, defaults: dict, seed: int = 0):
         if defaults["lr"] < 0:
             raise ValueError(f"Invalid learning rate: {defaults['lr']}")
         beta1, beta2 = defaults["betas"]
         if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
             raise ValueError(f"Invalid betas {defaults['betas']}: each must be in [0, 1).")
         super().__init__(params, defaults)
+        self.rounding_seed = int(seed)
+        self._rounding: dict[str, torch.Generator] = {}
+        self._gradients: dict[torch.Tensor, torch.Tensor] = {}
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        """The stochastic-rounding generator of `device` (one per device, created on first use)."""
+        key = str(device)
+        if key not in self._rounding:
+            self._rounding[key] = torch.Generator(device=device).manual_seed(self.rounding_seed)
+        return self._rounding[key]
+
+    def _grad(self, p: torch.Tensor) -> torch.Tensor | None:
+        """`p`'s fp32 gradient for this step: the one handed to `step()`, else `p.grad`."""
+        grad = self._gradients.get(p)
+        if grad is None and p.grad is not None:
+            grad = p.grad.float()
+        return grad
+
+    @contextlib.contextmanager
+    def _with_gradients(self, gradients) -> Iterator[None]:
+        """Within this context `_grad` reads the fp32 `gradients` (a mapping parameter -> tensor)."""
+        self._gradients = dict(gradients or {})
+        try:
+            yield
+        finally:
+            self._gradients = {}
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["stochastic_rounding"] = {
+            "seed": self.rounding_seed,
+            "generators": {device: g.get_state() for device, g in self._rounding.items()},
+        }
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        rounding = state_dict.pop("stochastic_rounding", None)
+        saved = {index: dict(values) for index, values in state_dict.get("state", {}).items()}
+        super().load_state_dict(state_dict)
+        # Undo torch's cast of the state to the parameters' dtype: keep each tensor as it was saved.
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, values in saved.items():
+            p = params[int(index)]
+            for key, value in values.items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    self.state[p][key] = value.to(p.device)
+        if rounding is not None:
+            self.rounding_seed = int(rounding["seed"])
+            self._rounding = {}
+            for device, generator_state in rounding["generators"].items():
+                self._generator(torch.device(device)).set_state(generator_state)
 
     def _state(self, p: torch.Tensor, accum_dtype: torch.dtype) -> dict:
         """`p`'s step count and two moments (in `accum_dtype`), created on its first update."""
@@ -54,7 +115,7 @@ class _IPUOptimizer(torch.optim.Optimizer):
         return m, v
 
 
-class AdamW(_IPUOptimizer):
+class AdamW(IPUOptimizer):
     """AdamW with fp32 math on fp16 (or fp32) parameters.
 
     Args:
@@ -75,25 +136,28 @@ class AdamW(_IPUOptimizer):
         bias_correction: bool = True,
         accum_type: torch.dtype = torch.float32,
         stochastic_rounding: bool = True,
+        seed: int = 0,
     ):
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
             accum_type=accum_type, stochastic_rounding=stochastic_rounding,
         )  # fmt: skip
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, seed)
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, gradients=None):
+        """One update; `gradients` maps fp16 parameters to their fp32 gradients (see module doc)."""
         loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            if group["bias_correction"]:
-                self._fused_step(group, params)
-            else:
-                for p in params:
-                    self._step_one(group, p)
+        with self._with_gradients(gradients):
+            for group in self.param_groups:
+                params = [p for p in group["params"] if p.grad is not None or p in self._gradients]
+                if not params:
+                    continue
+                if group["bias_correction"]:
+                    self._fused_step(group, params)
+                else:
+                    for p in params:
+                        self._step_one(group, p)
         return loss
 
     def _fused_step(self, group: dict, params: list[torch.Tensor]) -> None:
@@ -107,7 +171,7 @@ class AdamW(_IPUOptimizer):
         for p in params:
             state = self._state(p, group["accum_type"])
             weights.append(p.float())  # p itself when p is fp32: updated in place
-            grads.append(p.grad.float())
+            grads.append(self._grad(p))
             exp_avgs.append(state["exp_avg"].float())
             exp_avg_sqs.append(state["exp_avg_sq"].float())
             steps.append(state["step"])
@@ -122,12 +186,12 @@ class AdamW(_IPUOptimizer):
                 state["exp_avg"].copy_(m)
                 state["exp_avg_sq"].copy_(v)
             if weight is not p:
-                write_back(p, weight, group["stochastic_rounding"])
+                write_back(p, weight, group["stochastic_rounding"], self._generator(p.device))
 
     def _step_one(self, group: dict, p: torch.Tensor) -> None:
         """One tensor, written out: the reference rule (and the only one without bias correction)."""
         beta1, beta2 = group["betas"]
-        grad = p.grad.float()
+        grad = self._grad(p)
         exp_avg, exp_avg_sq, step = self._moments(p, group["accum_type"])
         m, v = self._update_moments(exp_avg, exp_avg_sq, grad, beta1, beta2)
         c1 = 1 - beta1**step if group["bias_correction"] else 1.0
@@ -136,10 +200,10 @@ class AdamW(_IPUOptimizer):
         weight.mul_(1 - group["lr"] * group["weight_decay"])
         denom = (v.sqrt() / math.sqrt(c2)).add_(group["eps"])
         weight.addcdiv_(m, denom, value=-group["lr"] / c1)
-        write_back(p, weight, group["stochastic_rounding"])
+        write_back(p, weight, group["stochastic_rounding"], self._generator(p.device))
 
 
-class LAMB(_IPUOptimizer):
+class LAMB(IPUOptimizer):
     """LAMB: Adam's direction scaled per tensor by the trust ratio ||w|| / ||update||.
 
     Args:
@@ -160,22 +224,29 @@ class LAMB(_IPUOptimizer):
         max_weight_norm: float | None = None,
         accum_type: torch.dtype = torch.float32,
         stochastic_rounding: bool = True,
+        seed: int = 0,
     ):
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
             max_weight_norm=max_weight_norm, accum_type=accum_type, stochastic_rounding=stochastic_rounding,
         )  # fmt: skip
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, seed)
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, gradients=None):
+        """One update; `gradients` maps fp16 parameters to their fp32 gradients (see module doc)."""
         loss = closure() if closure is not None else None
+        with self._with_gradients(gradients):
+            self._lamb_step()
+        return loss
+
+    def _lamb_step(self) -> None:
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
-                if p.grad is None:
+                grad = self._grad(p)
+                if grad is None:
                     continue
-                grad = p.grad.float()
                 exp_avg, exp_avg_sq, step = self._moments(p, group["accum_type"])
                 m, v = self._update_moments(exp_avg, exp_avg_sq, grad, beta1, beta2)
                 if group["bias_correction"]:
@@ -189,5 +260,4 @@ class LAMB(_IPUOptimizer):
                 u_norm = update.norm()
                 trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
                 weight.sub_(update * (group["lr"] * trust))
-                write_back(p, weight, group["stochastic_rounding"])
-        return loss
+                write_back(p, weight, group["stochastic_rounding"], self._generator(p.device))

@@ -1,8 +1,7 @@
-"""The host call's batch arithmetic must equal plain PyTorch on the whole batch."""
+"""The host call: batch arithmetic equals plain PyTorch; fp16 loss scaling loses no gradient; replicas differ."""
 
 from __future__ import annotations
 
-import copy
 from types import SimpleNamespace
 
 import pytest
@@ -11,8 +10,11 @@ from fixtures import tiny_bert_config
 from transformers import BertForSequenceClassification
 
 from optimum_ipu.runtime import checks
-from optimum_ipu.runtime.executor import TrainingExecutable, split_batch
-from optimum_ipu.runtime.precision import LossScaler
+from optimum_ipu.runtime.batches import split_batch
+from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
+from optimum_ipu.runtime.loss_scaling import LossScaler
+from optimum_ipu.runtime.optimizers import AdamW
+from optimum_ipu.runtime.replicas import ReplicaStreams
 
 
 def cfg(ga=1, replicas=1, di=1, output_mode="final"):
@@ -30,61 +32,59 @@ def batch(n, seed=0, seq=10):
     }
 
 
-def model():
+def model(**config):
     torch.manual_seed(0)
-    return BertForSequenceClassification(tiny_bert_config())
+    return BertForSequenceClassification(tiny_bert_config(**config))
 
 
-def executable(m, config, lr=0.0, loss_scaling=1.0, auto=False, max_grad_norm=0.0):
+def executable(m, config, lr=0.0, loss_scaling=1.0, auto=False, max_grad_norm=0.0, optimizer=None, seed=0):
+    opt = optimizer or torch.optim.SGD(m.parameters(), lr=lr)
+    return TrainingExecutable(
+        m, config, lambda mb: m(**mb).loss, opt, LossScaler(loss_scaling, auto=auto),
+        ReplicaStreams(seed, config.replication_factor), max_grad_norm=max_grad_norm,
+    )  # fmt: skip
+
+
+def sgd_step(m, data, lr):
     opt = torch.optim.SGD(m.parameters(), lr=lr)
-    scaler = LossScaler(opt, initial_scale=loss_scaling, auto=auto)
-    return TrainingExecutable(m, config, lambda mb: m(**mb).loss, opt, scaler, max_grad_norm=max_grad_norm)
-
-
-def plain_grads(m, data):
     m.zero_grad()
     m(**data).loss.backward()
-    return {n: p.grad.clone() for n, p in m.named_parameters()}
+    opt.step()
 
 
-def grads(m):
-    return {n: p.grad.clone() for n, p in m.named_parameters()}
+def assert_same_weights(a, b, atol=1e-6):
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        torch.testing.assert_close(p, q, atol=atol, rtol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("ga,replicas", [(4, 1), (1, 4), (2, 3)])
 def test_accumulation_and_replicas_equal_one_big_batch(ga, replicas):
-    reference = model()
+    reference, m = model(), model()
     data = batch(2 * ga * replicas)
-    expected = plain_grads(reference, data)
-    m = copy.deepcopy(reference)
-    m.zero_grad()
-    executable(m, cfg(ga=ga, replicas=replicas))(data)
-    for name, grad in grads(m).items():
-        torch.testing.assert_close(grad, expected[name], atol=1e-6, rtol=1e-4, msg=name)
+    sgd_step(reference, data, lr=0.5)
+    exe = executable(m, cfg(ga=ga, replicas=replicas), lr=0.5)
+    exe(data)
+    assert all(p.grad is None for p in m.parameters())  # the executable leaves nothing for the Trainer's step
+    assert_same_weights(reference, m)
 
 
-def test_device_iterations_step_the_optimizer_once_each():
-    """DI=2 at combined 8 == two SGD steps on consecutive halves (the second left for the trainer)."""
+def test_device_iterations_step_once_each_with_the_clip_inside_the_call():
+    """DI=2 at combined 8 == two clipped SGD steps on consecutive halves."""
     reference, m = model(), model()
     data = batch(8)
-    first, second = split_batch(data, 2)
     opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    reference.zero_grad()
-    reference(**first).loss.backward()
-    opt.step()
-    expected = plain_grads(reference, second)
-
-    exe = executable(m, cfg(ga=2, di=2), lr=0.1)
-    m.zero_grad()
-    exe(data)
-    for name, grad in grads(m).items():
-        torch.testing.assert_close(grad, expected[name], atol=1e-6, rtol=1e-4, msg=name)
+    for half in split_batch(data, 2):
+        reference.zero_grad()
+        reference(**half).loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05)
+        opt.step()
+    executable(m, cfg(ga=2, di=2), lr=0.1, max_grad_norm=0.05)(data)
+    assert_same_weights(reference, m)
 
 
 def test_output_modes_shape_the_returned_losses():
     data = batch(12)
-    m = model()
-    all_losses = executable(m, cfg(ga=3, replicas=2, di=2, output_mode="all"))(data)
+    all_losses = executable(model(), cfg(ga=3, replicas=2, di=2, output_mode="all"))(data)
     assert all_losses.shape == (2, 2, 3)
     final = executable(model(), cfg(ga=3, replicas=2, di=2, output_mode="final"))(data)
     torch.testing.assert_close(final, all_losses[:, :, -1])
@@ -97,45 +97,111 @@ def test_static_loss_scaling_in_fp32_leaves_the_update_unchanged():
     plain, scaled = model(), model()
     executable(plain, cfg(ga=4), lr=0.5)(data)
     executable(scaled, cfg(ga=4), lr=0.5, loss_scaling=64)(data)
-    for (name, a), (_, b) in zip(plain.named_parameters(), scaled.named_parameters()):
-        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5, msg=name)
+    assert_same_weights(plain, scaled)
 
 
-def test_automatic_loss_scaling_backs_off_skips_and_recovers():
+@pytest.mark.parametrize("ga,replicas", [(1, 1), (4, 2), (16, 4)])
+def test_backward_runs_at_the_full_loss_scale_whatever_ga_and_replicas(ga, replicas):
+    """Each micro-batch's backward sees S x its gradient (the IPU scales every micro-batch by S)."""
+    m = model()
+    seen = []
+    m.classifier.weight.register_hook(lambda grad: seen.append(grad.detach().clone()))
+    data = batch(ga * replicas)
+    executable(m, cfg(ga=ga, replicas=replicas), loss_scaling=64.0)(data)
+    reference = model()
+    reference(**split_batch(data, ga * replicas)[0]).loss.backward()
+    torch.testing.assert_close(seen[0], 64.0 * reference.classifier.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+class _Spy(AdamW):
+    """AdamW that records the gradients it is handed."""
+
+    def step(self, closure=None, gradients=None):
+        self.received = {p: g.clone() for p, g in (gradients or {}).items()}
+        return super().step(closure, gradients)
+
+
+def test_fp16_with_loss_scaling_loses_no_representable_gradient():
+    """GA 16 x 4 replicas, S = 64: gradients reach the optimizer unscaled in fp32, not flushed in fp16."""
+    data = batch(64, seq=8)
+    reference = model().double()
+    reference(**data).loss.backward()
+    truth = {n: p.grad for n, p in reference.named_parameters()}
+
+    m = model().half()
+    spy = _Spy(m.parameters(), lr=0.0, weight_decay=0.0)
+    executable(m, cfg(ga=16, replicas=4), loss_scaling=64.0, optimizer=spy)(data)
+    received = {n: spy.received[p] for n, p in m.named_parameters()}
+    nonzero = torch.cat([(truth[n] != 0).flatten() for n in truth])
+    lost = torch.cat([((truth[n] != 0) & (received[n] == 0)).flatten() for n in truth])
+    assert lost.sum() / nonzero.sum() < 1e-3, (int(lost.sum()), int(nonzero.sum()))
+    assert all(g.dtype == torch.float32 for g in received.values())
+
+
+@pytest.mark.parametrize("scale,trains", [(1.0, False), (1024.0, True)])
+def test_a_loss_whose_gradients_underflow_fp16_trains_only_with_a_loss_scale(scale, trains):
+    m = model().half()
+    before = [p.detach().clone() for p in m.parameters()]
+    opt = AdamW(m.parameters(), lr=1e-2, weight_decay=0.0, stochastic_rounding=False)
+    exe = executable(m, cfg(ga=2), loss_scaling=scale, optimizer=opt)
+    exe.loss_fn = lambda mb: m(**mb).loss * 1e-4  # most true gradients fall below fp16's subnormals
+    exe(batch(4))
+    changed = sum(int((p != b).sum()) for p, b in zip(m.parameters(), before))
+    total = sum(p.numel() for p in m.parameters())
+    assert (changed / total > 0.5) is trains and (changed / total < 0.05) is not trains, changed / total
+
+
+def test_an_overflow_skips_the_update_and_automatic_scaling_backs_off_then_grows():
     m = model().half()
     before = {n: p.detach().clone() for n, p in m.named_parameters()}
-    exe = executable(m, cfg(ga=2), lr=1e-3, loss_scaling=2.0**15, auto=True)
-    exe.loss_scaler.growth_interval = 2
-
-    # Inject an overflow: a huge loss multiplier makes the fp16 gradients infinite.
-    exe.loss_fn = lambda mb: m(**mb).loss * 6e4
+    opt = AdamW(m.parameters(), lr=1e-3)
+    exe = executable(m, cfg(ga=2), loss_scaling=2.0**14, auto=True, optimizer=opt)
+    exe.loss_fn = lambda mb: m(**mb).loss * 6e4  # fp16 gradients overflow
     exe(batch(4))
-    assert not exe.last_update_applied
-    assert all(p.grad is None for p in m.parameters())  # nothing for the optimizer to apply
-    assert exe.loss_scaler.scale == 2.0**14
-    exe.optimizer.step()
+    assert not exe.last_update_applied and exe.loss_scaler.skipped_updates == 1
+    assert exe.loss_scaler.scale == 2.0**13
     for name, p in m.named_parameters():
         assert torch.equal(p, before[name]), name
+    assert not opt.state  # no moment was touched
 
     exe.loss_fn = lambda mb: m(**mb).loss
-    for step in range(2):
-        exe.optimizer.zero_grad(set_to_none=True)
-        exe(batch(4, seed=step))
-        assert exe.last_update_applied
-        exe.optimizer.step()
-    assert exe.loss_scaler.scale == 2.0**15  # grew back after `growth_interval` clean updates
+    exe(batch(4, seed=1))
+    assert exe.last_update_applied and exe.loss_scaler.scale == 2.0**14  # head-room: doubled
     assert all(torch.isfinite(p).all() for p in m.parameters())
 
 
-def test_loss_scale_state_travels_with_the_optimizer_state_dict():
-    m = model()
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    LossScaler(opt, initial_scale=512, auto=True)._set(256.0, 7)
-    restored = torch.optim.SGD(m.parameters(), lr=0.1)
-    restored.load_state_dict(opt.state_dict())
-    scaler = LossScaler(restored, initial_scale=512, auto=True)
-    assert scaler.scale == 256.0
-    assert restored.param_groups[0]["loss_scaling_clean_steps"] == 7
+def test_automatic_scaling_halves_when_gradients_crowd_the_top_of_fp16():
+    scaler = LossScaler(1024.0, auto=True)
+    near_top = [torch.full((10,), 0.5 * 65504 * 4)]  # sums over 4 micro-batches: a mean at half of fp16 max
+    assert scaler.unscale_(near_top, micro_batches=4) is not None
+    assert scaler.scale == 512.0
+    small = [torch.full((10,), 1.0)]
+    scaler.unscale_(small, micro_batches=4)
+    assert scaler.scale == 1024.0
+
+
+def test_replicas_draw_different_dropout_masks_and_repeat_run_to_run():
+    def run(replicas, ga, seed=0):
+        m = model(hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)
+        return executable(m, cfg(ga=ga, replicas=replicas, output_mode="all"), seed=seed)(batch(8)).flatten()
+
+    two_replicas = run(2, 4)
+    assert torch.equal(two_replicas, run(2, 4))  # reproducible
+    assert not torch.equal(two_replicas, run(1, 8))  # not a longer accumulation of one replica
+    assert not torch.equal(two_replicas, run(2, 4, seed=1))
+
+
+def test_sharded_inference_runs_micro_batches_and_leaves_padding_out_of_the_loss():
+    m = model().eval()
+    data = batch(6)
+    with torch.no_grad():
+        expected = m(**data)
+    padded = {k: torch.cat([v, v[:2]]) for k, v in data.items()}  # 6 real + 2 repeated samples
+    out = InferenceExecutable(m, micro_batch_size=2, fp16_compute="native")(padded, real_samples=6)
+    torch.testing.assert_close(out.logits[:6], expected.logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out.loss, expected.loss, atol=1e-5, rtol=1e-4)
+    partial = InferenceExecutable(m, micro_batch_size=4, fp16_compute="native")(padded, real_samples=6)
+    torch.testing.assert_close(partial.loss, expected.loss, atol=1e-5, rtol=1e-4)
 
 
 def test_invalid_batch_dimension():
@@ -157,3 +223,4 @@ def test_compile_time_checks_name_the_rule_and_the_fix():
     with pytest.raises(checks.IPUCompilationError, match="at most 64"):
         checks.check_num_ipus(8, 16)
     assert checks.check_num_ipus(4, 4) == 16
+

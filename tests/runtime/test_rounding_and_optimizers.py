@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from optimum_ipu.runtime.optimizers import LAMB, AdamW
-from optimum_ipu.runtime.precision import stochastic_round_to_half
+from optimum_ipu.runtime.rounding import stochastic_round_to_half
 
 
 def test_stochastic_rounding_is_unbiased_where_nearest_rounding_loses_the_update():
@@ -98,3 +98,51 @@ def test_fused_adamw_equals_the_written_out_rule_on_fp16_weights(accum_type):
         assert opt_fused.state[a]["exp_avg"].dtype == accum_type
         torch.testing.assert_close(opt_fused.state[a]["exp_avg_sq"], opt_reference.state[b]["exp_avg_sq"])
     assert int(opt_fused.state[fused[0]]["step"]) == 10
+
+
+def _reference_lamb(w, grads, lr, betas, eps, weight_decay):
+    """LAMB written out from You et al. (2019), Algorithm 2, in float64."""
+    w = w.double().clone()
+    m = torch.zeros_like(w)
+    v = torch.zeros_like(w)
+    for t, g in enumerate(grads, start=1):
+        g = g.double()
+        m = betas[0] * m + (1 - betas[0]) * g
+        v = betas[1] * v + (1 - betas[1]) * g * g
+        m_hat, v_hat = m / (1 - betas[0] ** t), v / (1 - betas[1] ** t)
+        r = m_hat / (v_hat.sqrt() + eps)
+        update = r + weight_decay * w
+        trust = w.norm() / update.norm()
+        w = w - lr * trust * update
+    return w
+
+
+def test_lamb_equals_the_written_out_rule_in_fp32():
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(32))
+    start = w.detach().clone()
+    grads = [torch.randn(32) for _ in range(5)]
+    opt = LAMB([w], lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, stochastic_rounding=False)
+    for g in grads:
+        w.grad = g.clone()
+        opt.step()
+    expected = _reference_lamb(start, grads, 1e-2, (0.9, 0.999), 1e-6, 0.01)
+    torch.testing.assert_close(w.detach().double(), expected, atol=1e-6, rtol=0)
+
+
+def test_fp16_weights_keep_fp32_moments_and_rounding_stream_across_a_state_dict_round_trip():
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(1000).half())
+    opt = AdamW([w], lr=1e-3, seed=3)
+    grad = {w: torch.randn(1000) * 1e-4}  # exp_avg_sq ~1e-8: flushed to zero if cast to fp16
+    opt.step(gradients=grad)
+    saved = opt.state_dict()
+
+    clone = torch.nn.Parameter(w.detach().clone())
+    restored = AdamW([clone], lr=1e-3, seed=99)
+    restored.load_state_dict(saved)
+    assert restored.state[clone]["exp_avg_sq"].dtype == torch.float32
+    assert torch.equal(restored.state[clone]["exp_avg_sq"], opt.state[w]["exp_avg_sq"])
+    opt.step(gradients=grad)
+    restored.step(gradients={clone: grad[w]})
+    assert torch.equal(w, clone)  # same moments and the same stochastic-rounding draws

@@ -1,0 +1,101 @@
+"""Replicas: which of a combined batch's replicas this process runs, and how their results combine.
+
+A combined batch is laid out [device iteration][replica][accumulation step][micro-batch]. In one
+process every replica runs here, one after another on the same weights, and "reducing over replicas"
+is a sum over what was accumulated locally: the math of r data-parallel copies and an all-reduce.
+A distributed group (see `distributed.py`) runs a slice of the replicas per process and reduces with
+`torch.distributed` collectives; both expose the same small interface, so the executable does not
+care which one it has.
+
+Each replica has its own random stream for dropout (and anything else drawn from torch's global
+generator inside the model), seeded from the run seed and the replica index, as PopTorch seeds
+replicas differently: a replicated run is not a longer accumulation of one replica. Stochastic
+rounding of the weight update is not drawn from these streams: the update is replica-identical
+(the IPU's identical-seeds rule), so its generator lives with the optimizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import torch
+
+_GOLDEN = 0x9E3779B97F4A7C15  # spreads consecutive replica indices over the seed space
+
+
+def replica_seed(seed: int, replica: int) -> int:
+    """The seed of replica `replica`'s random stream in a run seeded with `seed`."""
+    return (int(seed) + _GOLDEN * (replica + 1)) % (2**63)
+
+
+class ReplicaStreams:
+    """One random-number stream per replica for torch's global CPU (and CUDA) generators.
+
+    `with streams.use(r):` swaps replica r's state in, and on exit saves it back and restores the
+    state that was there before, so the trainer's own stream (data order) does not depend on
+    how many replicas ran.
+    """
+
+    def __init__(self, seed: int, replicas: int):
+        self.seed = seed
+        self.states: list[torch.Tensor] = [
+            torch.Generator().manual_seed(replica_seed(seed, r)).get_state() for r in range(replicas)
+        ]
+        self.cuda_states: list[list[torch.Tensor] | None] = [None] * replicas
+
+    @contextlib.contextmanager
+    def use(self, replica: int) -> Iterator[None]:
+        outer = torch.get_rng_state()
+        outer_cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        torch.set_rng_state(self.states[replica])
+        if outer_cuda is not None:
+            cuda = self.cuda_states[replica]
+            if cuda is None:
+                for device in range(torch.cuda.device_count()):
+                    with torch.cuda.device(device):
+                        torch.cuda.manual_seed(replica_seed(self.seed, replica) + device)
+            else:
+                torch.cuda.set_rng_state_all(cuda)
+        try:
+            yield
+        finally:
+            self.states[replica] = torch.get_rng_state()
+            torch.set_rng_state(outer)
+            if outer_cuda is not None:
+                self.cuda_states[replica] = torch.cuda.get_rng_state_all()
+                torch.cuda.set_rng_state_all(outer_cuda)
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "cpu": list(self.states), "cuda": list(self.cuda_states)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state["cpu"]) != len(self.states):
+            raise ValueError(
+                f"the checkpoint has random streams for {len(state['cpu'])} replicas, this run has "
+                f"{len(self.states)}: resume with the checkpoint's replication factor."
+            )
+        self.seed = state["seed"]
+        self.states = [s.clone() for s in state["cpu"]]
+        self.cuda_states = list(state["cuda"])
+
+
+class LocalReplicas:
+    """Every replica in this process: collectives are identities (the single-process reference)."""
+
+    world_size = 1
+
+    def local_replicas(self, replication_factor: int) -> range:
+        """Indices of the replicas this process runs."""
+        return range(replication_factor)
+
+    def sum_(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Sum `tensors` in place over processes (nothing to do in one process)."""
+
+    def any(self, flag: bool) -> bool:
+        """True if `flag` is True in any process."""
+        return bool(flag)
+
+    def sum_over_stages(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum a per-stage value over the pipeline stages of one replica (one process holds them all)."""
+        return value

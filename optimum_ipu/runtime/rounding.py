@@ -1,0 +1,42 @@
+"""Stochastic rounding: how the IPU writes an fp32 result into an fp16 weight.
+
+An fp32 value written to fp16 rounds up or down at random, with the probability of each
+proportional to the distance, so small updates survive on average instead of being rounded away
+(the IPU's training default). Loss scaling lives in `loss_scaling.py`; fp16 compute in
+`fp16_compute.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# fp32 has 23 explicit mantissa bits, fp16 has 10: 13 bits are dropped when rounding to half.
+_DROPPED_BITS = 13
+_DROPPED_MASK = (1 << _DROPPED_BITS) - 1
+
+
+def stochastic_round_to_half(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Round an fp32 tensor to fp16, up or down at random in proportion to the distance.
+
+    Random bits are added below the fp16 mantissa and then cut off, so E[result] == x for values in
+    fp16's normal range. Works on the sign-magnitude bit pattern, hence for both signs. The noise
+    cannot reach the exponent bits of an infinity (its low 13 bits are zero) nor of a NaN with the
+    quiet bit set (every NaN torch produces), so non-finite values pass through unchanged.
+    """
+    x = x.float().contiguous()
+    n = x.numel()
+    # One 31-bit draw gives two 16-bit halves; 13 bits of each are the noise (half the generator calls).
+    words = torch.empty((n + 1) // 2, dtype=torch.int32, device=x.device).random_(generator=generator)
+    noise = words.view(torch.int16)[:n].view(x.shape).bitwise_and(_DROPPED_MASK)
+    rounded = (x.view(torch.int32) + noise).bitwise_and_(~_DROPPED_MASK)
+    return rounded.view(torch.float32).half()
+
+
+def write_back(
+    param: torch.Tensor, value: torch.Tensor, stochastic_rounding: bool, generator: torch.Generator | None = None
+) -> None:
+    """Store an fp32 `value` into `param`, with stochastic rounding (from `generator`) when `param` is fp16."""
+    if param.dtype == torch.float16 and stochastic_rounding:
+        param.copy_(stochastic_round_to_half(value, generator))
+    else:
+        param.copy_(value)

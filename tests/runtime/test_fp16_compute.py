@@ -1,0 +1,76 @@
+"""The fp16 compute layer: the IPU's arithmetic (fp16 values, fp32 partials, fp16 result), bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from optimum_ipu.runtime.fp16_compute import FP32PartialsMode, resolve_fp16_compute
+
+
+def _half(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).half()
+
+
+CASES = {
+    "linear": (lambda x, w, b: F.linear(x, w, b), (_half(5, 7), _half(3, 7, seed=1), _half(3, seed=2))),
+    "matmul": (lambda a, b: a @ b, (_half(2, 4, 6), _half(2, 6, 3, seed=1))),
+    "einsum": (lambda a, b: torch.einsum("bij,bjk->bik", a, b), (_half(2, 4, 6), _half(2, 6, 3, seed=1))),
+    "conv2d": (lambda x, w: F.conv2d(x, w, padding=1), (_half(1, 3, 6, 6), _half(4, 3, 3, 3, seed=1))),
+    "sdpa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), (_half(1, 2, 5, 8), _half(1, 2, 5, 8, seed=1),
+                                                                      _half(1, 2, 5, 8, seed=2))),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_forward_and_backward_equal_fp32_compute_rounded_to_fp16(name):
+    """Bit-equal to a written-out reference: exact fp32 copies in, fp32 op, fp16 out (forward and grads)."""
+    fn, inputs = CASES[name]
+    ours = [x.clone().requires_grad_() for x in inputs]
+    with FP32PartialsMode():
+        out = fn(*ours)
+        out.float().sum().backward()
+    assert out.dtype == torch.float16 and all(x.grad.dtype == torch.float16 for x in ours)
+
+    reference = [x.float().requires_grad_() for x in inputs]
+    expected = fn(*reference)
+    expected.sum().backward()
+    assert torch.equal(out, expected.half()), name
+    for x, r in zip(ours, reference):
+        if name == "sdpa":
+            # Flash attention's backward reads the forward's output, which is stored in fp16 (an op boundary):
+            # the gradients are those of the rounded output, within an fp16 ulp of the fp32 reference.
+            torch.testing.assert_close(x.grad, r.grad.half(), atol=1e-3, rtol=2**-10)
+        else:
+            assert torch.equal(x.grad, r.grad.half()), name
+
+
+def test_within_one_fp16_ulp_of_native_fp16():
+    a, b = _half(16, 32), _half(32, 8, seed=1)
+    native = a @ b
+    with FP32PartialsMode():
+        emulated = a @ b
+    ulp = torch.finfo(torch.float16).eps * native.float().abs().clamp(min=2.0**-14)
+    assert ((emulated.float() - native.float()).abs() <= ulp).all()
+
+
+def test_fp32_tensors_pass_through_unchanged():
+    a, b = torch.randn(4, 5), torch.randn(5, 3)
+    with FP32PartialsMode():
+        out = a @ b
+    assert out.dtype == torch.float32 and torch.equal(out, a @ b)
+
+
+def test_mode_is_chosen_per_device_and_can_be_forced(monkeypatch):
+    monkeypatch.delenv("OPTIMUM_IPU_FP16_COMPUTE", raising=False)
+    assert resolve_fp16_compute("auto", "cpu") == "emulated"
+    assert resolve_fp16_compute(None, "cuda") == "native"
+    assert resolve_fp16_compute("native", "cpu") == "native"
+    monkeypatch.setenv("OPTIMUM_IPU_FP16_COMPUTE", "native")
+    assert resolve_fp16_compute("auto", "cpu") == "native"
+    assert resolve_fp16_compute("emulated", "cuda") == "emulated"  # the argument wins over the variable
+    monkeypatch.setenv("OPTIMUM_IPU_FP16_COMPUTE", "fast")
+    with pytest.raises(ValueError, match="OPTIMUM_IPU_FP16_COMPUTE='fast'.*auto, emulated, native"):
+        resolve_fp16_compute("auto", "cpu")
