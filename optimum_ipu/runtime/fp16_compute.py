@@ -83,7 +83,9 @@ class FP32PartialsMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         packet = func.overloadpacket
-        if packet in _CONVERTED and "out" not in kwargs and _has_half(args):
+        # CPU flash attention with a mask insists on its own dtype rules: masked attention stays native.
+        masked = packet.__name__.startswith("_scaled_dot_product") and kwargs.get("attn_mask") is not None
+        if packet in _CONVERTED and not masked and "out" not in kwargs and _has_half(args):
             out = func(*_up(args), **_up(kwargs))
             keep = _FP32_OUTPUTS.get(packet.__name__, ())
             if isinstance(out, (tuple, list)):
