@@ -217,9 +217,14 @@ def build_image_processor(model_args: ModelArguments, config):
     """
     name = model_args.image_processor_name or model_args.model_name_or_path
     if name:
+        hub = dict(cache_dir=model_args.cache_dir, revision=model_args.model_revision)
         try:
-            return AutoImageProcessor.from_pretrained(name, cache_dir=model_args.cache_dir,
-                                                      revision=model_args.model_revision)
+            try:
+                return AutoImageProcessor.from_pretrained(name, **hub)
+            except ImportError:
+                # Older transformers (5.9) pick the torchvision class for a ViT; this project never needs
+                # torchvision, so read the same file with the PIL one.
+                return ViTImageProcessorPil.from_pretrained(name, **hub)
         except OSError:
             if model_args.image_processor_name:
                 raise
