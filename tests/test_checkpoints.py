@@ -170,16 +170,17 @@ def test_resuming_from_an_incomplete_checkpoint_names_it_and_the_complete_one(tr
 # -- kill -9 at random moments -----------------------------------------------------------------------
 
 
-def _read(worker: subprocess.Popen, key: str, timeout: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _read(worker: subprocess.Popen, key: str, log: Path) -> dict:
+    """The worker's next message with `key`; a child that ended before it fails the test with its log."""
+    while True:
         line = worker.stdout.readline()
         if not line:
-            raise AssertionError(f"the kill worker ended early (rc={worker.poll()}); see its stderr")
+            raise AssertionError(f"the kill worker ended (rc={worker.poll()}):\n{log.read_text()[-3000:]}")
         message = json.loads(line)
         if key in message:
             return message
-    raise AssertionError(f"no {key!r} from the kill worker within {timeout} s")
+        if "exit" in message:
+            raise AssertionError(f"the training child ended before {key!r}:\n{log.read_text()[-3000:]}")
 
 
 def _assert_latest_loads(out: Path) -> int:
@@ -205,7 +206,8 @@ def test_kill_9_at_random_moments_never_leaves_an_incomplete_checkpoint(tmp_path
     """A run saving every step is killed 22 times at random moments; each time, resuming works."""
     out = tmp_path / "out"
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=os.pathsep.join(sys.path))
-    with open(tmp_path / "worker.log", "w") as log:
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "w") as log:
         worker = subprocess.Popen([sys.executable, str(TESTS / "_kill_worker.py")], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=log, text=True, env=env)  # fmt: skip
     rng = random.Random(14)
@@ -214,17 +216,17 @@ def test_kill_9_at_random_moments_never_leaves_an_incomplete_checkpoint(tmp_path
         for _ in range(22):
             worker.stdin.write(json.dumps({"output_dir": str(out), "max_steps": 10_000}) + "\n")
             worker.stdin.flush()
-            pid = _read(worker, "pid")["pid"]
-            _read(worker, "training")
+            pid = _read(worker, "pid", log_path)["pid"]
+            _read(worker, "training", log_path)
             time.sleep(rng.uniform(0.0, 0.3))
             os.kill(pid, signal.SIGKILL)
-            _read(worker, "exit")
+            _read(worker, "exit", log_path)
             killed_while_saving += any(n.startswith(STAGING_PREFIX) for n in os.listdir(out))
             steps.append(_assert_latest_loads(out))
         worker.stdin.write(json.dumps({"output_dir": str(out), "max_steps": steps[-1] + 2}) + "\n")
         worker.stdin.flush()
-        _read(worker, "pid")
-        assert _read(worker, "exit", timeout=120)["exit"] == 0, (tmp_path / "worker.log").read_text()[-3000:]
+        _read(worker, "pid", log_path)
+        assert _read(worker, "exit", log_path)["exit"] == 0, log_path.read_text()[-3000:]
     finally:
         worker.stdin.close()
         worker.wait(timeout=60)
