@@ -84,14 +84,16 @@ def settings_without_effect(ipu_config, args: IPUTrainingArguments) -> list[str]
                 "arguments (the layout comes from layers_per_ipu and the serialization settings)."
             )
     for name, default in (("projection_serialization_factor", 1), ("serialized_projection_splits_per_ipu", None)):
+        training_value = vars(ipu_config).get(name)
         for key in (name, f"inference_{name}"):
             value = vars(ipu_config).get(key)
-            if value not in (default, None):
-                messages.append(
-                    f"{key}={value} has no effect: no architecture supported here has an untied output "
-                    "projection to serialize (a head tied to the word embedding follows "
-                    "embedding_serialization_factor)."
-                )
+            if value in (default, None) or (key != name and value == training_value):
+                continue  # an inference value that only inherits the training one is named with it
+            messages.append(
+                f"{key}={value} has no effect: no architecture supported here has an untied output "
+                "projection to serialize (a head tied to the word embedding follows "
+                "embedding_serialization_factor)."
+            )
     if vars(ipu_config).get("serialized_embedding_splits_per_ipu"):
         messages.append(
             "serialized_embedding_splits_per_ipu: the embedding is split into "
@@ -103,9 +105,10 @@ def settings_without_effect(ipu_config, args: IPUTrainingArguments) -> list[str]
             "enable_half_partials=True: matmuls and convolutions accumulate fp32 partial sums on this backend "
             "(at least as accurate as the IPU's fp16 partials; fp16 partial sums are not emulated)."
         )
-    if not args.fp32 and not args.lamb and args.optim not in ("adamw_torch", "adamw_torch_fused", "adamw"):
+    optim = getattr(args.optim, "value", args.optim)  # the Trainer turns the string into an OptimizerNames
+    if not args.fp32 and not args.lamb and optim not in ("adamw_torch", "adamw_torch_fused", "adamw"):
         messages.append(
-            f"--optim {args.optim} has no effect in fp16: fp16 weights are updated by the IPU's AdamW "
+            f"--optim {optim} has no effect in fp16: fp16 weights are updated by the IPU's AdamW "
             "(fp32 math, stochastic rounding), or LAMB with --lamb. Use --fp32 to train with --optim."
         )
     return messages
