@@ -6,9 +6,10 @@ one micro-batch, and prints the compile report a real IPU system would give: per
 for the fastest layout that fits.
 
 MODEL is a folder or `config.json` path, or one of the built-in presets (public architecture
-hyper-parameters, so planning works offline). Traced profiles are cached (see
-`optimum_ipu.costmodel.cache`): a repeated plan needs neither torch nor transformers and runs in well
-under a second.
+hyper-parameters, so planning works offline). The presets' profiles ship with the package (see
+`optimum_ipu.costmodel.shipped`) and other models' traced profiles are cached (see
+`optimum_ipu.costmodel.cache`): a plan of a preset, or a repeated plan, imports neither torch nor
+transformers and runs in well under a second.
 """
 
 from __future__ import annotations
@@ -33,14 +34,23 @@ def load_ipu_config(name: str, n_ipu: int | None, overrides: str | None, trainin
     return config.train() if training else config.eval()
 
 
-def _trace(source: ModelSource, ipus_per_replica: int, micro_batch: int, seq_len: int | None,
-           image_size: int | None, training: bool, float_bytes: int):  # fmt: skip
+def trace_source(source: ModelSource, micro_batch: int, seq_len: int | None, image_size: int | None,
+                 training: bool, float_bytes: int):  # fmt: skip
+    """Trace `source` on the meta device (imports torch and transformers).
+
+    The profile does not depend on the number of IPUs, except for telling a head planned beside the
+    embedding from the others, which only a plan over more than one IPU shows: trace over two.
+    """
     from optimum_ipu.costmodel.trace import profile_model, sample_inputs_for
     from optimum_ipu.pipelining.plan import build_stage_plan
     from optimum_ipu.pipelining.spec import generic_spec, spec_for
 
     model = build_meta_model(source)
-    plan = build_stage_plan(model, spec_for(model) or generic_spec(model), [-1], ipus_per_replica)
+    spec = spec_for(model) or generic_spec(model)
+    try:
+        plan = build_stage_plan(model, spec, [-1], 2)
+    except ValueError:  # a single layer
+        plan = build_stage_plan(model, spec, [-1], 1)
     inputs = sample_inputs_for(model, micro_batch, seq_len, image_size)
     return profile_model(model, plan, inputs, training=training, float_bytes=float_bytes)
 
@@ -48,8 +58,10 @@ def _trace(source: ModelSource, ipus_per_replica: int, micro_batch: int, seq_len
 def model_profile(
     source: ModelSource, workload, seq_len: int | None, image_size: int | None, use_cache: bool = True
 ):
-    """The traced profile of `source` for `workload`'s micro-batch, from the cache when possible."""
+    """The profile of `source` for `workload`'s micro-batch: from the cache, else shipped with the
+    package (`optimum_ipu.costmodel.shipped`), else traced (and cached). `use_cache=False` traces."""
     from optimum_ipu.costmodel.cache import load_profile, profile_key, save_profile
+    from optimum_ipu.costmodel.shipped import load_shipped
 
     max_len = source.config.get("max_position_embeddings") or source.config.get("n_positions")
     if source.is_vision:
@@ -59,16 +71,15 @@ def model_profile(
         image_size = None
         if max_len and seq_len > max_len:
             raise ValueError(f"--seq-len {seq_len} is longer than the model's {max_len} positions.")
-    key = profile_key(
-        config=source.config, builder=source.builder, micro_batch=workload.micro_batch_size, seq_len=seq_len,
-        image_size=image_size, training=workload.training, float_bytes=workload.float_bytes,
-    )  # fmt: skip
-    profile = load_profile(key) if use_cache else None
+    shape = dict(micro_batch=workload.micro_batch_size, seq_len=seq_len, image_size=image_size,
+                 training=workload.training, float_bytes=workload.float_bytes)  # fmt: skip
+    if not use_cache:
+        return trace_source(source, **shape)
+    key = profile_key(config=source.config, builder=source.builder, **shape)
+    profile = load_profile(key) or load_shipped(source.config, source.builder, **shape)
     if profile is None:
-        profile = _trace(source, workload.ipus_per_replica, workload.micro_batch_size, seq_len, image_size,
-                         workload.training, workload.float_bytes)  # fmt: skip
-        if use_cache:
-            save_profile(key, profile)
+        profile = trace_source(source, **shape)
+        save_profile(key, profile)
     return profile
 
 

@@ -70,20 +70,36 @@ def test_out_of_memory_layout_exits_1_with_advice(capsys):
     assert "OUT OF MEMORY" in out and "move layers off IPU 3" in out
 
 
-def test_second_run_prices_the_cached_profile_without_tracing(capsys, monkeypatch):
-    args = [
-        "plan",
-        "distilbert-base-uncased",
-        "--ipu-config",
-        "Graphcore/distilbert-base-ipu",
-        "--seq-len",
-        "128",
-    ]
+def test_second_run_prices_the_cached_profile_without_tracing(capsys, monkeypatch, profile_cache):
+    # seq-len 96 is not among the shipped shapes, so the first run traces and caches.
+    args = ["plan", "distilbert-base-uncased", "--ipu-config", "Graphcore/distilbert-base-ipu", "--seq-len", "96"]
     first = _run(capsys, *args)
-    monkeypatch.setattr(plan_command, "_trace", lambda *a, **k: pytest.fail("traced although cached"))
+    assert list((profile_cache / "profiles").glob("*.json"))
+    monkeypatch.setattr(plan_command, "trace_source", lambda *a, **k: pytest.fail("traced although cached"))
     assert _run(capsys, *args) == first
     with pytest.raises(pytest.fail.Exception):
         _run(capsys, *args, "--no-cache")
+
+
+_COLD_PLAN = """
+import json, sys
+from optimum_ipu import cli
+code = cli.main(sys.argv[1:])
+heavy = sorted(m for m in ("torch", "transformers.modeling_utils", "optimum_ipu.costmodel.trace") if m in sys.modules)
+print(json.dumps({"code": code, "heavy": heavy}))
+"""
+
+
+@pytest.mark.parametrize("extra", [[], ["--auto"], ["--inference", "--micro-batch", "8"]])
+def test_a_cold_plan_of_a_preset_imports_neither_torch_nor_the_modelling_code(tmp_path, extra):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OPTIMUM_IPU_CACHE": str(tmp_path / "empty-cache")}
+    done = subprocess.run([sys.executable, "-c", _COLD_PLAN, *LARGE_POD64, "--seq-len", "384", *extra],
+                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"code": 0, "heavy": []}
+    assert "Estimated throughput:" in done.stdout
+    assert not (tmp_path / "empty-cache").exists()  # priced from the shipped profile, nothing traced
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,186 @@
+"""Profiles of the presets, traced ahead of time and shipped inside the package.
+
+A first `optimum-ipu plan` of a preset would otherwise spend seconds importing torch and the
+transformers modelling code just to trace one micro-batch on the meta device. For every preset with
+its default head (and the BERT pretraining heads), training and inference, fp16 and fp32, and the
+usual sequence lengths (`SEQ_LENS`; a vision model's own image size), the package ships the traced
+profiles at micro-batches 1, 2 and 4 (`profiles/*.json.gz`, about 1 KB each once compressed).
+
+Other micro-batches are derived, not traced: every quantity a profile holds is either independent of
+the micro-batch (parameters, operation counts) or proportional to it (FLOPs, bytes, one dimension of
+each matrix product), so it is an affine function of the micro-batch size and the profiles at 2 and 4
+determine it for any size >= 2. `derive_micro_batch` refuses (returns None) when a value does not
+follow that rule exactly, and the caller then traces. Size 1 is shipped as traced because a tensor of
+one element is not counted as moved data, a kink at 1.
+
+The shipped set records the hash of the tracer's source (`trace.py`, `profile.py`): a profile traced
+by another tracer is never used, and `python -m optimum_ipu.costmodel.shipped` traces them again. The
+torch and transformers versions they were traced with are recorded, not enforced: the modelling code
+of these architectures gives the same shapes across the versions this package supports
+(`tests/costmodel/test_shipped.py` compares shipped profiles with fresh traces).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from optimum_ipu.costmodel.profile import ModelProfile
+
+SHIPPED_DIR = Path(__file__).parent / "profiles"
+SEQ_LENS = (128, 384, 512)
+MICRO_BATCHES = (1, 2, 4)
+_TRACER_SOURCES = ("trace.py", "profile.py")
+# Heads shipped besides each preset's default: what the calibration's published BERT runs train.
+_EXTRA_TASKS = {"bert-base-uncased": ("pretraining",), "bert-large-uncased": ("pretraining",)}
+
+
+def tracer_hash() -> str:
+    here = Path(__file__).parent
+    return hashlib.sha256(b"".join((here / name).read_bytes() for name in _TRACER_SOURCES)).hexdigest()
+
+
+def _model_key(config: Mapping[str, Any], builder: str) -> str:
+    text = json.dumps({"config": config, "builder": builder}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _shape_key(seq_len: int | None, image_size: int | None, training: bool, float_bytes: int) -> str:
+    return f"seq={seq_len},image={image_size},training={int(training)},float={float_bytes}"
+
+
+def canonical(profile: ModelProfile) -> ModelProfile:
+    """`profile` with its transfers' tensor ids renumbered 0, 1, ... in order of first appearance.
+
+    The tracer names tensors by storage address, which changes from run to run; only which transfers
+    share a tensor matters, so canonical ids make profiles of two runs compare equal.
+    """
+    data = profile.to_dict()
+    ids: dict[int, int] = {}
+    for transfer in data["transfers"]:
+        transfer["tensor"] = ids.setdefault(transfer["tensor"], len(ids))
+    return ModelProfile.from_dict(data)
+
+
+def _affine(at2: Any, at4: Any, size: int) -> Any:
+    """The value at micro-batch `size` of a quantity worth `at2` at 2 and `at4` at 4, or raise ValueError."""
+    if isinstance(at2, bool) or isinstance(at2, str) or at2 is None:
+        if at2 != at4:
+            raise ValueError("a non-numeric field depends on the micro-batch")
+        return at2
+    if isinstance(at2, (int, float)):
+        step = (at4 - at2) * (size - 2)
+        if step % 2:
+            raise ValueError("not an integer at this micro-batch")
+        value = at2 + step // 2
+        if value < 0:
+            raise ValueError("negative")
+        return value
+    if isinstance(at2, dict):
+        if at2.keys() != at4.keys():
+            raise ValueError("different fields")
+        return {k: _affine(at2[k], at4[k], size) for k in at2}
+    if isinstance(at2, (list, tuple)):
+        if len(at2) != len(at4):
+            raise ValueError("different lengths")
+        return [_affine(a, b, size) for a, b in zip(at2, at4)]
+    raise ValueError(f"unexpected {type(at2).__name__}")
+
+
+def derive_micro_batch(at2: ModelProfile, at4: ModelProfile, size: int) -> ModelProfile | None:
+    """The profile at micro-batch `size` (>= 2) from the profiles at 2 and 4, or None when the two
+    are not an affine family (then trace instead)."""
+    if size < 2 or at2.micro_batch_size != 2 or at4.micro_batch_size != 4:
+        return None
+    try:
+        data = _affine(canonical(at2).to_dict(), canonical(at4).to_dict(), size)
+    except ValueError:
+        return None
+    return ModelProfile.from_dict(data)
+
+
+def _read(model_key: str) -> dict[str, Any] | None:
+    try:
+        with gzip.open(SHIPPED_DIR / f"{model_key}.json.gz", "rt") as file:
+            return json.load(file)
+    except (OSError, ValueError):
+        return None
+
+
+def load_shipped(
+    config: Mapping[str, Any], builder: str, *, micro_batch: int, seq_len: int | None,
+    image_size: int | None, training: bool, float_bytes: int,
+) -> ModelProfile | None:  # fmt: skip
+    """The shipped profile for these settings, or None (not shipped, or traced by another tracer)."""
+    shipped = _read(_model_key(config, builder))
+    if shipped is None or shipped.get("tracer") != tracer_hash():
+        return None
+    entry = shipped["profiles"].get(_shape_key(seq_len, image_size, training, float_bytes))
+    if entry is None:
+        return None
+    if str(micro_batch) in entry:
+        return ModelProfile.from_dict(entry[str(micro_batch)])
+    if "2" in entry and "4" in entry:
+        return derive_micro_batch(
+            ModelProfile.from_dict(entry["2"]), ModelProfile.from_dict(entry["4"]), micro_batch
+        )
+    return None
+
+
+def shipped_settings():
+    """(preset name, builder, seq_len, image_size) of every shipped model and shape."""
+    from optimum_ipu.costmodel.presets import PRESETS, resolve_model
+
+    for name in PRESETS:
+        for task in (None, *_EXTRA_TASKS.get(name, ())):
+            source = resolve_model(name, task)
+            if source.is_vision:
+                yield source, None, source.config.get("image_size")
+            else:
+                limit = source.config.get("max_position_embeddings") or source.config.get("n_positions")
+                for seq_len in SEQ_LENS:
+                    if seq_len <= limit:
+                        yield source, seq_len, None
+
+
+def generate(folder: Path = SHIPPED_DIR) -> list[Path]:
+    """Trace every shipped setting and write `folder/<model key>.json.gz` (imports torch)."""
+    from importlib import metadata
+
+    from optimum_ipu.commands.plan import trace_source
+
+    by_model: dict[str, dict[str, Any]] = {}
+    for source, seq_len, image_size in shipped_settings():
+        key = _model_key(source.config, source.builder)
+        shipped = by_model.setdefault(key, {
+            "model": source.name, "builder": source.builder, "tracer": tracer_hash(),
+            "versions": {p: metadata.version(p) for p in ("torch", "transformers")}, "profiles": {},
+        })  # fmt: skip
+        for training in (True, False):
+            for float_bytes in (2, 4):
+                entry = shipped["profiles"].setdefault(
+                    _shape_key(seq_len, image_size, training, float_bytes), {}
+                )
+                for micro_batch in MICRO_BATCHES:
+                    profile = trace_source(source, micro_batch, seq_len, image_size, training, float_bytes)
+                    entry[str(micro_batch)] = canonical(profile).to_dict()
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for old in folder.glob("*.json.gz"):
+        old.unlink()
+    for key, shipped in by_model.items():
+        path = folder / f"{key}.json.gz"
+        text = json.dumps(shipped, separators=(",", ":"), sort_keys=True).encode()
+        path.write_bytes(gzip.compress(text, compresslevel=9, mtime=0))  # same bytes for the same profiles
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":  # pragma: no cover
+    paths = generate()
+    total = sum(p.stat().st_size for p in paths)
+    print(f"wrote {len(paths)} files, {total / 1024:.0f} KiB, under {SHIPPED_DIR}")
