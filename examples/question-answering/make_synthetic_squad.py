@@ -3,16 +3,28 @@
 SQuAD cannot be downloaded where this project is tested, so the example and its tests run on data
 made here, in the exact file layout SQuAD uses. Each paragraph introduces a few people and states
 facts about them ("Alice was born in 1984.", "Bob works as a pilot."); each question asks for one
-fact about one person ("When was Alice born?"). By default each kind of fact occurs once per
-paragraph, which MiniLM learns to F1 > 90 in a few thousand samples; ``--repeat_fact_kinds`` makes
-the kinds recur across people, so that only the name in the question picks the right span.
-Answer offsets are recorded while the text is assembled and checked before anything is written.
+fact about one person ("When was Alice born?"). Answer offsets are recorded while the text is
+assembled and checked before anything is written.
+
+By default the data is hard enough that a small model trained for a few minutes ends well short of
+a perfect score, so a regression in training numerics shows as a lower score:
+
+- kinds of fact recur across the people of a paragraph ("Ann lives in Oslo. ... Bob lives in
+  Rome."), so only the name in the question picks the right span;
+- distractor sentences mention values of the same kinds without any person ("A festival in Rome drew
+  visitors from Spain in 1975."), so the answer's type alone does not find it;
+- facts and questions are paraphrased (several wordings each, picked at random), so the question's
+  words do not simply repeat the sentence's.
+
+``--easy`` gives the old, easy data (each kind of fact once per paragraph, one wording, no
+distractors), which MiniLM learns to F1 100 in a few thousand samples.
 
 Usage::
 
     python make_synthetic_squad.py --output_dir data/synthetic_squad            # nested SQuAD JSON
     python make_synthetic_squad.py --output_dir data/flat --layout flat          # HF flattened JSON Lines
     python make_synthetic_squad.py --output_dir data/v2 --unanswerable_fraction 0.3   # SQuAD v2-style
+    python make_synthetic_squad.py --output_dir data/easy --easy                 # the easy variant
 
 then ``run_qa.py --train_file data/synthetic_squad/train.json --validation_file
 data/synthetic_squad/validation.json``.
@@ -45,34 +57,66 @@ INSTRUMENTS = "piano guitar violin drums flute cello trumpet harp".split()
 
 @dataclass(frozen=True)
 class FactTemplate:
-    """One kind of fact: a sentence with ``{person}`` and value slots, and questions per slot."""
+    """One kind of fact: its wordings (the first is the plain one), value slots and questions per slot.
 
-    sentence: str
+    Every wording and question names ``{person}``; the first question of a slot is the plain one.
+    """
+
+    sentences: tuple[str, ...]
     questions: dict[str, tuple[str, ...]]
     values: dict[str, tuple[str, ...]]
 
 
 FACTS = (
-    FactTemplate("{person} was born in {year}.",
-                 {"year": ("In what year was {person} born?", "When was {person} born?")},
+    FactTemplate(("{person} was born in {year}.", "In {year}, {person} was born.",
+                  "The birth year of {person} is {year}."),
+                 {"year": ("In what year was {person} born?", "When was {person} born?",
+                           "Which year saw the birth of {person}?", "{person} was born in which year?")},
                  {"year": tuple(str(y) for y in range(1940, 2011))}),
-    FactTemplate("{person} lives in {city}.",
-                 {"city": ("Where does {person} live?", "In which city does {person} live?")},
+    FactTemplate(("{person} lives in {city}.", "{person} has a home in {city}.",
+                  "These days {person} resides in {city}."),
+                 {"city": ("Where does {person} live?", "In which city does {person} live?",
+                           "What city is home to {person}?", "{person} resides in which city?")},
                  {"city": tuple(CITIES)}),
-    FactTemplate("{person} works as a {job}.",
-                 {"job": ("What is the job of {person}?", "What does {person} work as?")},
+    FactTemplate(("{person} works as a {job}.", "{person} earns a living as a {job}.",
+                  "By profession, {person} is a {job}."),
+                 {"job": ("What is the job of {person}?", "What does {person} work as?",
+                          "What is the profession of {person}?", "How does {person} earn a living?")},
                  {"job": tuple(JOBS)}),
-    FactTemplate("The favorite color of {person} is {color}.",
-                 {"color": ("What is the favorite color of {person}?", "Which color does {person} like best?")},
+    FactTemplate(("The favorite color of {person} is {color}.", "{person} likes {color} more than any other color.",
+                  "Of all colors, {person} prefers {color}."),
+                 {"color": ("What is the favorite color of {person}?", "Which color does {person} like best?",
+                            "What colour does {person} prefer?")},
                  {"color": tuple(COLORS)}),
-    FactTemplate("{person} has a {pet} called {pet_name}.",
-                 {"pet": ("What animal does {person} have?",), "pet_name": ("What is the name of {person}'s pet?",)},
+    FactTemplate(("{person} has a {pet} called {pet_name}.", "{person} keeps a {pet} named {pet_name}.",
+                  "{pet_name} is the {pet} that {person} owns."),
+                 {"pet": ("What animal does {person} have?", "What kind of pet does {person} keep?",
+                          "Which animal does {person} own?"),
+                  "pet_name": ("What is the name of {person}'s pet?", "What is the pet of {person} called?",
+                               "What name does the pet of {person} answer to?")},
                  {"pet": tuple(PETS), "pet_name": tuple(PET_NAMES)}),
-    FactTemplate("{person} grew up in {country} and plays the {instrument}.",
-                 {"country": ("In which country did {person} grow up?",),
-                  "instrument": ("Which instrument does {person} play?",)},
+    FactTemplate(("{person} grew up in {country} and plays the {instrument}.",
+                  "Raised in {country}, {person} now plays the {instrument}.",
+                  "{person} spent a childhood in {country} and took up the {instrument}."),
+                 {"country": ("In which country did {person} grow up?", "Where was {person} raised?",
+                              "What country did {person} spend a childhood in?"),
+                  "instrument": ("Which instrument does {person} play?", "What does {person} play?",
+                                 "Which instrument did {person} take up?")},
                  {"country": tuple(COUNTRIES), "instrument": tuple(INSTRUMENTS)}),
 )
+
+# Sentences about no one in particular that mention values of the facts' kinds: a model that only
+# learned "the question asks for a year, take a year" picks these as often as the right one.
+DISTRACTORS = (
+    "A festival in {city} drew visitors from {country} in {year}.",
+    "The {job} association holds its yearly meeting in {city}.",
+    "A {color} {pet} called {pet_name} once won a prize in {city}.",
+    "Music schools in {country} often start pupils on the {instrument}.",
+    "In {year}, the {pet} was the most common pet in {country}.",
+    "The town hall of {city} was painted {color} in {year}.",
+    "Every {job} in {country} is said to own a {instrument}.",
+)
+_POOLS = {slot: pool for fact in FACTS for slot, pool in fact.values.items()}
 
 
 def render(template: str, values: dict[str, str]) -> tuple[str, dict[str, int]]:
@@ -89,14 +133,15 @@ def render(template: str, values: dict[str, str]) -> tuple[str, dict[str, int]]:
 
 
 def make_paragraph(rng: random.Random, index: int, unanswerable_fraction: float,
-                   repeat_fact_kinds: bool = False) -> dict:
+                   repeat_fact_kinds: bool = True, distractors: int = 2, paraphrase: bool = True) -> dict:
     """One SQuAD paragraph: 2-3 people with 2-3 facts each, and one question per stated fact.
 
-    Each person's facts are consecutive sentences (a short biography) in random order. By default
-    each kind of fact (birth year, city, job, ...) is stated for one person only, so the question's
-    relation picks the sentence and its name agrees with it. With ``repeat_fact_kinds`` kinds recur
-    across people ("Ann lives in Oslo. ... Bob lives in Rome."), so only the name in the question
-    tells the answers apart: a harder reading task that small models need many more steps for.
+    Each person's facts are consecutive sentences (a short biography) in random order. With
+    ``repeat_fact_kinds`` kinds (birth year, city, job, ...) recur across people, so only the name
+    in the question tells the answers apart; without it each kind is stated for one person only,
+    so the question's relation alone picks the sentence. ``distractors`` sentences without a person
+    but with values of the same kinds go between the biographies. With ``paraphrase`` every
+    sentence and question takes one of its kind's wordings at random; without it, the plain one.
 
     With ``unanswerable_fraction`` > 0 some questions ask about a fact the paragraph does not state
     for that person (SQuAD v2's "impossible" questions): their ``answers`` list is empty.
@@ -108,22 +153,34 @@ def make_paragraph(rng: random.Random, index: int, unanswerable_fraction: float,
         kinds = rng.sample(range(len(FACTS)), len(FACTS))
         per_person = len(FACTS) // len(people)
         kinds_of = [kinds[i * per_person:(i + 1) * per_person] for i in range(len(people))]
-    sentences, pending, unstated = [], [], []
+
+    def wording(options: tuple[str, ...]) -> str:
+        return rng.choice(options) if paraphrase else options[0]
+
+    blocks, unstated = [], []  # blocks: lists of (text, offsets, values, fact or None)
     for person, chosen in zip(people, kinds_of):
         unstated += [(person, FACTS[k]) for k in range(len(FACTS)) if k not in chosen]
+        block = []
         for k in chosen:
             fact = FACTS[k]
             values = {"person": person} | {slot: rng.choice(pool) for slot, pool in fact.values.items()}
-            text, offsets = render(fact.sentence, values)
-            sentences.append((text, offsets, values, fact))
+            text, offsets = render(wording(fact.sentences), values)
+            block.append((text, offsets, values, fact))
+        blocks.append(block)
+    for _ in range(distractors):  # each between two biographies, or before the first / after the last
+        template = rng.choice(DISTRACTORS)
+        fields = {field for _, field, _, _ in Formatter().parse(template) if field}
+        text, offsets = render(template, {slot: rng.choice(_POOLS[slot]) for slot in fields})
+        blocks.insert(rng.randint(0, len(blocks)), [(text, offsets, {}, None)])
 
-    context, qas = "", []
-    for text, offsets, values, fact in sentences:
+    context, pending, qas = "", [], []
+    for text, offsets, values, fact in (sentence for block in blocks for sentence in block):
         start = len(context) + (1 if context else 0)
         context = f"{context} {text}" if context else text
+        if fact is None:
+            continue
         for slot, templates in fact.questions.items():
-            pending.append((rng.choice(templates).format(person=values["person"]),
-                            values[slot], start + offsets[slot]))
+            pending.append((wording(templates).format(person=values["person"]), values[slot], start + offsets[slot]))
     for n, (question, answer, answer_start) in enumerate(pending):
         qas.append({"id": f"syn{index:05d}q{n}", "question": question,
                     "answers": [{"text": answer, "answer_start": answer_start}]})
@@ -132,15 +189,21 @@ def make_paragraph(rng: random.Random, index: int, unanswerable_fraction: float,
         for n in range(min(impossible, len(unstated))):
             person, fact = rng.choice(unstated)
             slot = rng.choice(list(fact.questions))
-            qas.append({"id": f"syn{index:05d}u{n}", "question": rng.choice(fact.questions[slot]).format(person=person),
+            qas.append({"id": f"syn{index:05d}u{n}", "question": wording(fact.questions[slot]).format(person=person),
                         "answers": [], "is_impossible": True})
     rng.shuffle(qas)
     return {"context": context, "qas": qas}
 
 
 def generate_squad(num_questions: int, seed: int = 0, unanswerable_fraction: float = 0.0,
-                   repeat_fact_kinds: bool = False) -> dict:
-    """A nested SQuAD document with at least ``num_questions`` questions, deterministic in ``seed``."""
+                   repeat_fact_kinds: bool = True, distractors: int = 2, paraphrase: bool = True) -> dict:
+    """A nested SQuAD document with at least ``num_questions`` questions, deterministic in ``seed``.
+
+    ``repeat_fact_kinds``, ``distractors`` and ``paraphrase`` are the difficulty knobs of
+    `make_paragraph`; the defaults are the hard data, ``(False, 0, False)`` the easy one.
+    """
+    if distractors < 0:
+        raise ValueError(f"distractors must be >= 0, got {distractors}.")
     if not 0.0 <= unanswerable_fraction < 1.0:
         raise ValueError(f"unanswerable_fraction must be in [0, 1), got {unanswerable_fraction}.")
     rng = random.Random(seed)
@@ -148,7 +211,7 @@ def generate_squad(num_questions: int, seed: int = 0, unanswerable_fraction: flo
     while count < num_questions:
         paragraphs = []
         for _ in range(5):  # five paragraphs per article, like a short SQuAD article
-            paragraph = make_paragraph(rng, index, unanswerable_fraction, repeat_fact_kinds)
+            paragraph = make_paragraph(rng, index, unanswerable_fraction, repeat_fact_kinds, distractors, paraphrase)
             index += 1
             paragraphs.append(paragraph)
             count += len(paragraph["qas"])
@@ -177,13 +240,14 @@ def write_split(document: dict, path: Path, layout: str) -> Path:
 
 def make_dataset(output_dir: str | Path, train_questions: int = 2000, validation_questions: int = 300,
                  seed: int = 0, layout: str = "squad", unanswerable_fraction: float = 0.0,
-                 repeat_fact_kinds: bool = False) -> dict[str, Path]:
+                 repeat_fact_kinds: bool = True, distractors: int = 2, paraphrase: bool = True) -> dict[str, Path]:
     """Write ``train`` and ``validation`` files under ``output_dir``; return their paths by split."""
     suffix = ".json" if layout == "squad" else ".jsonl"
     output_dir = Path(output_dir)
     splits = {"train": (train_questions, seed), "validation": (validation_questions, seed + 1)}
     return {
-        split: write_split(generate_squad(n, split_seed, unanswerable_fraction, repeat_fact_kinds),
+        split: write_split(generate_squad(n, split_seed, unanswerable_fraction, repeat_fact_kinds, distractors,
+                                          paraphrase),
                            output_dir / f"{split}{suffix}", layout)
         for split, (n, split_seed) in splits.items()
     }
@@ -199,11 +263,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="squad: SQuAD's nested JSON; flat: the Hub's one-record-per-line layout")
     parser.add_argument("--unanswerable_fraction", type=float, default=0.0,
                         help="share of SQuAD v2-style questions without an answer (train with --version_2_with_negative)")
-    parser.add_argument("--repeat_fact_kinds", action="store_true",
-                        help="let kinds of fact recur across the people of a paragraph (harder: the name decides)")
+    parser.add_argument("--repeat_fact_kinds", action=argparse.BooleanOptionalAction, default=None,
+                        help="let kinds of fact recur across the people of a paragraph, so the name decides "
+                             "(default: on; off with --easy)")
+    parser.add_argument("--distractors", type=int, default=None,
+                        help="sentences per paragraph that mention values of the facts' kinds but no person "
+                             "(default 2; 0 with --easy)")
+    parser.add_argument("--paraphrase", action=argparse.BooleanOptionalAction, default=None,
+                        help="several wordings per fact and question (default: on; off with --easy)")
+    parser.add_argument("--easy", action="store_true",
+                        help="the easy data: each kind of fact once per paragraph, one wording, no distractors "
+                             "(flags given explicitly still win)")
     args = parser.parse_args(argv)
+    hard = not args.easy
+    repeat = hard if args.repeat_fact_kinds is None else args.repeat_fact_kinds
+    distractors = (2 if hard else 0) if args.distractors is None else args.distractors
+    paraphrase = hard if args.paraphrase is None else args.paraphrase
+    if distractors < 0:
+        parser.error(f"--distractors must be >= 0, got {distractors}")
     paths = make_dataset(args.output_dir, args.train_questions, args.validation_questions, args.seed,
-                         args.layout, args.unanswerable_fraction, args.repeat_fact_kinds)
+                         args.layout, args.unanswerable_fraction, repeat, distractors, paraphrase)
     for split, path in paths.items():
         print(f"{split}: {path}")
     return 0

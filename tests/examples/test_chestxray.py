@@ -3,6 +3,7 @@
 import csv
 import json
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -160,3 +161,58 @@ def test_generator_writes_the_real_csv_columns_and_grayscale_images(synthetic):
     assert image.mode == "L" and image.size == (32, 32)
     labelled = [r["Finding Labels"] for r in rows]
     assert "No Finding" in labelled and any("|" in labels for labels in labelled)
+
+
+def test_findings_follow_the_real_prevalences_by_default():
+    import random
+
+    from make_synthetic_chestxray import REAL_PREVALENCE, prevalences, sample_patient_findings
+
+    chance = prevalences(None)
+    assert chance == [REAL_PREVALENCE[name] for name in FINDINGS] and prevalences(0.3) == [0.3] * 14
+    rng = random.Random(0)
+    images = [f for _ in range(20000) for f in sample_patient_findings(rng, 1, chance)]
+    rate = np.mean([[k in f for k in range(14)] for f in images], axis=0)
+    # An image shows finding k with about 0.8 p (chronic) + p / 4 (new): ~1.05 p.
+    assert np.allclose(rate, 1.05 * np.array(chance), rtol=0.25, atol=0.002), rate
+    assert rate[FINDINGS.index("Infiltration")] > 10 * rate[FINDINGS.index("Hernia")]
+
+
+def test_label_noise_drops_and_adds_findings_at_the_asked_rates():
+    import random
+
+    from make_synthetic_chestxray import noisy_labels
+
+    rng, chance = random.Random(0), [0.1] * 14
+    drawn = list(range(7))
+    kept = [noisy_labels(rng, drawn, chance, 0.2) for _ in range(5000)]
+    missed = np.mean([[k not in labels for k in drawn] for labels in kept])
+    added = np.mean([[k in labels for k in range(7, 14)] for labels in kept])
+    assert abs(missed - 0.2) < 0.02 and abs(added - 0.2 * 0.1) < 0.005
+    assert noisy_labels(rng, drawn, chance, 0.0) == drawn
+
+
+def test_hard_findings_are_faint_and_overlap_their_neighbours_easy_ones_do_not():
+    from make_synthetic_chestxray import EASY, HARD, draw_xray
+
+    def footprint(kinds, difficulty):
+        quiet = replace(difficulty, noise=0.0)
+        blank = draw_xray([], 64, np.random.default_rng(0), quiet).astype(float)
+        drawn = draw_xray(kinds, 64, np.random.default_rng(0), quiet).astype(float)
+        return np.abs(drawn - blank)
+
+    for difficulty, overlaps in ((HARD, True), (EASY, False)):
+        both = (footprint([0], difficulty) > 0) & (footprint([1], difficulty) > 0)  # neighbours in the grid
+        assert both.any() == overlaps
+    assert footprint([7], HARD).max() < 0.5 * footprint([7], EASY).max()
+    assert HARD.noise > EASY.noise and HARD.label_noise > 0 == EASY.label_noise
+
+
+def test_generator_command_line_easy_switch(tmp_path):
+    from make_synthetic_chestxray import main
+
+    assert main(["--output_dir", str(tmp_path / "easy"), "--patients", "6", "--image_size", "32", "--easy"]) == 0
+    with open(tmp_path / "easy" / LABEL_FILE, newline="") as handle:
+        assert len(list(csv.DictReader(handle))) >= 6
+    with pytest.raises(SystemExit):
+        main(["--output_dir", str(tmp_path / "bad"), "--label_noise", "1.5"])

@@ -1,12 +1,13 @@
 """Loading QA files in SQuAD's nested and the Hub's flat layouts, and the synthetic SQuAD generator."""
 
 import json
+import re
 
 import pytest
 from fixtures import QA_EXAMPLE_DIR, use_example, write_synthetic_squad
 
 use_example(QA_EXAMPLE_DIR)
-from make_synthetic_squad import NAMES, generate_squad, render  # noqa: E402
+from make_synthetic_squad import FACTS, NAMES, generate_squad, render  # noqa: E402
 from qa_data import find_misplaced_answers, flatten_squad, load_qa_file, read_qa_file  # noqa: E402
 
 NESTED = {
@@ -104,16 +105,68 @@ def test_generator_writes_both_layouts_and_v2_questions(tmp_path):
     assert 0.15 * len(v2) < empty < 0.45 * len(v2)
 
 
-def test_fact_kinds_are_unique_per_paragraph_unless_asked_to_repeat():
-    def kinds_per_paragraph(document):
-        # A question's wording identifies its kind of fact once the name is blanked out.
-        for article in document["data"]:
-            for paragraph in article["paragraphs"]:
-                yield [" ".join(w for w in q["question"].replace("'s", "").split() if w.rstrip("?") not in NAMES)
-                       for q in paragraph["qas"]]
+def _paragraphs(document):
+    return [paragraph for article in document["data"] for paragraph in article["paragraphs"]]
+
+
+def _answers(paragraph):
+    """The answer texts of a paragraph's questions."""
+    return [q["answers"][0]["text"] for q in paragraph["qas"]]
+
+
+def test_fact_kinds_recur_by_default_and_are_unique_per_paragraph_in_the_easy_data():
+    def kinds(paragraph):
+        # The pool an answer comes from names its kind (the pools of the facts do not overlap).
+        pools = {slot: set(pool) for fact in FACTS for slot, pool in fact.values.items()}
+        return [next(slot for slot, pool in pools.items() if answer in pool) for answer in _answers(paragraph)]
 
     def repeats(document):
-        return any(len(kinds) != len(set(kinds)) for kinds in kinds_per_paragraph(document))
+        return any(len(k) != len(set(k)) for k in map(kinds, _paragraphs(document)))
 
-    assert not repeats(generate_squad(200, seed=0))
-    assert repeats(generate_squad(200, seed=0, repeat_fact_kinds=True))
+    easy = generate_squad(200, seed=0, repeat_fact_kinds=False, distractors=0, paraphrase=False)
+    assert not repeats(easy)
+    assert repeats(generate_squad(200, seed=0))
+
+
+def test_distractor_sentences_mention_no_person_and_only_the_hard_data_has_them():
+    def person_free_sentences(paragraph):
+        return sum(1 for sentence in paragraph["context"].split(". ") if not any(n in sentence.split() for n in NAMES))
+
+    for distractors in (0, 2, 5):
+        document = generate_squad(200, seed=0) if distractors == 2 else generate_squad(200, 0, distractors=distractors)
+        assert {person_free_sentences(p) for p in _paragraphs(document)} == {distractors}
+    paragraphs = _paragraphs(generate_squad(200, seed=0))
+    # Answers never come from a distractor: each answer's sentence names the question's person.
+    for paragraph in paragraphs:
+        for q in paragraph["qas"]:
+            start = q["answers"][0]["answer_start"]
+            sentence = paragraph["context"][paragraph["context"].rfind(". ", 0, start) + 1:].split(". ")[0]
+            person = next(n for n in NAMES if n in q["question"].replace("'s", " ").replace("?", " ").split())
+            assert person in sentence.split(), (q["question"], sentence)
+
+
+def test_paraphrases_vary_the_wording_and_the_easy_data_uses_one():
+    name = re.compile(r"\b(" + "|".join(NAMES) + r")\b")
+
+    def question_wordings(document):
+        return {name.sub("X", q["question"]) for paragraph in _paragraphs(document) for q in paragraph["qas"]}
+
+    plain = {q.replace("{person}", "X") for fact in FACTS for qs in fact.questions.values() for q in qs[:1]}
+    easy = generate_squad(300, seed=0, repeat_fact_kinds=False, distractors=0, paraphrase=False)
+    assert question_wordings(easy) == plain
+    assert len(question_wordings(generate_squad(300, seed=0))) > 2 * len(plain)
+
+
+def test_command_line_easy_switch_and_explicit_knobs(tmp_path):
+    from make_synthetic_squad import main
+
+    assert main(["--output_dir", str(tmp_path / "easy"), "--train_questions", "40", "--validation_questions",
+                 "10", "--easy"]) == 0
+    easy = json.loads((tmp_path / "easy" / "train.json").read_text())
+    assert easy == generate_squad(40, 0, repeat_fact_kinds=False, distractors=0, paraphrase=False)
+    assert main(["--output_dir", str(tmp_path / "mixed"), "--train_questions", "40", "--validation_questions",
+                 "10", "--easy", "--distractors", "3"]) == 0
+    mixed = json.loads((tmp_path / "mixed" / "train.json").read_text())
+    assert mixed == generate_squad(40, 0, repeat_fact_kinds=False, distractors=3, paraphrase=False)
+    assert json.loads((tmp_path / "mixed" / "validation.json").read_text()) == generate_squad(
+        10, 1, repeat_fact_kinds=False, distractors=3, paraphrase=False)
