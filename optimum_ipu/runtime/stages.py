@@ -229,7 +229,9 @@ class PipelineStages:
         check_supported(pipelined)
         plan = pipelined.plan
         if num_stages != plan.ipus_per_replica:
-            raise ValueError(f"num_stages={num_stages} but the stage plan has {plan.ipus_per_replica} IPUs per replica.")
+            raise ValueError(
+                f"num_stages={num_stages} but the stage plan has {plan.ipus_per_replica} IPUs per replica."
+            )
         if dist.get_world_size(group) != num_stages or dist.get_rank(group) != stage:
             raise ValueError(
                 f"stage {stage} of {num_stages} must be rank {stage} of a group of {num_stages} processes, "
@@ -238,7 +240,9 @@ class PipelineStages:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}.")
         if schedule == "1f1b" and n_microbatches < num_stages:
-            raise ValueError(f"the 1F1B schedule needs n_microbatches >= {num_stages} stages, got {n_microbatches}.")
+            raise ValueError(
+                f"the 1F1B schedule needs n_microbatches >= {num_stages} stages, got {n_microbatches}."
+            )
         self.pipelined = pipelined
         self.stage = stage
         self.num_stages = num_stages
