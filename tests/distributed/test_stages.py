@@ -209,3 +209,69 @@ def test_a_middle_stage_without_layers_is_a_clear_error():
     handle = to_pipelined(worker.bert(), config)
     with pytest.raises(ValueError, match="IPU 1 of the pipeline without a layer"):
         PipelineStages(handle, stage=0, num_stages=3, group=None, n_microbatches=4)
+
+
+def _chained_loss(model, micro_batch, layers_per_ipu, recompute=False):
+    """The stage modules of `model` called one after another in this process, hidden state passed on."""
+    from optimum_ipu.runtime.stages import _StageModule, check_supported, model_loss
+
+    config = IPUConfig(
+        layers_per_ipu=layers_per_ipu,
+        ipus_per_replica=len(layers_per_ipu),
+        recompute_checkpoint_every_layer=recompute,
+    )
+    handle = to_pipelined(model, config).parallelize()
+    check_supported(handle)
+    hidden = None
+    for stage in range(len(layers_per_ipu)):
+        module = _StageModule(handle, stage, model_loss)
+        module.hidden_dtype = torch.float32
+        hidden = module(*(() if hidden is None else (hidden,)), **micro_batch)
+    return hidden
+
+
+def _text_batch(**labels):
+    g = torch.Generator().manual_seed(3)
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 7:] = 0
+    return {"input_ids": torch.randint(2, 100, (2, 10), generator=g), "attention_mask": mask, **labels}
+
+
+@pytest.mark.parametrize(
+    ("name", "layers_per_ipu", "recompute"),
+    [
+        ("distilbert_classification", [1, 2, 1], False),
+        ("roberta_qa", [2, 2], True),
+        ("bert_tokens", [0, 4], False),
+    ],
+)
+def test_stage_modules_chain_to_the_whole_model(name, layers_per_ipu, recompute):
+    """Each family's stages (3 stages, a first stage without layers, recomputation) give the model's loss."""
+    from transformers import (
+        BertForTokenClassification,
+        DistilBertConfig,
+        DistilBertForSequenceClassification,
+        RobertaConfig,
+        RobertaForQuestionAnswering,
+    )
+
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=100, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64
+    )
+    off = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    if name == "distilbert_classification":
+        config = DistilBertConfig(vocab_size=100, dim=32, n_layers=4, n_heads=2, hidden_dim=64, dropout=0.0,
+                                  attention_dropout=0.0, seq_classif_dropout=0.0)  # fmt: skip
+        model, batch = DistilBertForSequenceClassification(config), _text_batch(labels=torch.tensor([0, 1]))
+    elif name == "roberta_qa":
+        model = RobertaForQuestionAnswering(RobertaConfig(**common, **off, pad_token_id=1))
+        batch = _text_batch(start_positions=torch.tensor([1, 2]), end_positions=torch.tensor([3, 4]))
+    else:
+        model = BertForTokenClassification(worker.bert().config)
+        batch = _text_batch(labels=torch.randint(0, 2, (2, 10)))
+    model.eval()
+    chained = _chained_loss(model, batch, layers_per_ipu, recompute)
+    assert chained.shape == (1,) and chained.dtype == torch.float32
+    # The model is whole again after each stage call, and gives the same loss.
+    torch.testing.assert_close(chained[0], model(**batch).loss, atol=1e-6, rtol=0)
