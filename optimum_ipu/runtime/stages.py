@@ -170,8 +170,13 @@ class _StageModule(nn.Module):
             _set_submodule(model, self.layers_path, all_layers)
 
     def hidden_like(self, micro_batch: dict[str, Any]) -> torch.Tensor:
-        """An empty tensor shaped as the hidden state between stages (the embeddings' output)."""
-        with torch.no_grad(), self._as_stage(None):
+        """An empty tensor shaped as the hidden state between stages (the embeddings' output).
+
+        The probe draws no random number from the training streams (embedding dropout is forked off).
+        """
+        device = next(self.model.parameters()).device
+        forked = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+        with forked, torch.no_grad(), self._as_stage(None):
             hook = self.embeddings.register_forward_hook(_raise_output)
             try:
                 self.model(**micro_batch, **self.shared)

@@ -275,3 +275,18 @@ def test_stage_modules_chain_to_the_whole_model(name, layers_per_ipu, recompute)
     assert chained.shape == (1,) and chained.dtype == torch.float32
     # The model is whole again after each stage call, and gives the same loss.
     torch.testing.assert_close(chained[0], model(**batch).loss, atol=1e-6, rtol=0)
+
+
+def test_shape_probe_leaves_the_random_stream_alone():
+    """Building a stage runs the embeddings once for the hidden state's shape: dropout there draws nothing."""
+    from optimum_ipu.runtime.stages import _StageModule, model_loss
+
+    handle = worker.pipelined(worker.bert(dropout=0.5))
+    handle.module.train()
+    module = _StageModule(handle, 1, model_loss)
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    hidden = module.hidden_like(worker.bert_micro_batches()[0])
+    assert torch.equal(torch.rand(3), expected)
+    assert hidden.shape == (worker.MICRO, worker.SEQ, 32) and hidden.dtype == torch.float32
