@@ -34,6 +34,7 @@ from optimum_ipu.checkpoints import AtomicCheckpoints
 from optimum_ipu.pipelining import to_pipelined
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, move_to, pad_by_repeating
 from optimum_ipu.runtime.compile_report import compile_inference, compile_training
+from optimum_ipu.runtime.distributed import build_process_replicas
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
 from optimum_ipu.runtime.loss_scaling import LossScaler
@@ -130,6 +131,23 @@ def _trim(value, size: int):
     return value
 
 
+def _load_whole_batches(loader) -> None:
+    """Every process loads the whole combined batch and runs its replicas' slice of it.
+
+    accelerate shards a training loader's batches over the processes; an IPU run's processes share
+    one combined batch instead (its layout decides which replica sees which sample), so the shard is
+    made a pass-through, as transformers does for its own rank-aware samplers.
+    """
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    if batch_sampler is None or not hasattr(batch_sampler, "num_processes"):
+        raise RuntimeError(
+            f"the training DataLoader ({type(loader).__name__}) is not sharded by a batch sampler, so its "
+            "combined batches cannot be shared by the processes; use a map-style dataset (with __len__)."
+        )
+    batch_sampler.num_processes = 1
+    batch_sampler.process_index = 0
+
+
 class _ShardedModel(nn.Module):
     """What the Trainer's prediction step calls as its model: one inference call on the simulated IPU."""
 
@@ -212,6 +230,10 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         self._executable: TrainingExecutable | None = None
         self.loss_scaler = LossScaler(args.loss_scaling or 1.0, auto=bool(self.ipu_config.auto_loss_scaling))
         self.replica_streams = ReplicaStreams(args.seed, self.ipu_config.replication_factor)
+        # Under torchrun: this process's replicas (or pipeline stage); checked before any work.
+        self.process_replicas = build_process_replicas(
+            self.ipu_config.replication_factor, self.ipu_config.ipus_per_replica, args.device
+        )
         self.compile_report = None
         self.inference_report = None
 
@@ -249,7 +271,14 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
                 "(--pod_type, --n_ipu) / device_iterations."
             )
         with _overridden(self.args, dataloader_drop_last=True):
-            return super().get_train_dataloader()
+            loader = super().get_train_dataloader()
+        if self.process_replicas is not None:
+            _load_whole_batches(loader)
+        return loader
+
+    def get_total_train_batch_size(self, args) -> int:
+        """One combined batch per step, however many processes share its replicas."""
+        return self._train_batch_size * args.gradient_accumulation_steps
 
     def get_eval_dataloader(self, eval_dataset=None):
         """Combined inference batches (micro-batch x inference replicas x device iterations); the last is kept."""
@@ -346,6 +375,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 
     def _build_executable(self, model: nn.Module) -> TrainingExecutable:
+        model = self.accelerator.unwrap_model(model)  # gradients are reduced by the executable, not DDP
         return TrainingExecutable(
             model,
             self.ipu_config,
@@ -355,6 +385,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             streams=self.replica_streams,
             max_grad_norm=self.args.max_grad_norm,
             fp16_compute=self.fp16_compute,
+            replicas=self.process_replicas,
         )
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch=None) -> torch.Tensor:

@@ -108,8 +108,9 @@ class TrainingExecutable:
                             self.loss_scaler.scale_loss(loss).backward()
                             losses[d, r, g] = loss.detach().float()
             self._update(replicas * ga)
-        self.last_losses = losses
-        return self._losses_to_return(losses)
+        self.replicas.share_streams(self.streams)
+        self.last_losses = self.replicas.gather_losses(losses)
+        return self._losses_to_return(self.last_losses)
 
     def _update(self, micro_batches: int) -> None:
         """Reduce, unscale, check, clip and apply one update; leave no gradient behind."""

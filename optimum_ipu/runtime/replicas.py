@@ -99,3 +99,10 @@ class LocalReplicas:
     def sum_over_stages(self, value: torch.Tensor) -> torch.Tensor:
         """Sum a per-stage value over the pipeline stages of one replica (one process holds them all)."""
         return value
+
+    def gather_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        """Every replica's losses (all of them ran here)."""
+        return losses
+
+    def share_streams(self, streams: ReplicaStreams) -> None:
+        """Give every process every replica's random stream (this process has them all)."""

@@ -1,0 +1,159 @@
+"""Replicas and pipeline stages as processes: the IPU system laid out over `torch.distributed`.
+
+Launched with `torchrun --nproc_per_node K ...`, every process runs the same script. The processes
+form a 2-D mesh, pipeline stages x data-parallel groups (`DeviceMesh` dims "pp" and "dp"):
+
+- data parallel: each dp rank runs `replication_factor / dp` of the replicas of every combined batch
+  (rank k takes replicas k*R/dp ... (k+1)*R/dp - 1, so replica r sees the same samples as in one
+  process); the fp32 gradient sums are all-reduced over "dp" before the update;
+- pipeline: when the world size covers `ipus_per_replica`, each process of a pipeline holds one
+  IPU's stage and the micro-batches of an accumulation run through the stages concurrently
+  (`runtime.stages`, `torch.distributed.pipelining`).
+
+Every process loads the whole combined batch (the Trainer's sampler is the same on every rank) and
+runs its slice, so the data layout is exactly the single-process one. Decisions that must agree
+(an overflow on any replica skips the update everywhere, the loss scale, the gradient norm) are
+reduced over all processes, and every process applies the same update, so the weights stay equal on
+every rank and rank 0 saves them. Collectives are torch's: gloo on CPU, NCCL on GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+
+@dataclass(frozen=True)
+class ProcessLayout:
+    """How the processes of a run map onto the IPU system.
+
+    Attributes:
+        world_size: processes in the run.
+        stages: processes per pipeline (1: each process runs whole replicas).
+        data_parallel: pipelines side by side; each runs `replication_factor / data_parallel` replicas.
+    """
+
+    world_size: int
+    stages: int
+    data_parallel: int
+
+
+def process_layout(world_size: int, replication_factor: int, ipus_per_replica: int) -> ProcessLayout:
+    """Lay `world_size` processes out as pipeline stages x data-parallel groups, or say why not.
+
+    When the world size is a multiple of the IPUs per replica, each process holds one pipeline
+    stage (`world_size / ipus_per_replica` pipelines side by side); otherwise each process runs whole
+    replicas. Either way the data-parallel size must divide the replication factor.
+    """
+    if world_size <= 1:
+        return ProcessLayout(1, 1, 1)
+    stages = ipus_per_replica if ipus_per_replica > 1 and world_size % ipus_per_replica == 0 else 1
+    data_parallel = world_size // stages
+    if replication_factor % data_parallel:
+        if stages > 1:
+            reason = (
+                f"{world_size} processes = {stages} pipeline stages x {data_parallel} data-parallel groups, "
+                f"and {data_parallel} does not divide replication_factor={replication_factor}"
+            )
+        else:
+            reason = (
+                f"replication_factor={replication_factor} is not a multiple of the world size {world_size}"
+            )
+        raise ValueError(
+            f"Cannot lay {world_size} processes out over the IPU system: {reason}. Launch "
+            f"torchrun --nproc_per_node with a number of processes that divides the replicas "
+            f"({_valid_sizes(replication_factor, ipus_per_replica)}), or change the replication "
+            "(--pod_type / --n_ipu / replication_factor)."
+        )
+    return ProcessLayout(world_size, stages, data_parallel)
+
+
+def _valid_sizes(replication_factor: int, ipus_per_replica: int) -> str:
+    replicas = [d for d in range(1, replication_factor + 1) if replication_factor % d == 0]
+    sizes = sorted(
+        set(replicas) | ({ipus_per_replica * d for d in replicas} if ipus_per_replica > 1 else set())
+    )
+    return ", ".join(str(s) for s in sizes)
+
+
+class ProcessReplicas:
+    """This process's replicas of a run spread over `torch.distributed` processes.
+
+    The same interface as `LocalReplicas` (the single-process reference), so the executable runs
+    unchanged: `local_replicas` names this process's slice, `sum_` all-reduces gradient sums over
+    the data-parallel group, `any` agrees on a flag over every process, and `sum_over_stages` adds
+    the pipeline stages' parts of a value (the squared gradient norm).
+    """
+
+    def __init__(self, layout: ProcessLayout, mesh: DeviceMesh):
+        self.layout = layout
+        self.mesh = mesh
+        self.dp_group = mesh.get_group("dp")
+        self.pp_group = mesh.get_group("pp")
+        self.dp_rank = mesh.get_local_rank("dp")
+        self.stage = mesh.get_local_rank("pp")
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    def local_replicas(self, replication_factor: int) -> range:
+        per_process = replication_factor // self.layout.data_parallel
+        return range(self.dp_rank * per_process, (self.dp_rank + 1) * per_process)
+
+    def sum_(self, tensors: Sequence[torch.Tensor]) -> None:
+        """All-reduce (sum) `tensors` in place over the data-parallel group, in one flat message."""
+        if self.layout.data_parallel == 1 or not tensors:
+            return
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        dist.all_reduce(flat, group=self.dp_group)
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+    def any(self, flag: bool) -> bool:
+        value = torch.tensor([1.0 if flag else 0.0])
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item() > 0)
+
+    def sum_over_stages(self, value: torch.Tensor) -> torch.Tensor:
+        if self.layout.stages == 1:
+            return value
+        value = value.detach().float().reshape(1).clone()
+        dist.all_reduce(value, group=self.pp_group)
+        return value.reshape(())
+
+    def gather_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        """losses[d, r, g] with every replica's entries, from the processes that ran them."""
+        if self.layout.data_parallel == 1:
+            return losses
+        known = ~losses.isnan()
+        total = torch.where(known, losses, torch.zeros_like(losses))
+        dist.all_reduce(total, group=self.dp_group)
+        return total
+
+    def share_streams(self, streams) -> None:
+        """Give every process the random streams of every replica (rank 0 saves them all)."""
+        if self.layout.data_parallel == 1:
+            return
+        mine = {r: streams.states[r] for r in self.local_replicas(len(streams.states))}
+        gathered: list[dict | None] = [None] * self.layout.data_parallel
+        dist.all_gather_object(gathered, mine, group=self.dp_group)
+        for part in gathered:
+            for r, state in part.items():
+                streams.states[r] = state
+
+
+def build_process_replicas(replication_factor: int, ipus_per_replica: int, device: torch.device | str):
+    """The `ProcessReplicas` of this process when torch.distributed runs more than one; else None."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    layout = process_layout(dist.get_world_size(), replication_factor, ipus_per_replica)
+    device_type = torch.device(device).type
+    mesh = init_device_mesh(device_type, (layout.data_parallel, layout.stages), mesh_dim_names=("dp", "pp"))
+    return ProcessReplicas(layout, mesh)

@@ -1,0 +1,122 @@
+"""Replicas as torchrun processes (gloo, 2 processes) equal the single-process simulation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from optimum_ipu.runtime.distributed import process_layout
+
+WORKER = Path(__file__).with_name("_train_worker.py")
+pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
+
+
+def run(tmp_path: Path, name: str, processes: int, **spec) -> Path:
+    """Train with `processes` torchrun processes (1: a plain python run) and return the output folder."""
+    out = tmp_path / name
+    spec = {"out": str(out), "steps": 3, **spec}
+    spec_file = tmp_path / f"{name}.json"
+    spec_file.write_text(json.dumps(spec))
+    launcher = [sys.executable]
+    if processes > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    result = subprocess.run([*launcher, str(WORKER), str(spec_file)], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    if result.returncode != 0:
+        raise AssertionError(f"{name} failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+    return out
+
+
+def weights(out: Path, step: int, rank: int = 0) -> torch.Tensor:
+    return torch.load(out / f"rank{rank}_step{step}.pt")
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+REPLICAS_2_GA_4 = {"layers_per_ipu": [-1], "ipus_per_replica": 1, "replication_factor": 2,
+                   "gradient_accumulation_steps": 4}  # fmt: skip
+
+
+# AdamW divides by the root of its second moment, so an element whose true gradient is zero moves by
+# up to the learning rate per step on a last-bit difference in the order of the fp32 sums (plain
+# transformers' GA splits show the same): the QA head's bias is one (start and end softmaxes do not
+# change when every position's logit moves together). It is held to steps x lr; the rest, some of
+# whose gradients are tiny but not zero, to steps x lr / 10.
+@pytest.mark.parametrize(
+    "optim, device_iterations, lr, tolerance",
+    [("sgd", 1, 1e-2, 1e-6), ("adamw_torch", 2, 1e-3, 1e-4)],
+)
+def test_two_replica_processes_equal_one_process(tmp_path, optim, device_iterations, lr, tolerance):
+    ipu_config = {**REPLICAS_2_GA_4, "device_iterations": device_iterations}
+    one = run(tmp_path, "one", 1, ipu_config=ipu_config, optim=optim, lr=lr)
+    two = run(tmp_path, "two", 2, ipu_config=ipu_config, optim=optim, lr=lr)
+    assert summary(two)["world_size"] == 2 and summary(one)["world_size"] == 1
+    assert (
+        summary(two)["total_train_batch_size"]
+        == summary(one)["total_train_batch_size"]
+        == 16 * device_iterations
+    )
+    for step in (1, 2, 3):
+        torch.testing.assert_close(weights(two, step, rank=1), weights(two, step, rank=0), rtol=0, atol=0)
+        bound = tolerance if optim == "sgd" else step * tolerance
+        torch.testing.assert_close(weights(two, step)[:-2], weights(one, step)[:-2], rtol=0, atol=bound)
+        torch.testing.assert_close(weights(two, step)[-2:], weights(one, step)[-2:], rtol=0, atol=step * lr)
+    assert summary(two)["losses"] == pytest.approx(summary(one)["losses"], abs=1e-5)
+
+
+def test_replicas_differ_from_a_longer_accumulation_with_dropout_and_processes_keep_them(tmp_path):
+    """Each replica has its own dropout stream, in one process or in two."""
+    ipu_config = dict(REPLICAS_2_GA_4)
+    one = run(tmp_path, "one", 1, ipu_config=ipu_config, dropout=0.1, steps=2)
+    two = run(tmp_path, "two", 2, ipu_config=ipu_config, dropout=0.1, steps=2)
+    torch.testing.assert_close(weights(two, 2), weights(one, 2), rtol=0, atol=1e-6)
+    torch.testing.assert_close(weights(two, 2, rank=1), weights(two, 2), rtol=0, atol=0)
+
+
+def test_an_overflow_on_one_replica_process_skips_the_update_on_both(tmp_path):
+    out = run(tmp_path, "two", 2, ipu_config=REPLICAS_2_GA_4, fp32=False, optim="adamw_torch", loss_scaling=64.0,
+              lr=1e-3, steps=3, overflow_rank=1, overflow_step=1)  # fmt: skip
+    assert summary(out)["skipped_updates"] == 1
+    for rank in (0, 1):
+        torch.testing.assert_close(weights(out, 2, rank), weights(out, 1, rank), rtol=0, atol=0)  # skipped
+        assert not torch.equal(weights(out, 3, rank), weights(out, 2, rank))  # and training goes on
+    torch.testing.assert_close(weights(out, 3, rank=1), weights(out, 3, rank=0), rtol=0, atol=0)
+
+
+def test_a_two_process_checkpoint_resumes_in_one_and_in_two_processes(tmp_path):
+    full = run(tmp_path, "full", 2, ipu_config=REPLICAS_2_GA_4, steps=4, save_steps=2)
+    checkpoint = str(full / "run" / "checkpoint-2")
+    for processes in (1, 2):
+        resumed = run(tmp_path, f"resumed{processes}", processes, ipu_config=REPLICAS_2_GA_4, steps=4,
+                      resume_from=checkpoint)  # fmt: skip
+        torch.testing.assert_close(weights(resumed, 4), weights(full, 4), rtol=0, atol=1e-6)
+
+
+def test_a_world_size_that_does_not_divide_the_replicas_is_an_error_before_any_work(tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"out": str(tmp_path / "out"), "steps": 1, "ipu_config": REPLICAS_2_GA_4}))
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3", str(WORKER), str(spec)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "replication_factor=2 is not a multiple of the world size 3" in result.stderr
+    assert not list((tmp_path / "out").glob("rank*_step*.pt"))
+
+
+def test_process_layout():
+    assert process_layout(1, 4, 2) == process_layout(1, 1, 1)
+    assert (process_layout(2, 2, 1).stages, process_layout(2, 2, 1).data_parallel) == (1, 2)
+    assert (process_layout(4, 2, 2).stages, process_layout(4, 2, 2).data_parallel) == (2, 2)
+    assert (process_layout(2, 1, 2).stages, process_layout(2, 1, 2).data_parallel) == (2, 1)
+    with pytest.raises(ValueError, match="4 processes = 2 pipeline stages x 2 data-parallel groups"):
+        process_layout(4, 1, 2)
