@@ -210,7 +210,8 @@ class PipelineStages:
     micro-batch; it computes, and accumulates gradients for, its own stage's parameters only.
 
     Args:
-        pipelined: the model's `PipelinedModel` (parallelized or not); its `StagePlan` gives the stages.
+        pipelined: the model's `PipelinedModel`, already parallelized (or never): its `StagePlan` gives
+            the stages, and the parameters are read here, so build the stages after `parallelize()`.
         stage: this process's stage, its rank in `group` (layers on IPU k run on stage k).
         num_stages: stages in the pipeline; must equal the plan's `ipus_per_replica`.
         group: the process group of this replica's stages (None: the default group).

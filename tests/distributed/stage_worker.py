@@ -123,6 +123,7 @@ def main(scenario: str, out_dir: str) -> None:
     stages = PipelineStages(handle, stage=rank, num_stages=2, group=None, n_microbatches=GA)
     out["owned"] = sorted(n for n, p in model.named_parameters() if stages.owns(p))
     out["gpipe"] = stage_run(stages, data)
+    out["hidden_dtype"] = stages.module.hidden_dtype
     if scenario == "bert":
         # Other shapes (a batch padded to another length): the stages are rebuilt for them.
         out["short"] = stage_run(stages, bert_micro_batches(SHORT_SEQ))

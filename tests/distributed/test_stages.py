@@ -177,6 +177,7 @@ def test_fp16_stages_close_to_one_process_fp16(tmp_path):
     ref_losses, ref_grads = reference(worker.bert(torch.float16), worker.bert_micro_batches())
     # fp16 activations cross between the stages; the fp32 gradient sums come from the hooks.
     _, grads = gathered(ranks, "gpipe")
+    assert [r["hidden_dtype"] for r in ranks] == [torch.float16, torch.float16]
     assert all(g.dtype == torch.float32 for g in grads.values())
     assert_same_run(ranks, "gpipe", ref_losses, ref_grads, atol=1e-3, rtol=1e-2, scale=worker.LOSS_SCALE)
 
