@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import TrainOutput
 
 from optimum_ipu.checkpoints import AtomicCheckpoints
@@ -40,6 +40,7 @@ from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.optimizers import LAMB, AdamW, IPUOptimizer
 from optimum_ipu.runtime.replicas import ReplicaStreams
+from optimum_ipu.runtime.stages import PipelineStages, check_supported
 from optimum_ipu.training_args import IPUTrainingArguments, resolve_ipu_config
 
 logger = logging.getLogger(__name__)
@@ -129,6 +130,28 @@ def _trim(value, size: int):
     if isinstance(value, (tuple, list)):
         return type(value)(_trim(v, size) for v in value)
     return value
+
+
+class _SynchroniseStages(TrainerCallback):
+    """With one process per pipeline stage, each updates only its stage's weights and optimizer state:
+    before the Trainer saves or evaluates, and when training ends, every process gets all of them."""
+
+    def __init__(self, trainer: IPUTrainer):
+        self.trainer = trainer
+
+    def _synchronise(self) -> None:
+        stages = self.trainer._stages
+        if stages is not None:
+            stages.broadcast_weights()
+            if self.trainer.optimizer is not None:
+                stages.broadcast_optimizer_state(self.trainer.optimizer)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save or control.should_evaluate or control.should_training_stop:
+            self._synchronise()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._synchronise()
 
 
 def _load_whole_batches(loader) -> None:
@@ -225,7 +248,9 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         )
 
         super().__init__(model, args, *positional, **kwargs)
-        self._pipelined.parallelize()
+        # Under torchrun each process drives one device (its GPU, or the CPU) for all the IPUs it holds.
+        self._ipu_devices = [args.device] * self.ipu_config.ipus_per_replica if args.world_size > 1 else None
+        self._pipelined.parallelize(self._ipu_devices)
         self._mode = "training"
         self._executable: TrainingExecutable | None = None
         self.loss_scaler = LossScaler(args.loss_scaling or 1.0, auto=bool(self.ipu_config.auto_loss_scaling))
@@ -234,6 +259,10 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         self.process_replicas = build_process_replicas(
             self.ipu_config.replication_factor, self.ipu_config.ipus_per_replica, args.device
         )
+        self._stages: PipelineStages | None = None
+        if self.process_replicas is not None and self.process_replicas.layout.stages > 1:
+            check_supported(self._pipelined)
+            self.add_callback(_SynchroniseStages(self))
         self.compile_report = None
         self.inference_report = None
 
@@ -244,7 +273,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         if mode == self._mode:
             return
         self.ipu_config.train() if mode == "training" else self.ipu_config.eval()
-        self._pipelined.parallelize()
+        self._pipelined.parallelize(self._ipu_devices)
         self._mode = mode
 
     @property
@@ -386,7 +415,21 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             max_grad_norm=self.args.max_grad_norm,
             fp16_compute=self.fp16_compute,
             replicas=self.process_replicas,
+            stages=self._build_stages(),
         )
+
+    def _build_stages(self) -> PipelineStages | None:
+        """This process's pipeline stage when the stages are processes (see `runtime.distributed`)."""
+        processes = self.process_replicas
+        if processes is None or processes.layout.stages == 1:
+            return None
+        model = self._pipelined.module
+        self._stages = PipelineStages(
+            self._pipelined, stage=processes.stage, num_stages=processes.layout.stages, group=processes.pp_group,
+            n_microbatches=self.ipu_config.gradient_accumulation_steps,
+            loss_fn=lambda _stage_model, micro_batch: self.compute_loss(model, micro_batch),
+        )  # fmt: skip
+        return self._stages
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch=None) -> torch.Tensor:
         """One host call on the combined batch; returns the mean micro-batch loss for logging."""
@@ -446,7 +489,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             super()._save(output_dir, state_dict)
         finally:
             if was_parallelized:
-                self._pipelined.parallelize()
+                self._pipelined.parallelize(self._ipu_devices)
         if self.args.should_save:
             self.ipu_config.save_pretrained(output_dir)
 

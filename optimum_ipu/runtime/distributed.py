@@ -124,9 +124,9 @@ class ProcessReplicas:
     def sum_over_stages(self, value: torch.Tensor) -> torch.Tensor:
         if self.layout.stages == 1:
             return value
-        value = value.detach().float().reshape(1).clone()
+        value = value.detach().clone()
         dist.all_reduce(value, group=self.pp_group)
-        return value.reshape(())
+        return value
 
     def gather_losses(self, losses: torch.Tensor) -> torch.Tensor:
         """losses[d, r, g] with every replica's entries, from the processes that ran them."""

@@ -11,7 +11,8 @@ leaves no gradient behind, so the Trainer's own clip and step that follow find n
 only its LR schedule advances.
 
 Replicas run in this process one after another on the same weights (`LocalReplicas`), or a slice
-of them per process with `torch.distributed` (see `distributed.py`): the math is the same.
+of them per process with `torch.distributed` (see `distributed.py`), and a replica's pipeline runs
+in this process stage after stage, or with one process per stage (`stages.py`): the math is the same.
 
 Inference runs sharded, as the IPU does: for every device iteration and replica, one micro-batch
 through the stages one after another; outputs are put back together, and the loss of an evaluation
@@ -49,6 +50,8 @@ class TrainingExecutable:
         max_grad_norm: clip the global gradient norm before each update (0 disables).
         fp16_compute: "emulated" (fp32 partials) or "native" fp16 kernels.
         replicas: which replicas run here and how they reduce (`LocalReplicas` by default).
+        stages: this process's `PipelineStages` when each pipeline stage is a process: a replica's
+            accumulation micro-batches then run through the stages concurrently.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class TrainingExecutable:
         max_grad_norm: float = 0.0,
         fp16_compute: str = "emulated",
         replicas=None,
+        stages=None,
     ):
         if ipu_config.output_mode not in OUTPUT_MODES:
             raise ValueError(f"output_mode must be one of {OUTPUT_MODES}, got {ipu_config.output_mode!r}.")
@@ -74,6 +78,7 @@ class TrainingExecutable:
         self.max_grad_norm = max_grad_norm
         self.fp16_compute = fp16_compute
         self.replicas = replicas or LocalReplicas()
+        self.stages = stages
         self.device_iterations = ipu_config.device_iterations
         self.replication_factor = ipu_config.replication_factor
         self.gradient_accumulation_steps = ipu_config.gradient_accumulation_steps
@@ -102,9 +107,15 @@ class TrainingExecutable:
         for d in range(di):
             with self.gradients.collecting(), fp16_compute_context(self.fp16_compute):
                 for r in self.replicas.local_replicas(replicas):
+                    first = (d * replicas + r) * ga
                     with self.streams.use(r):
+                        if self.stages is not None:
+                            losses[d, r] = self.stages.run(
+                                micro_batches[first : first + ga], self.loss_scaler.scale
+                            )
+                            continue
                         for g in range(ga):
-                            loss = self.loss_fn(micro_batches[(d * replicas + r) * ga + g])
+                            loss = self.loss_fn(micro_batches[first + g])
                             self.loss_scaler.scale_loss(loss).backward()
                             losses[d, r, g] = loss.detach().float()
             self._update(replicas * ga)
@@ -171,7 +182,9 @@ class InferenceExecutable:
                 real_rows = max(0, min(stop, real) - start)
                 loss = out.get("loss") if isinstance(out, Mapping) else None
                 if loss is not None and real_rows:
-                    if real_rows < stop - start:  # the IPU ran padding here: its loss comes from real rows only
+                    if (
+                        real_rows < stop - start
+                    ):  # the IPU ran padding here: its loss comes from real rows only
                         loss = self.model(**slice_batch(micro, 0, real_rows))["loss"]
                     loss_parts.append((loss.detach().float(), real_rows))
         return _combine(outputs, sizes, loss_parts)

@@ -91,17 +91,20 @@ class LossScaler:
             return None
         divisor = self.scale * micro_batches
         if self.auto:
-            crowded = replicas.any(self._proportion_above_edge(gradients, micro_batches) > self.threshold)
-            self._after_clean_update(crowded)
+            above, total = replicas.sum_over_stages(self._counts_above_edge(gradients, micro_batches)).tolist()
+            self._after_clean_update(replicas.any(above / max(total, 1.0) > self.threshold))
         if gradients:
             torch._foreach_mul_(list(gradients), 1.0 / divisor)
         return float(squared.sqrt()) / divisor
 
-    def _proportion_above_edge(self, gradients: Sequence[torch.Tensor], micro_batches: int) -> float:
-        """Share of elements of the stored (fp16, scaled, mean) gradients above the bin edge."""
+    def _counts_above_edge(self, gradients: Sequence[torch.Tensor], micro_batches: int) -> torch.Tensor:
+        """[elements above the bin edge, all elements] of the stored (fp16, scaled, mean) gradients.
+
+        Counts, not a proportion, so pipeline stages in separate processes can add theirs up.
+        """
         edge = self.bin_edge * FP16_MAX * micro_batches  # compare the sums, not a divided copy
         above = sum(int((g.abs() >= edge).sum()) for g in gradients)
-        return above / max(sum(g.numel() for g in gradients), 1)
+        return torch.tensor([float(above), float(sum(g.numel() for g in gradients))], dtype=torch.float64)
 
     def _after_clean_update(self, crowded: bool) -> None:
         self.clean_updates += 1

@@ -366,3 +366,24 @@ class PipelineStages:
                 for t in members:
                     t.copy_(flat[offset : offset + t.numel()].view_as(t))
                     offset += t.numel()
+
+    def broadcast_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        """Copy each parameter's optimizer state from the stage that owns it to every rank of the group.
+
+        Each stage's optimizer only updates (and keeps moments for) its own parameters; before rank 0
+        writes `optimizer.pt` it must hold every stage's, so the checkpoint resumes in any layout.
+        """
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper -> the optimizer
+        params = list(dict.fromkeys(self.pipelined.module.parameters()))
+        for owner in range(self.num_stages):
+            payload = [None]
+            if owner == self.stage:
+                payload = [{i: optimizer.state[p] for i, p in enumerate(params) if self._owner[id(p)] == owner
+                            and p in optimizer.state}]  # fmt: skip
+            dist.broadcast_object_list(payload, group_src=owner, group=self.group)
+            if owner != self.stage:
+                for i, state in payload[0].items():
+                    optimizer.state[params[i]] = {
+                        k: v.to(params[i].device) if isinstance(v, torch.Tensor) else v
+                        for k, v in state.items()
+                    }
