@@ -161,14 +161,15 @@ def _load_whole_batches(loader) -> None:
     one combined batch instead (its layout decides which replica sees which sample), so the shard is
     made a pass-through, as transformers does for its own rank-aware samplers.
     """
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    if batch_sampler is None or not hasattr(batch_sampler, "num_processes"):
-        raise RuntimeError(
-            f"the training DataLoader ({type(loader).__name__}) is not sharded by a batch sampler, so its "
-            "combined batches cannot be shared by the processes; use a map-style dataset (with __len__)."
+    if isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
+        raise ValueError(
+            "An iterable training data set cannot be shared by the processes of a torchrun launch (each "
+            "process must see the whole combined batch): use a map-style data set (with __len__)."
         )
-    batch_sampler.num_processes = 1
-    batch_sampler.process_index = 0
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    if hasattr(batch_sampler, "num_processes"):  # accelerate's BatchSamplerShard
+        batch_sampler.num_processes = 1
+        batch_sampler.process_index = 0
 
 
 class _ShardedModel(nn.Module):

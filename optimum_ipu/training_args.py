@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
 from transformers import TrainingArguments
 
 from optimum_ipu._config_legacy import n_ipu_from_pod_type
@@ -135,6 +136,7 @@ class IPUTrainingArguments(TrainingArguments):
         self._take_gradient_accumulation()
         self._take_precision()
         self._map_removed_arguments()
+        self._processes_on_cpu()
         super().__post_init__()
 
     @property
@@ -150,6 +152,15 @@ class IPUTrainingArguments(TrainingArguments):
     def set_combined_batch_factors(self, training: int, inference: int) -> None:
         """Record the IPU config's batch size factors (IPUTrainer does this when it resolves the config)."""
         self.train_batch_factor, self.eval_batch_factor = int(training), int(inference)
+
+    def _processes_on_cpu(self) -> None:
+        """Under torchrun on a host without CUDA, the processes run on the CPU and talk over gloo.
+
+        transformers only treats a CPU launch as distributed with `use_cpu`; without it every process
+        would believe it is alone and train the whole system by itself.
+        """
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+            self.use_cpu = True
 
     def _check_pods(self) -> None:
         if self.n_ipu is not None and (isinstance(self.n_ipu, bool) or int(self.n_ipu) < 1):

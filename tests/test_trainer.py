@@ -9,33 +9,12 @@ import os
 
 import pytest
 import torch
-from fixtures import tiny_bert_config, tiny_tokenizer
+from fixtures import PatternQA, tiny_bert_config, tiny_tokenizer
 from transformers import AutoModelForQuestionAnswering, BertForQuestionAnswering, Trainer, TrainingArguments
 
 from optimum_ipu import IPUConfig, IPUTrainer, IPUTrainingArguments
 
 SEQ = 16
-
-
-class PatternQA(torch.utils.data.Dataset):
-    """Learnable synthetic QA: the answer span starts at the token 7 and ends two tokens later."""
-
-    def __init__(self, n: int, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(10, 100, (n, SEQ), generator=g)
-        self.start = torch.randint(1, SEQ - 3, (n,), generator=g)
-        self.ids[torch.arange(n), self.start] = 7
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {
-            "input_ids": self.ids[i],
-            "attention_mask": torch.ones(SEQ, dtype=torch.long),
-            "start_positions": self.start[i],
-            "end_positions": self.start[i] + 2,
-        }
 
 
 def tiny_qa(layers=4, seed=0):
