@@ -14,7 +14,9 @@ Per block, one forward of one micro-batch costs, summed over its traced operatio
 
 The fixed cost per operation is what makes efficiency depend on shape: a big matmul runs near
 `matmul_efficiency`, a small one mostly pays its fixed cost (ViT at micro-batch 1 reaches ~4% of
-peak). Backward costs `backward_flops_ratio` x forward; a recomputing stage runs its forward again.
+peak). A matmul's backward is two matmuls of its forward's FLOPs (input and weight gradients), priced
+the same way; the other operations' backward costs `backward_other_ratio` x their forward; a
+recomputing stage runs its forward again.
 
 One weight update runs GA + 2N - 2 pipeline cycles (fill, steady state, flush). In cycle c, IPU k
 runs the forward of micro-batch c - k and the recompute + backward of micro-batch c - (2N - 2 - k)
@@ -23,9 +25,10 @@ IPU-Links. After the flush, replicas all-reduce gradients (`scaleout.py`: IPU-Li
 GW-Links between PODs) and the optimizer steps.
 
 Inference runs as PopTorch runs it: the device iterations loop on the IPUs, so one host call serves
-micro-batch x device iterations x replicas samples. With device_iterations >= N the stages overlap
-(pipelined inference: DI + N - 1 cycles, each as long as the slowest stage plus its copy); with fewer
-the micro-batches visit the IPUs one after another (sharded). Every host call, in training or
+micro-batch x device iterations x replicas samples. Optimum Graphcore runs inference sharded
+(`ShardedExecution`): each micro-batch visits the IPUs one after another. With
+`Workload.pipelined_inference` (PopTorch's `PipelinedExecution`) and device_iterations >= N the stages
+overlap instead: DI + N - 1 cycles, each as long as the slowest stage plus its copy. Every host call, in training or
 inference, pays the fitted fixed overhead once and streams its inputs and outputs over the host links.
 """
 
@@ -106,7 +109,7 @@ class PerformanceReport:
         return self.training or self.pipeline_efficiency > 1.0 / len(self.stages) + 1e-12
 
     def timeline(self) -> list[dict]:
-        """Segments of one weight update (one micro-batch in inference) for a Gantt chart.
+        """Segments of one weight update (one host call in inference) for a Gantt chart.
 
         Each segment is a dict with `ipu`, `start` and `duration` (seconds), `kind` ("forward" or
         "backward", the latter including recomputation) and `micro_batch`.
@@ -123,10 +126,10 @@ class PerformanceReport:
                         )
                 start += length
                 continue
-            if not self.training:
-                s = self.stages[c]
+            if not self.training:  # sharded: micro-batch c // N on IPU c % N
+                s = self.stages[c % n]
                 segments.append(
-                    dict(ipu=s.ipu, start=start, duration=s.forward, kind="forward", micro_batch=0)
+                    dict(ipu=s.ipu, start=start, duration=s.forward, kind="forward", micro_batch=c // n)
                 )
                 start += length
                 continue
@@ -155,25 +158,35 @@ class PerformanceReport:
         return out
 
 
-def block_forward_time(
+def block_forward_parts(
     block: BlockProfile, hardware: ChipSpec, workload: Workload, budget: float, calibration: Calibration
-) -> tuple[float, int]:
-    """Seconds of one forward of `block` on one micro-batch, and the most pieces the matmul
-    proportion's `budget` forced a matmul into (1: none; embedding serialization not counted)."""
+) -> tuple[float, float, int]:
+    """Seconds of one forward of `block` on one micro-batch in its matrix products and in its other
+    operations, and the most pieces the matmul proportion's `budget` forced a matmul into (1: none;
+    embedding serialization not counted)."""
     peak = hardware.peak_flops(workload.fp32) * calibration.matmul_efficiency
     per_op = calibration.cycles_per_operation / hardware.clock_hz
     factor = workload.embedding_factor
-    seconds, most = 0.0, 1
+    matmul, most = 0.0, 1
     for mm in block.matmuls:
         split = factor if mm.word_embedding else 1
         need = matmul_temporary_bytes(mm, hardware.tiles, workload.float_bytes, split)
         pieces = serialization_pieces(need, budget)
         most = max(most, pieces)
         exchanged = split * need * (pieces ** (1 / 3) - 1)  # the re-exchanges serialization adds
-        seconds += mm.flops / peak + exchanged / hardware.exchange_bandwidth + split * pieces * per_op
+        matmul += mm.flops / peak + exchanged / hardware.exchange_bandwidth + split * pieces * per_op
     ops = block.other_ops + block.embedding_lookups * (factor - 1)
-    seconds += ops * per_op + block.other_bytes / hardware.memory_bandwidth
-    return seconds, most
+    other = ops * per_op + block.other_bytes / hardware.memory_bandwidth
+    return matmul, other, most
+
+
+def block_forward_time(
+    block: BlockProfile, hardware: ChipSpec, workload: Workload, budget: float, calibration: Calibration
+) -> tuple[float, int]:
+    """Seconds of one forward of `block` on one micro-batch, and the most pieces the matmul
+    proportion's `budget` forced a matmul into (1: none; embedding serialization not counted)."""
+    matmul, other, most = block_forward_parts(block, hardware, workload, budget, calibration)
+    return matmul + other, most
 
 
 def stage_time(
@@ -183,16 +196,31 @@ def stage_time(
     hardware: ChipSpec,
     calibration: Calibration = CALIBRATION,
 ) -> StageTime:
-    """Forward / recompute / backward seconds of IPU `ipu` holding `blocks`, per micro-batch."""
+    """Forward / recompute / backward seconds of IPU `ipu` holding `blocks`, per micro-batch.
+
+    The backward of a matrix product is two products of the forward's FLOPs (input gradient, weight
+    gradient), each priced like the forward one; the backward of the other operations costs
+    `ASSUMPTIONS.backward_other_ratio` x their forward. With gradient accumulation, every micro-batch
+    also adds each weight's gradient into its fp32 accumulator: one operation per parameter tensor
+    (reading the gradient and the accumulator, writing the accumulator), which is what makes small
+    micro-batches of a large model costly.
+    """
     stage = StageTime(ipu)
     budget = workload.matmul_proportion[ipu] * hardware.memory_bytes
+    per_op = calibration.cycles_per_operation / hardware.clock_hz
+    accumulates = workload.training and workload.gradient_accumulation_steps > 1
+    backward = 0.0
     for block in blocks:
-        seconds, pieces = block_forward_time(block, hardware, workload, budget, calibration)
-        stage.forward += seconds
+        matmul, other, pieces = block_forward_parts(block, hardware, workload, budget, calibration)
+        stage.forward += matmul + other
+        backward += 2 * matmul + ASSUMPTIONS.backward_other_ratio * other
+        if accumulates:
+            moved = block.trainable_parameters * (workload.float_bytes + 2 * 4)
+            backward += block.trainable_tensors * per_op + moved / hardware.memory_bandwidth
         stage.forward_flops += block.forward_flops
         stage.matmul_pieces = max(stage.matmul_pieces, pieces)
     if workload.training:
-        stage.backward = ASSUMPTIONS.backward_flops_ratio * stage.forward
+        stage.backward = backward
         stage.recompute = stage.forward if workload.recomputes(ipu) else 0.0
     return stage
 
@@ -282,15 +310,17 @@ def weight_update_time(
     return allreduce, step
 
 
-def inference_cycles(stages: list[StageTime], device_iterations: int, copy: float) -> list[float]:
+def inference_cycles(
+    stages: list[StageTime], device_iterations: int, copy: float, pipelined: bool = True
+) -> list[float]:
     """Cycles of one inference host call per replica.
 
-    Pipelined when there are at least as many device iterations as IPUs: DI + N - 1 cycles, each as
-    long as the slowest stage plus the copy. Otherwise sharded: each micro-batch visits the IPUs in
-    turn, one cycle per stage (the last without a copy).
+    Pipelined (when asked and there are at least as many device iterations as IPUs): DI + N - 1
+    cycles, each as long as the slowest stage plus the copy. Otherwise sharded: each micro-batch
+    visits the IPUs in turn, one cycle per stage (the last without a copy).
     """
     n = len(stages)
-    if n > 1 and device_iterations >= n:
+    if pipelined and n > 1 and device_iterations >= n:
         cycle = max(s.forward for s in stages) + copy
         return [cycle] * (device_iterations + n - 1)
     one = [s.forward + (copy if s.ipu < n - 1 else 0.0) for s in stages]
@@ -321,9 +351,9 @@ def estimate_performance(
         compute = di * update
         io = profile.input_bytes * ga * di
     else:
-        cycles = inference_cycles(stages, di, copy)
+        pipelined = workload.pipelined_inference and n > 1 and di >= n
+        cycles = inference_cycles(stages, di, copy, pipelined)
         allreduce = optimizer = 0.0
-        pipelined = n > 1 and di >= n
         efficiency = di / (di + n - 1) if pipelined else 1.0 / n
         bottleneck = max(stages, key=lambda s: s.forward).ipu
         update = sum(cycles) / di  # per micro-batch

@@ -77,6 +77,8 @@ class BlockProfile:
         output_bytes: bytes of the block's output activations.
         saved_bytes: bytes of activations the forward keeps for backward.
         largest_tensor_bytes: the largest activation the block produces.
+        trainable_tensors: how many trainable parameter tensors the block owns (each gets its own
+            gradient accumulation operation per micro-batch).
     """
 
     name: str
@@ -94,6 +96,7 @@ class BlockProfile:
     output_bytes: int = 0
     saved_bytes: int = 0
     largest_tensor_bytes: int = 0
+    trainable_tensors: int = 0
 
 
 @dataclass(frozen=True)

@@ -273,6 +273,7 @@ def _count_parameters(model: nn.Module, profile: ModelProfile, plan: StagePlan, 
         block.parameters += param.numel()
         if param.requires_grad:
             block.trainable_parameters += param.numel()
+            block.trainable_tensors += 1
         if table is not None and module_path == table:
             block.word_embedding_parameters += param.numel()
 

@@ -51,7 +51,10 @@ class Workload:
         embedding_splits_per_ipu: how many of those pieces each IPU holds, or None (all on the
             embedding's IPU).
         recompute_checkpoint_every_layer: a recomputation checkpoint after every layer.
-        training: training (pipelined, with backward) or inference (sharded).
+        training: training (pipelined, with backward) or inference.
+        pipelined_inference: inference overlaps the stages across device iterations (PopTorch's
+            `PipelinedExecution`). False by default: Optimum Graphcore's `IPUConfig.to_options(
+            for_inference=True)` sets `ShardedExecution`, so each micro-batch visits the IPUs in turn.
         optimizer: "adamw", "adam", "lamb" or "sgd".
         fp32: compute in fp32 instead of fp16.
         half_first_order_momentum: the first moment in fp16 instead of fp32.
@@ -69,6 +72,7 @@ class Workload:
     embedding_splits_per_ipu: tuple[int, ...] | None = None
     recompute_checkpoint_every_layer: bool = False
     training: bool = True
+    pipelined_inference: bool = False
     optimizer: str = "adamw"
     fp32: bool = False
     half_first_order_momentum: bool = False

@@ -72,6 +72,24 @@ def test_block_time_is_flops_at_calibrated_efficiency_plus_fixed_cost_per_operat
     assert fp32 - 4 * PER_OP == pytest.approx(4 * (seconds - 4 * PER_OP))  # a quarter of the fp16 peak
 
 
+def test_backward_is_two_matmuls_per_matmul_and_gradient_accumulation_costs_an_operation_per_weight():
+    from optimum_ipu.costmodel.hardware import ASSUMPTIONS
+    from optimum_ipu.costmodel.performance import stage_time
+
+    only_matmul = BlockProfile("m", "layer", ("m",), matmuls=[Matmul(1, 512, 1024, 1024)])
+    only_other = BlockProfile("o", "layer", ("o",), other_ops=7, other_bytes=10**8)
+    single = workload(ipus_per_replica=1, gradient_accumulation_steps=1)
+    for block, ratio in ((only_matmul, 2.0), (only_other, ASSUMPTIONS.backward_other_ratio)):
+        stage = stage_time(0, [block], single, MK2)
+        assert stage.backward == pytest.approx(ratio * stage.forward)
+    weights = dataclasses.replace(only_matmul, trainable_parameters=10**6, trainable_tensors=16)
+    no_accumulation = stage_time(0, [weights], single, MK2)
+    accumulating = stage_time(0, [weights], workload(ipus_per_replica=1, gradient_accumulation_steps=8), MK2)
+    assert accumulating.forward == no_accumulation.forward
+    extra = accumulating.backward - no_accumulation.backward
+    assert extra == pytest.approx(16 * PER_OP + 10**6 * (2 + 8) / MK2.memory_bandwidth)
+
+
 def test_a_higher_matmul_proportion_is_faster_until_memory_runs_out():
     # A matmul whose full-speed working memory (~2.6 GB) exceeds the IPU: Poplar must serialize it,
     # into fewer pieces the more memory it may use, until the temporaries crowd out everything else.
@@ -119,13 +137,20 @@ def test_more_device_iterations_mean_less_host_time_per_sample_in_inference(laye
     assert speeds == sorted(speeds)
 
 
-def test_pipelined_inference_overlaps_stages_by_hand():
+def test_inference_is_sharded_unless_pipelined_execution_is_asked_for():
     stages = [StageTime(0, forward=1.0), StageTime(1, forward=3.0), StageTime(2, forward=2.0)]
     assert inference_cycles(stages, 5, 0.5) == [3.5] * 7  # DI + N - 1 cycles of the slowest stage + copy
-    assert inference_cycles(stages, 2, 0.5) == [1.5, 3.5, 2.0] * 2  # DI < N: sharded, one IPU at a time
-    report = _estimate(layers=(1, 1, 1, 1), training=False, device_iterations=8)
-    assert report.pipelined and report.pipeline_efficiency == pytest.approx(8 / 11)
-    assert len(report.timeline()) == 8 * 4
+    assert inference_cycles(stages, 2, 0.5) == [1.5, 3.5, 2.0] * 2  # DI < N: one IPU at a time
+    assert inference_cycles(stages, 5, 0.5, pipelined=False) == [1.5, 3.5, 2.0] * 5
+    sharded = _estimate(layers=(1, 1, 1, 1), training=False, device_iterations=8)
+    pipelined = _estimate(layers=(1, 1, 1, 1), training=False, device_iterations=8, pipelined_inference=True)
+    assert not sharded.pipelined and sharded.pipeline_efficiency == pytest.approx(1 / 4)
+    assert pipelined.pipelined and pipelined.pipeline_efficiency == pytest.approx(8 / 11)
+    assert pipelined.samples_per_second > 1.5 * sharded.samples_per_second
+    for report in (sharded, pipelined):
+        segments = report.timeline()
+        assert len(segments) == 8 * 4
+        assert {(s["ipu"], s["micro_batch"]) for s in segments} == {(k, m) for k in range(4) for m in range(8)}
 
 
 def test_replicas_across_pods_lower_the_efficiency_per_ipu():
@@ -162,7 +187,6 @@ def test_bow_computes_faster_by_its_clock_but_host_costs_stay():
 def test_stages_recompute_except_the_last_unless_every_layer_is_a_checkpoint():
     plain = _estimate(layers=(1, 1, 2))
     assert [s.recompute > 0 for s in plain.stages] == [True, True, False]
-    assert plain.stages[2].backward == pytest.approx(2 * plain.stages[2].forward)
     checkpointed = _estimate(layers=(1, 1, 2), recompute_checkpoint_every_layer=True)
     assert all(s.recompute == s.forward for s in checkpointed.stages)
     assert checkpointed.bottleneck_ipu == 2
@@ -196,10 +220,10 @@ def test_leave_one_out_error_is_recomputed_from_the_published_points():
     assert len({p.ipu_config.get("replication_factor", 1) * p.ipu_config["ipus_per_replica"] for p, _ in pairs}) >= 2
     held_out = calibration.leave_one_out(pairs)
     errors = [abs(estimate / point.measured - 1) for point, estimate, _ in held_out]
-    # Every held-out point is predicted within a factor of 5 of its measurement (the honest bound of
-    # today's model: the single inference point leaves the host overhead unconstrained when held out),
-    # and the in-sample fit of the shipped constants is within 20 % everywhere.
-    assert max(errors) < 0.8, errors
+    # The figures the README reports (mean 18.7 %, max 45 %: the two ViT ChestX-ray points, the only
+    # micro-batch-1 runs, pin each other's constants). Bounds a little above them, so a model change
+    # that makes cross-validation worse fails here.
+    assert sum(errors) / len(errors) < 0.21 and max(errors) < 0.5, errors
     for point, prepared in pairs:
         estimated = calibration.estimate(prepared, CALIBRATION)
-        assert abs(estimated / point.measured - 1) < 0.2, (point.name, estimated, point.measured)
+        assert abs(estimated / point.measured - 1) < 0.15, (point.name, estimated, point.measured)
