@@ -100,10 +100,41 @@ class LayoutProposal:
                 row("proposed", self.proposed),
                 f'  speed-up {speedup}; as overrides: --ipu_config_overrides "{self.overrides()}"',
             ]
+            + ([f"  Note: {self.fit_note}"] if self.fit_note else [])
         )
+
+    @property
+    def fit_note(self) -> str | None:
+        """Why to compile a proposal before trusting it, or None when the proposal is the given layout.
+
+        Nothing measured says a proposed layout fits: the memory model does, and two of its inputs are
+        not measurements (the always-live code per IPU, `ASSUMPTIONS.code_bytes_per_ipu`, and the
+        working memory a matmul plan needs). The note says how close the proposal comes to the limit,
+        and which IPUs were given less matmul memory than their largest product needs to run whole.
+        """
+        memory = self.proposed.memory
+        if self.proposed is self.given or not memory.fits:
+            return None
+        peak = memory.peak
+        margin = 1 - peak.total / memory.capacity
+        squeezed = [m.ipu for m in memory.ipus if m.matmul_budget < m.matmul_need]
+        note = (
+            f"The proposal fits by the memory model, not by a measurement: peak {peak.total / MiB:,.0f} MiB "
+            f"on IPU {peak.ipu} of {memory.capacity / MiB:,.0f} MiB ({100 * margin:.0f} % left), including "
+            f"{ASSUMPTIONS.code_bytes_per_ipu / MiB:.0f} MiB of assumed code per IPU. Compile it before relying on it"
+        )
+        if margin < 1 - ASSUMPTIONS.balance_headroom:
+            note += "; it is within the margin Poplar's per-tile placement needs, so it may well not fit"
+        if squeezed:
+            note += (
+                f"; IPU {', '.join(map(str, squeezed))} serialize a matmul to fit their matmul proportion, a "
+                "speed the model prices from the memory model alone"
+            )
+        return note + "."
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "fit_note": self.fit_note,
             "layers_per_ipu": self.layers_per_ipu,
             "matmul_proportion": self.matmul_proportion,
             "speedup": None if math.isinf(self.speedup) else self.speedup,
@@ -258,7 +289,8 @@ def propose_layout(
         counts = [b - a for a, b in ranges]
         copy = copy_time(profile, profile.placement(counts, n), workload, hardware, calibration)
         if not workload.training:
-            return sum(inference_cycles(stages, workload.device_iterations, copy))
+            pipelined = workload.pipelined_inference and workload.device_iterations >= n
+            return sum(inference_cycles(stages, workload.device_iterations, copy, pipelined))
         cycles = pipeline_cycles(stages, workload.gradient_accumulation_steps, copy)
         trainable = [o.trainable for o in options]
         return sum(cycles) + sum(weight_update_time(trainable, workload, hardware, calibration))
