@@ -1,15 +1,19 @@
 """Quality of the example jobs on the simulated IPU: does training through optimum-ipu learn?
 
 Runs the two offline demos exactly as a user would (they generate their data and call the example
-scripts with IPU settings from Graphcore's published configs) and reports the score, the training
-steps and the times:
+scripts with IPU settings from Graphcore's published configs) and reports the score before and
+after training, the training steps and the times. The generated data is hard on purpose, so the
+trained score is well short of perfect and a numerics regression shows as a lower score:
 
-(a) question answering: real MiniLM-L6 weights fine-tuned on generated SQuAD-format data at sequence
-    length 128 with `Graphcore/bert-base-ipu`, `--pod_type pod16`, `--loss_scaling 64`, fp16
-    (examples/question-answering/run_offline_demo.sh). Target: F1 >= 90 within 300 steps.
+(a) question answering: real MiniLM-L6 weights fine-tuned on generated SQuAD-format data (recurring
+    fact kinds, distractor sentences, paraphrased questions) at sequence length 128 with
+    `Graphcore/bert-base-ipu`, `--pod_type pod16`, `--loss_scaling 64`, fp16, 30 steps
+    (examples/question-answering/run_offline_demo.sh). Target: F1 >= {qa_floor} and at least
+    {qa_gain} points above the untrained model, within 30 steps.
 (b) multi-label X-ray classification: a tiny ViT built from a config, trained on generated
-    ChestX-ray14-shaped data split by patient (examples/image-classification/run_offline_demo.sh).
-    Target: macro ROC AUC >= 0.9.
+    ChestX-ray14-shaped data (faint, overlapping findings, the real prevalences, 10 % label noise)
+    split by patient (examples/image-classification/run_offline_demo.sh). Target: macro ROC AUC
+    >= {vit_floor} and at least {vit_gain} above the untrained model.
 
     python bench/quality.py [--only qa|vit] [--work-dir DIR] [--json results.json]
 
@@ -28,16 +32,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Targets: the trained score must reach the floor and beat the untrained model by the gain.
+QA_FLOOR, QA_GAIN = 50.0, 40.0  # measured: untrained F1 4.2, trained 66.0
+VIT_FLOOR, VIT_GAIN = 0.65, 0.1  # measured: untrained AUC 0.51, trained 0.70
+__doc__ = __doc__.format(qa_floor=QA_FLOOR, qa_gain=QA_GAIN, vit_floor=VIT_FLOOR, vit_gain=VIT_GAIN)
 JOBS = {
     "qa": {
         "script": ROOT / "examples" / "question-answering" / "run_offline_demo.sh",
-        "score": "eval_f1", "target": 90.0, "max_steps": 300,
-        "also": ("eval_exact_match",),
+        "score": "eval_f1", "untrained": "untrained_f1", "target": QA_FLOOR, "gain": QA_GAIN, "max_steps": 30,
+        "also": ("eval_exact_match", "untrained_exact_match"),
     },
     "vit": {
         "script": ROOT / "examples" / "image-classification" / "run_offline_demo.sh",
-        "score": "eval_roc_auc", "target": 0.9, "max_steps": None,
-        "also": ("eval_roc_auc_findings_scored", "eval_loss"),
+        "score": "eval_roc_auc", "untrained": "untrained_roc_auc", "target": VIT_FLOOR, "gain": VIT_GAIN,
+        "max_steps": None, "also": ("eval_roc_auc_findings_scored", "eval_loss"),
     },
 }  # fmt: skip
 
@@ -58,17 +66,20 @@ def run_job(name: str, work_dir: Path, extra: list[str]) -> dict:
     results = json.loads((work_dir / "output" / "all_results.json").read_text())
     steps = int(results["train_steps"])
     score = float(results[job["score"]])
+    untrained = float(results.get(job["untrained"], "nan"))
     within_steps = job["max_steps"] is None or steps <= job["max_steps"]
     return {
         "job": name,
+        job["untrained"]: round(untrained, 4),
         job["score"]: round(score, 4),
         **{key: round(float(results[key]), 4) for key in job["also"] if key in results},
         "train_steps": steps,
         "train_samples_per_second": results.get("train_samples_per_second"),
         "train_runtime_s": round(float(results["train_runtime"]), 1),
         "wall_time_s": round(wall, 1),  # data generation, model loading, compilation, training, evaluation
-        "target": f"{job['score']} >= {job['target']}" + (f" within {job['max_steps']} steps" if job["max_steps"] else ""),
-        "met": score >= job["target"] and within_steps,
+        "target": f"{job['score']} >= {job['target']} and >= {job['untrained']} + {job['gain']}"
+                  + (f" within {job['max_steps']} steps" if job["max_steps"] else ""),
+        "met": score >= job["target"] and score - untrained >= job["gain"] and within_steps,
     }
 
 

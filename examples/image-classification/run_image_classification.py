@@ -106,6 +106,11 @@ class DataTrainingArguments:
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "Truncate the training set."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Truncate the evaluation set."})
+    evaluate_before_training: bool = field(
+        default=False,
+        metadata={"help": "With --do_train --do_eval, also evaluate the model as loaded, before training: its "
+                  "scores are logged and saved with the prefix untrained_ (what training bought)."},
+    )
 
     def __post_init__(self):
         sources = [bool(self.chestxray_dir), bool(self.dataset_name), bool(self.train_dir)]
@@ -306,6 +311,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                          compute_metrics=make_compute_metrics(labels))
 
     all_metrics: dict[str, float] = {}
+    if training_args.do_train and training_args.do_eval and data_args.evaluate_before_training:
+        metrics = dict(trainer.evaluate(metric_key_prefix="untrained"))
+        trainer.log_metrics("untrained", metrics)
+        trainer.save_metrics("untrained", metrics)
+        all_metrics.update(metrics)
     if training_args.do_train:
         checkpoint = training_args.resume_from_checkpoint
         if checkpoint is None and os.path.isdir(training_args.output_dir) and not training_args.overwrite_output_dir:

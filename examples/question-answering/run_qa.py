@@ -86,6 +86,11 @@ class DataTrainingArguments:
     doc_stride: int = field(default=128, metadata={"help": "Overlap, in tokens, between windows of a long context."})
     n_best_size: int = field(default=20, metadata={"help": "Candidate start/end positions and answers kept."})
     max_answer_length: int = field(default=30, metadata={"help": "Longest answer, in tokens."})
+    evaluate_before_training: bool = field(
+        default=False,
+        metadata={"help": "With --do_train --do_eval, also evaluate the model as loaded, before training: its "
+                  "scores are logged and saved with the prefix untrained_ (what training bought)."},
+    )
 
     def __post_init__(self):
         if not (self.dataset_name or self.train_file or self.validation_file or self.test_file):
@@ -273,6 +278,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
 
     all_metrics: dict[str, float] = {}
+    if training_args.do_train and training_args.do_eval and data_args.evaluate_before_training:
+        metrics = dict(trainer.evaluate(metric_key_prefix="untrained"))
+        trainer.log_metrics("untrained", metrics)
+        trainer.save_metrics("untrained", metrics)
+        all_metrics.update(metrics)
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=last_checkpoint)
         trainer.save_model()

@@ -67,8 +67,11 @@ def test_vit_built_from_a_config_without_weights(chestxray, tmp_path):
     metrics = run_main(["--chestxray_dir", str(chestxray), "--model_type", "vit", "--model_config_overrides",
                         "image_size=32,patch_size=8,hidden_size=32,num_hidden_layers=4,num_attention_heads=4,"
                         "intermediate_size=64", *IPU_FLAGS, "--do_train", "--do_eval", "--max_steps", "1",
-                        "--fp32", "--train_val_split", "0.25"], tmp_path)  # fmt: skip
+                        "--fp32", "--train_val_split", "0.25", "--evaluate_before_training"], tmp_path)  # fmt: skip
     assert metrics["train_steps"] == 1 and "eval_roc_auc" in metrics
+    assert "untrained_roc_auc" in metrics  # the score before training, to compare with
+    saved = json.loads((tmp_path / "out" / "all_results.json").read_text())
+    assert saved["untrained_roc_auc"] == metrics["untrained_roc_auc"]
     processor = json.loads((tmp_path / "out" / "preprocessor_config.json").read_text())
     assert processor["size"] == {"height": 32, "width": 32}
 

@@ -95,8 +95,10 @@ def test_squad_v2_flat_files_and_predict(tmp_path, assets):
         "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "8",
         "--per_device_eval_batch_size", "4", "--max_seq_length", "48", "--doc_stride", "16",
         "--save_strategy", "no", "--report_to", "none", "--output_dir", str(tmp_path / "out"),
+        "--evaluate_before_training",
     ])  # fmt: skip
     assert {"eval_exact", "eval_HasAns_f1", "eval_NoAns_exact", "eval_best_f1"} <= metrics.keys()
+    assert {"untrained_exact", "untrained_f1"} <= metrics.keys()  # scored before training as well
     assert "predict_f1" in metrics
     for name in ("eval_predictions.json", "eval_null_odds.json", "predict_predictions.json"):
         assert (tmp_path / "out" / name).is_file(), name
