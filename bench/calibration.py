@@ -8,11 +8,11 @@ Every point is a published throughput with its source URL, the published configu
 it (the model from `costmodel.presets`, the IPU layout, batch sizes, optimizer, head) and the hardware.
 A setting a publication leaves out is listed in `assumed`; every modelling choice is either read from
 the published configuration (layout, matmul proportions, recomputation, masked positions of the MLM
-head, embedding serialization, optimizer state placement, sharded inference as Optimum Graphcore runs
-it) or one of the three fitted constants of `hardware.Calibration`; the remaining assumptions
-(`hardware.ASSUMPTIONS`) are moved by `--sensitivity`. Fitting minimises the sum of squared log
-errors; leave-one-out refits on all points but one and predicts it, which is the error to expect on a
-layout that is not in the table.
+head, attention dropout, embedding serialization, optimizer state placement, sharded inference as
+Optimum Graphcore runs it) or one of the three fitted constants of `hardware.Calibration`; the
+remaining assumptions (`hardware.ASSUMPTIONS`) are moved by `--sensitivity`. Fitting minimises the
+sum of squared log errors; leave-one-out refits on all points but one and predicts it, which is the
+error to expect on a layout that is not in the table.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def _mlperf(pod: int, measured_seq_per_s: float, layers, proportion, ga: int, re
         hardware="mk2",
         model="bert-large-uncased",
         task="pretraining",
-        config=dict(vocab_size=30912),  # "vocab_length": 30912 (padded vocabulary)
+        # "vocab_length": 30912 (padded vocabulary); "no_attn_dropout": true
+        config=dict(vocab_size=30912, attention_probs_dropout_prob=0.0),
         ipu_config=dict(
             layers_per_ipu=layers, ipus_per_replica=len(layers), matmul_proportion=proportion,
             gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=1,
@@ -170,6 +171,7 @@ POINTS = [
         hardware="bow",
         model="bert-large-uncased",
         task="question-answering",
+        config=dict(attention_probs_dropout_prob=0.15),  # squad_large_384
         ipu_config=dict(
             layers_per_ipu=[2, 3, 3, 3, 3, 3, 3, 4], ipus_per_replica=8,
             matmul_proportion=[0.08, 0.28, 0.32, 0.32, 0.36, 0.38, 0.4, 0.32],
@@ -189,6 +191,7 @@ POINTS = [
         hardware="bow",
         model="bert-base-uncased",
         task="pretraining",
+        config=dict(attention_probs_dropout_prob=0.0),  # the configs' defaults
         ipu_config=dict(
             layers_per_ipu=[0, 4, 4, 4], ipus_per_replica=4, matmul_proportion=0.25,
             gradient_accumulation_steps=512, replication_factor=4, device_iterations=1,

@@ -220,10 +220,10 @@ def test_leave_one_out_error_is_recomputed_from_the_published_points():
     assert len({p.ipu_config.get("replication_factor", 1) * p.ipu_config["ipus_per_replica"] for p, _ in pairs}) >= 2
     held_out = calibration.leave_one_out(pairs)
     errors = [abs(estimate / point.measured - 1) for point, estimate, _ in held_out]
-    # The figures the README reports (mean 18.7 %, max 45 %: the two ViT ChestX-ray points, the only
-    # micro-batch-1 runs, pin each other's constants). Bounds a little above them, so a model change
-    # that makes cross-validation worse fails here.
-    assert sum(errors) / len(errors) < 0.21 and max(errors) < 0.5, errors
+    # The figures the README reports: mean 13.1 % (the 15 % target is met), max 34.3 % (the 30 % one
+    # is not: the ViT evaluation, the one inference point, pins the host overhead). Bounds a little
+    # above them, so a model change that makes cross-validation worse fails here.
+    assert sum(errors) / len(errors) <= 0.15 and max(errors) < 0.4, errors
     for point, prepared in pairs:
         estimated = calibration.estimate(prepared, CALIBRATION)
         assert abs(estimated / point.measured - 1) < 0.15, (point.name, estimated, point.measured)
