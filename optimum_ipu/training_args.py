@@ -140,6 +140,13 @@ class IPUTrainingArguments(TrainingArguments):
         super().__post_init__()
 
     @property
+    def device(self) -> torch.device:
+        """transformers' device, with a CPU always `cpu` (accelerate names it `cpu:<rank>` under torchrun,
+        which torch.load cannot map a checkpoint to on transformers < 5.10)."""
+        device = super().device
+        return torch.device("cpu") if device.type == "cpu" else device
+
+    @property
     def train_batch_size(self) -> int:
         """Samples per trainer step: the combined batch, micro-batch x GA x replicas x device iterations."""
         return self.per_device_train_batch_size * self.train_batch_factor
