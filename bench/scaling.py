@@ -111,7 +111,10 @@ def run(name: str, processes: int, ipu_config: dict, steps: int, micro_batch: in
         [*launcher, __file__, WORKER_FLAG, str(spec)], capture_output=True, text=True, env=env
     )
     if result.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
+        finished = (out / "result.json").exists()
+        raise SystemExit(
+            f"{name} failed ({'after' if finished else 'before'} training ended):\n{result.stderr[-3000:]}"
+        )
     return json.loads((out / "result.json").read_text())["samples_per_second"]
 
 

@@ -19,6 +19,7 @@ every rank and rank 0 saves them. Collectives are torch's: gloo on CPU, NCCL on 
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -156,4 +157,15 @@ def build_process_replicas(replication_factor: int, ipus_per_replica: int, devic
     layout = process_layout(dist.get_world_size(), replication_factor, ipus_per_replica)
     device_type = torch.device(device).type
     mesh = init_device_mesh(device_type, (layout.data_parallel, layout.stages), mesh_dim_names=("dp", "pp"))
+    atexit.register(_close_process_group)
     return ProcessReplicas(layout, mesh)
+
+
+def _close_process_group() -> None:
+    """Shut the process group down before the interpreter exits.
+
+    Left to the interpreter's teardown, gloo's threads of the pipeline's point-to-point groups can be
+    destroyed while still joinable, which aborts the process (SIGABRT) after a successful run.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
