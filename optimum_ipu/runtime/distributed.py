@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -162,10 +163,20 @@ def build_process_replicas(replication_factor: int, ipus_per_replica: int, devic
 
 
 def _close_process_group() -> None:
-    """Shut the process group down before the interpreter exits.
+    """Shut the process group down together before the interpreter exits.
 
-    Left to the interpreter's teardown, gloo's threads of the pipeline's point-to-point groups can be
-    destroyed while still joinable, which aborts the process (SIGABRT) after a successful run.
+    A process that tears gloo down while a peer still talks to it, or leaves it to the interpreter's
+    teardown, can abort (SIGABRT, "terminate called without an active exception") after a run that
+    succeeded. Every process first waits for the others (at most a minute: a peer that died is
+    reported by torchrun anyway), then closes its groups.
     """
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=timedelta(seconds=60))
+        else:
+            dist.barrier()
+    except RuntimeError:
+        pass  # a peer is gone: nothing left to wait for
+    dist.destroy_process_group()
