@@ -429,6 +429,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             self._pipelined, stage=processes.stage, num_stages=processes.layout.stages, group=processes.pp_group,
             n_microbatches=self.ipu_config.gradient_accumulation_steps,
             loss_fn=lambda _stage_model, micro_batch: self.compute_loss(model, micro_batch),
+            schedule="1f1b",  # the IPU's ramp-up / steady state / ramp-down order
         )  # fmt: skip
         return self._stages
 
