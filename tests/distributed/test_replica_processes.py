@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from optimum_ipu.runtime.distributed import process_layout
 
 WORKER = Path(__file__).with_name("_train_worker.py")
+TEARDOWN_ABORT = "terminate called without an active exception"
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 
 
@@ -27,11 +29,18 @@ def run(tmp_path: Path, name: str, processes: int, **spec) -> Path:
     launcher = [sys.executable]
     if processes > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
-    result = subprocess.run([*launcher, str(WORKER), str(spec_file)], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
-    if result.returncode != 0:
-        raise AssertionError(f"{name} failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
-    return out
+    for attempt in (1, 2):
+        shutil.rmtree(out, ignore_errors=True)
+        result = subprocess.run([*launcher, str(WORKER), str(spec_file)], capture_output=True, text=True,
+                                timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+        if result.returncode == 0:
+            return out
+        # A known, rare gloo abort while a process exits after a finished run (README, "Not done yet"):
+        # retried once, and only when rank 0 had finished; any other failure fails the test.
+        teardown = TEARDOWN_ABORT in result.stderr and (out / "summary.json").exists()
+        if not (teardown and attempt == 1):
+            raise AssertionError(f"{name} failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+    raise AssertionError("unreachable")
 
 
 def weights(out: Path, step: int, rank: int = 0) -> torch.Tensor:
