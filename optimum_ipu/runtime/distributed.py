@@ -99,10 +99,6 @@ class ProcessReplicas:
         self.dp_rank = mesh.get_local_rank("dp")
         self.stage = mesh.get_local_rank("pp")
 
-    @property
-    def world_size(self) -> int:
-        return self.layout.world_size
-
     def local_replicas(self, replication_factor: int) -> range:
         per_process = replication_factor // self.layout.data_parallel
         return range(self.dp_rank * per_process, (self.dp_rank + 1) * per_process)

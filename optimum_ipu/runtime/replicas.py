@@ -83,8 +83,6 @@ class ReplicaStreams:
 class LocalReplicas:
     """Every replica in this process: collectives are identities (the single-process reference)."""
 
-    world_size = 1
-
     def local_replicas(self, replication_factor: int) -> range:
         """Indices of the replicas this process runs."""
         return range(replication_factor)
