@@ -151,3 +151,16 @@ def test_a_pipeline_checkpoint_holds_every_stage_and_resumes_in_one_process(tmp_
     resumed = run(tmp_path, "resumed", 1, resume_from=str(full / "run" / "checkpoint-2"), **common)
     for out in (full, resumed):  # AdamW: see the bound of the replica test above
         torch.testing.assert_close(weights(out, 4)[:-2], weights(reference, 4)[:-2], rtol=0, atol=4e-4)
+
+
+def test_two_replicas_of_two_stage_processes_equal_one_process(tmp_path):
+    """4 processes on a 2-D mesh: 2 data-parallel groups x 2 pipeline stages (replica r on ranks 2r, 2r+1)."""
+    ipu_config = {**PIPELINE_2_GA_4, "replication_factor": 2}
+    one = run(tmp_path, "one", 1, ipu_config=ipu_config)
+    four = run(tmp_path, "four", 4, ipu_config=ipu_config)
+    assert summary(four)["world_size"] == 4
+    assert summary(four)["total_train_batch_size"] == summary(one)["total_train_batch_size"] == 16
+    torch.testing.assert_close(weights(four, 3), weights(one, 3), rtol=0, atol=1e-6)
+    for rank in (1, 2, 3):
+        torch.testing.assert_close(weights(four, 3, rank=rank), weights(four, 3), rtol=0, atol=0)
+    assert summary(four)["losses"] == pytest.approx(summary(one)["losses"], abs=1e-6)
