@@ -132,19 +132,26 @@ def _trim(value, size: int):
     return value
 
 
-class _SynchroniseStages(TrainerCallback):
-    """With one process per pipeline stage, each updates only its stage's weights and optimizer state:
-    before the Trainer saves or evaluates, and when training ends, every process gets all of them."""
+class _SynchroniseProcesses(TrainerCallback):
+    """Give every process what rank 0 must save, only when it is about to be needed.
+
+    With one process per pipeline stage, each updates only its stage's weights and optimizer state;
+    with replicas in several processes, each advances only its own replicas' random streams. Before
+    the Trainer saves or evaluates, and when training ends, every process gets all of them (between
+    those moments nothing reads them, so the steps pay for no exchange).
+    """
 
     def __init__(self, trainer: IPUTrainer):
         self.trainer = trainer
 
     def _synchronise(self) -> None:
-        stages = self.trainer._stages
+        trainer = self.trainer
+        trainer.process_replicas.share_streams(trainer.replica_streams)
+        stages = trainer._stages
         if stages is not None:
             stages.broadcast_weights()
-            if self.trainer.optimizer is not None:
-                stages.broadcast_optimizer_state(self.trainer.optimizer)
+            if trainer.optimizer is not None:
+                stages.broadcast_optimizer_state(trainer.optimizer)
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_save or control.should_evaluate or control.should_training_stop:
@@ -261,9 +268,10 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             self.ipu_config.replication_factor, self.ipu_config.ipus_per_replica, args.device
         )
         self._stages: PipelineStages | None = None
-        if self.process_replicas is not None and self.process_replicas.layout.stages > 1:
-            check_supported(self._pipelined)
-            self.add_callback(_SynchroniseStages(self))
+        if self.process_replicas is not None:
+            if self.process_replicas.layout.stages > 1:
+                check_supported(self._pipelined)
+            self.add_callback(_SynchroniseProcesses(self))
         self.compile_report = None
         self.inference_report = None
 

@@ -88,7 +88,8 @@ class ProcessReplicas:
     The same interface as `LocalReplicas` (the single-process reference), so the executable runs
     unchanged: `local_replicas` names this process's slice, `sum_` all-reduces gradient sums over
     the data-parallel group, `any` agrees on a flag over every process, and `sum_over_stages` adds
-    the pipeline stages' parts of a value (the squared gradient norm).
+    the pipeline stages' parts of a value (the squared gradient norm). `share_streams` is the
+    trainer's, before a save: each process advances only its own replicas' random streams.
     """
 
     def __init__(self, layout: ProcessLayout, mesh: DeviceMesh):

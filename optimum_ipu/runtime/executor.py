@@ -119,7 +119,6 @@ class TrainingExecutable:
                             self.loss_scaler.scale_loss(loss).backward()
                             losses[d, r, g] = loss.detach().float()
             self._update(replicas * ga)
-        self.replicas.share_streams(self.streams)
         self.last_losses = self.replicas.gather_losses(losses)
         return self._losses_to_return(self.last_losses)
 

@@ -101,6 +101,3 @@ class LocalReplicas:
     def gather_losses(self, losses: torch.Tensor) -> torch.Tensor:
         """Every replica's losses (all of them ran here)."""
         return losses
-
-    def share_streams(self, streams: ReplicaStreams) -> None:
-        """Give every process every replica's random stream (this process has them all)."""

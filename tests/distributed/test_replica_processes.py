@@ -102,11 +102,12 @@ def test_an_overflow_on_one_replica_process_skips_the_update_on_both(tmp_path):
 
 
 def test_a_two_process_checkpoint_resumes_in_one_and_in_two_processes(tmp_path):
-    full = run(tmp_path, "full", 2, ipu_config=REPLICAS_2_GA_4, steps=4, save_steps=2)
+    """With dropout on, so the resumed run must also get each replica's random stream from rank 0's save."""
+    full = run(tmp_path, "full", 2, ipu_config=REPLICAS_2_GA_4, steps=4, save_steps=2, dropout=0.1)
     checkpoint = str(full / "run" / "checkpoint-2")
     for processes in (1, 2):
         resumed = run(tmp_path, f"resumed{processes}", processes, ipu_config=REPLICAS_2_GA_4, steps=4,
-                      resume_from=checkpoint)  # fmt: skip
+                      resume_from=checkpoint, dropout=0.1)  # fmt: skip
         torch.testing.assert_close(weights(resumed, 4), weights(full, 4), rtol=0, atol=1e-6)
 
 
