@@ -31,6 +31,7 @@ and GPT-2 has two embedding modules: both are a clear `ValueError`; run them in 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -372,18 +373,39 @@ class PipelineStages:
 
         Each stage's optimizer only updates (and keeps moments for) its own parameters; before rank 0
         writes `optimizer.pt` it must hold every stage's, so the checkpoint resumes in any layout.
+        The layout of the state (keys, shapes, dtypes, non-tensor values) goes as one small object;
+        the tensors go flattened, one collective per owning stage and dtype (pickling hundreds of MB
+        of moments would cost seconds at every save).
         """
         optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper -> the optimizer
         params = list(dict.fromkeys(self.pipelined.module.parameters()))
         for owner in range(self.num_stages):
-            payload = [None]
-            if owner == self.stage:
-                payload = [{i: optimizer.state[p] for i, p in enumerate(params) if self._owner[id(p)] == owner
-                            and p in optimizer.state}]  # fmt: skip
-            dist.broadcast_object_list(payload, group_src=owner, group=self.group)
-            if owner != self.stage:
-                for i, state in payload[0].items():
-                    optimizer.state[params[i]] = {
-                        k: v.to(params[i].device) if isinstance(v, torch.Tensor) else v
-                        for k, v in state.items()
-                    }
+            mine = owner == self.stage
+            owned = [i for i, p in enumerate(params) if self._owner[id(p)] == owner and p in optimizer.state]
+            layout = [None]
+            if mine:
+                layout = [{i: {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ("value", v)
+                               for k, v in optimizer.state[params[i]].items()} for i in owned}]  # fmt: skip
+            dist.broadcast_object_list(layout, group_src=owner, group=self.group)
+            entries = [(i, k, shape_dtype) for i, state in layout[0].items() for k, shape_dtype in state.items()
+                       if shape_dtype[0] != "value"]  # fmt: skip
+            received: dict[int, dict[str, Any]] = {
+                i: {k: v[1] for k, v in state.items() if v[0] == "value"} for i, state in layout[0].items()
+            }
+            for dtype in dict.fromkeys(d for _, _, (_, d) in entries):
+                members = [(i, k, shape) for i, k, (shape, d) in entries if d == dtype]
+                if mine:
+                    flat = torch.cat([optimizer.state[params[i]][k].detach().reshape(-1).to(self.device)
+                                      for i, k, _ in members])  # fmt: skip
+                else:
+                    flat = torch.empty(sum(math.prod(shape) for _, _, shape in members), dtype=dtype, device=self.device)
+                dist.broadcast(flat, group_src=owner, group=self.group)
+                if not mine:
+                    offset = 0
+                    for i, k, shape in members:
+                        size = math.prod(shape)
+                        received[i][k] = flat[offset : offset + size].view(shape).to(params[i].device, copy=True)
+                        offset += size
+            if not mine:
+                for i, state in layout[0].items():  # keys in the owner's order
+                    optimizer.state[params[i]] = {k: received[i][k] for k in state}

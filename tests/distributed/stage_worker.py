@@ -143,6 +143,15 @@ def main(scenario: str, out_dir: str) -> None:
                 p.add_(rank + 1.0)
         stages.broadcast_weights()
         out["weights"] = {k: v.clone() for k, v in model.state_dict().items()}
+        # Each stage's AdamW keeps moments for its own parameters; after the broadcast every rank has all.
+        _, grads = out["1f1b"]
+        names = dict(model.named_parameters())
+        for name, grad in grads.items():
+            names[name].grad = grad.clone()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        optimizer.step()
+        one_f_one_b.broadcast_optimizer_state(optimizer)
+        out["optimizer_state"] = {n: dict(optimizer.state[p]) for n, p in names.items() if p in optimizer.state}
     torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()

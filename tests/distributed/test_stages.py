@@ -163,6 +163,18 @@ def test_broadcast_weights_gives_every_rank_the_whole_model(bert_run):
     assert torch.equal(first["qa_outputs.bias"], before["qa_outputs.bias"] + 2)
 
 
+def test_broadcast_optimizer_state_gives_every_rank_every_stage_moments(bert_run):
+    _, grads = gathered(bert_run, "1f1b")
+    first, second = (r["optimizer_state"] for r in bert_run)
+    assert set(first) == set(second) == set(grads)  # every parameter's state, from the stage that owns it
+    for name, state in first.items():
+        assert list(state) == list(second[name]) == ["step", "exp_avg", "exp_avg_sq"], name
+        for key, value in state.items():
+            assert torch.equal(value, second[name][key]), (name, key)
+        torch.testing.assert_close(state["exp_avg"], 0.1 * grads[name], rtol=1e-6, atol=0, msg=name)
+        assert float(state["step"]) == 1.0
+
+
 def test_two_stage_processes_equal_one_process_vit_multilabel(tmp_path):
     ranks = launch("vit", tmp_path)
     ref_losses, ref_grads = reference(worker.vit(), worker.vit_micro_batches())
