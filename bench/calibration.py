@@ -37,6 +37,16 @@ from optimum_ipu.costmodel.workload import Workload  # noqa: E402
 MLPERF_V11 = "https://github.com/mlcommons/training_results_v1.1/tree/main/Graphcore"
 EXAMPLES = "https://github.com/graphcore/examples/blob/master/nlp/bert/pytorch"
 VIT_EXAMPLES = "https://github.com/graphcore/examples/blob/master/vision/vit/pytorch"
+OPTIMUM_NOTEBOOKS = "https://github.com/huggingface/optimum-graphcore/blob/{commit}/notebooks"
+OPTIMUM_MODELS = "https://github.com/huggingface/optimum-graphcore/blob/{commit}/optimum/graphcore/models"
+QA_NOTEBOOK_COMMIT = "820e68305a34a6ca3130afd6e1b1f244fe239ae1"  # "Added SQuAD notebook - still WIP", 2022-08-11, merged in PR #163
+LM_NOTEBOOK_COMMIT = (
+    "f574b095ff1f1133e5a104b85e1c6a026168ba43"  # language_modeling.ipynb with its outputs, 2022-08-10
+)
+# Before 0.4.0 (2022-10-10) inference ran PipelinedExecution unless sharded_execution_for_inference was set.
+OPTIMUM_IPU_CONFIG_V032 = (
+    "https://github.com/huggingface/optimum-graphcore/blob/v0.3.2/optimum/graphcore/ipu_configuration.py"
+)
 
 
 @dataclass
@@ -50,6 +60,12 @@ class Point:
         ipu_config: the IPU config fields, as published.
         inputs: `seq_len` or `image_size`.
         masked_positions: the MLM head predicts only these positions (Graphcore's `mask_tokens`).
+        pipelined_inference: the run's inference used PopTorch's `PipelinedExecution` (the stages
+            overlap across device iterations), not `ShardedExecution`: read from the Optimum Graphcore
+            version of the run (before 0.4.0, `IPUConfig.to_options(for_inference=True)` pipelined
+            unless `sharded_execution_for_inference` was set; from 0.4.0 it always shards).
+        loss_only_output: the model returns only its loss to the host (Optimum Graphcore's pipelined
+            language-model heads when labels are given), so the logits never cross the host link.
     """
 
     name: str
@@ -65,6 +81,8 @@ class Point:
     optimizer: str = "adamw"
     config: dict = field(default_factory=dict)
     masked_positions: int | None = None
+    pipelined_inference: bool = False
+    loss_only_output: bool = False
     assumed: list[str] = field(default_factory=list)
     note: str = ""
 
@@ -80,10 +98,16 @@ def _mlperf(pod: int, measured_seq_per_s: float, layers, proportion, ga: int, re
         # "vocab_length": 30912 (padded vocabulary); "no_attn_dropout": true
         config=dict(vocab_size=30912, attention_probs_dropout_prob=0.0),
         ipu_config=dict(
-            layers_per_ipu=layers, ipus_per_replica=len(layers), matmul_proportion=proportion,
-            gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=1,
-            recompute_checkpoint_every_layer=True, optimizer_state_offchip=offchip,
-            replicated_tensor_sharding=True, embedding_serialization_factor=4,
+            layers_per_ipu=layers,
+            ipus_per_replica=len(layers),
+            matmul_proportion=proportion,
+            gradient_accumulation_steps=ga,
+            replication_factor=replicas,
+            device_iterations=1,
+            recompute_checkpoint_every_layer=True,
+            optimizer_state_offchip=offchip,
+            replicated_tensor_sharding=True,
+            embedding_serialization_factor=4,
             enable_half_first_order_momentum=half_momentum,
         ),  # fmt: skip
         micro_batch_size=2,
@@ -109,10 +133,16 @@ POINTS = [
         task="image-classification",
         config=dict(num_labels=15, problem_type="multi_label_classification"),
         ipu_config=dict(
-            layers_per_ipu=[3, 3, 3, 3], ipus_per_replica=4, matmul_proportion=0.3,
-            gradient_accumulation_steps=128, replication_factor=1, device_iterations=1,
-            recompute_checkpoint_every_layer=True, optimizer_state_offchip=True,
-            replicated_tensor_sharding=True, embedding_serialization_factor=1,
+            layers_per_ipu=[3, 3, 3, 3],
+            ipus_per_replica=4,
+            matmul_proportion=0.3,
+            gradient_accumulation_steps=128,
+            replication_factor=1,
+            device_iterations=1,
+            recompute_checkpoint_every_layer=True,
+            optimizer_state_offchip=True,
+            replicated_tensor_sharding=True,
+            embedding_serialization_factor=1,
         ),  # fmt: skip
         micro_batch_size=1,
         inputs=dict(image_size=224),
@@ -128,17 +158,117 @@ POINTS = [
         task="image-classification",
         config=dict(num_labels=15, problem_type="multi_label_classification"),
         ipu_config=dict(
-            layers_per_ipu=[3, 3, 3, 3], ipus_per_replica=4, matmul_proportion=0.3,
-            replication_factor=1, device_iterations=4,
+            layers_per_ipu=[3, 3, 3, 3],
+            ipus_per_replica=4,
+            matmul_proportion=0.3,
+            replication_factor=1,
+            device_iterations=4,
         ),  # fmt: skip
         micro_batch_size=1,
         inputs=dict(image_size=224),
         training=False,
+        pipelined_inference=True,
         source="https://huggingface.co/blog/vision-transformers (eval_samples_per_second, 'Batch size = 4'; "
-        "seed 002) with Graphcore/vit-base-ipu's inference_device_iterations 4; sharded, as Optimum "
-        "Graphcore's IPUConfig.to_options(for_inference=True) sets poptorch.ShardedExecution "
-        "(https://github.com/huggingface/optimum-graphcore/blob/main/optimum/graphcore/ipu_configuration.py)",
+        "seed 002; published 2022-08-10 on graphcore.ai) with Graphcore/vit-base-ipu's "
+        "inference_device_iterations 4; pipelined, as the Optimum Graphcore of that date (0.3.1 / 0.3.2; "
+        "sharded inference became the default in 0.4.0, 2022-10-10) ran inference with "
+        f"poptorch.PipelinedExecution: {OPTIMUM_IPU_CONFIG_V032}",
         assumed=["Mk2", "eval_runtime includes the data loader, as the published figure does"],
+    ),
+    Point(
+        name="BERT-Base SQuAD evaluation seq 384, IPU-POD16",
+        measured=990.509,
+        hardware="mk2",
+        model="bert-base-uncased",
+        task="question-answering",
+        ipu_config=dict(
+            layers_per_ipu=[0, 4, 4, 4],
+            ipus_per_replica=4,
+            matmul_proportion=0.25,
+            replication_factor=4,
+            device_iterations=5,
+        ),  # fmt: skip
+        micro_batch_size=1,
+        inputs=dict(seq_len=384),
+        training=False,
+        pipelined_inference=True,
+        source=f"{OPTIMUM_NOTEBOOKS.format(commit=QA_NOTEBOOK_COMMIT)}/question_answering.ipynb (the notebook's "
+        "evaluation after each of 3 epochs: 10,784 features, 'Batch size = 20', pod_type pod16, "
+        "per_device_eval_batch_size 1, max_length 384 padded; the printed device allocation: embeddings on "
+        "IPU 0, 4 encoder layers on each of IPUs 1-3, QA head on IPU 3; Poplar SDK 2.6, Optimum Graphcore "
+        f"0.3.3.dev0, whose inference pipelines: {OPTIMUM_IPU_CONFIG_V032})",
+        assumed=[
+            "Mk2 IPU-POD16 (the notebook names pod16, not the machine)",
+            "device iterations 5 x 4 replicas for the printed 20 per call: Graphcore/bert-base-ipu's "
+            "inference_device_iterations 5 and its pod16 replication 4 (as Graphcore/roberta-base-ipu's "
+            "config printed in the language-modelling notebook of the same week)",
+            "matmul proportion 0.25 (Graphcore/bert-base-ipu's ipu_config.json; not printed in the notebook)",
+        ],
+        note="eval_samples_per_second 1,018.6, 990.5 and 981.1 after epochs 1-3; the median is used",
+    ),
+    Point(
+        name="RoBERTa-base MLM evaluation seq 128, IPU-POD16",
+        measured=223.811,
+        hardware="mk2",
+        model="roberta-base",
+        task="masked-lm",
+        ipu_config=dict(
+            layers_per_ipu=[0, 4, 4, 4],
+            ipus_per_replica=4,
+            matmul_proportion=0.25,
+            replication_factor=4,
+            device_iterations=5,
+            embedding_serialization_factor=1,
+        ),  # fmt: skip
+        micro_batch_size=1,
+        inputs=dict(seq_len=128),
+        training=False,
+        pipelined_inference=True,
+        masked_positions=32,
+        loss_only_output=True,
+        source=f"{OPTIMUM_NOTEBOOKS.format(commit=LM_NOTEBOOK_COMMIT)}/language_modeling.ipynb (roberta-base on "
+        "wikitext-2, block_size 128, pod_type pod16, per_device_eval_batch_size 1, 'Batch size = 20'; the "
+        "notebook prints Graphcore/roberta-base-ipu's IPUConfig: layers_per_ipu [0, 4, 4, 4], matmul_proportion "
+        "0.25, inference_device_iterations 5, inference_replication_factor pod16 4, "
+        "sharded_execution_for_inference false; Optimum Graphcore 0.3.1, Poplar SDK 2.6) with "
+        f"{OPTIMUM_MODELS.format(commit=LM_NOTEBOOK_COMMIT)}/roberta/modeling_roberta.py (with labels the MLM "
+        "head gathers int(0.25 x 128) = 32 positions and returns only the loss)",
+        assumed=["Mk2 IPU-POD16 (the notebook names pod16, not the machine)"],
+        note="eval_samples_per_second 223.8, 224.9 and 223.5 after epochs 1-3; the median is used",
+    ),
+    Point(
+        name="GPT-2 causal LM evaluation seq 128, IPU-POD16",
+        measured=472.743,
+        hardware="mk2",
+        model="gpt2",
+        task="causal-lm",
+        ipu_config=dict(
+            layers_per_ipu=[0, 4, 4, 4],
+            ipus_per_replica=4,
+            matmul_proportion=0.25,
+            replication_factor=4,
+            device_iterations=5,
+            embedding_serialization_factor=4,
+        ),  # fmt: skip
+        micro_batch_size=1,
+        inputs=dict(seq_len=128),
+        training=False,
+        pipelined_inference=True,
+        loss_only_output=True,
+        source=f"{OPTIMUM_NOTEBOOKS.format(commit=LM_NOTEBOOK_COMMIT)}/language_modeling.ipynb (gpt2 on "
+        "wikitext-2 with Graphcore/gpt2-small-ipu, block_size 128, pod_type pod16, per_device_eval_batch_size "
+        "1, 'Batch size = 20'; the printed device allocation: token embedding and the tied LM head on IPU 0, "
+        "4 layers on each of IPUs 1-3; Optimum Graphcore 0.3.1, Poplar SDK 2.6) with "
+        f"{OPTIMUM_MODELS.format(commit=LM_NOTEBOOK_COMMIT)}/gpt2/modeling_gpt2.py (with labels the model "
+        "returns only the loss)",
+        assumed=[
+            "Mk2 IPU-POD16 (the notebook names pod16, not the machine)",
+            "device iterations 5 x 4 replicas for the printed 20 per call, as the same notebook's "
+            "roberta-base-ipu config",
+            "matmul proportion 0.25 and embedding serialization 4 (Graphcore/gpt2-small-ipu's ipu_config.json; "
+            "not printed in the notebook)",
+        ],
+        note="eval_samples_per_second 472.7, 473.1 and 458.0 after epochs 1-3; the median is used",
     ),
     Point(
         name="ViT-base/16 pretraining ImageNet-1k, Bow Pod64",
@@ -148,10 +278,16 @@ POINTS = [
         task="image-classification",
         config=dict(num_labels=1000, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
         ipu_config=dict(
-            layers_per_ipu=[3, 3, 3, 3], ipus_per_replica=4, matmul_proportion=0.3,
-            gradient_accumulation_steps=512, replication_factor=16, device_iterations=1,
-            recompute_checkpoint_every_layer=True, optimizer_state_offchip=False,
-            replicated_tensor_sharding=True, embedding_serialization_factor=1,
+            layers_per_ipu=[3, 3, 3, 3],
+            ipus_per_replica=4,
+            matmul_proportion=0.3,
+            gradient_accumulation_steps=512,
+            replication_factor=16,
+            device_iterations=1,
+            recompute_checkpoint_every_layer=True,
+            optimizer_state_offchip=False,
+            replicated_tensor_sharding=True,
+            embedding_serialization_factor=1,
         ),  # fmt: skip
         micro_batch_size=8,
         inputs=dict(image_size=224),
@@ -173,11 +309,16 @@ POINTS = [
         task="question-answering",
         config=dict(attention_probs_dropout_prob=0.15),  # squad_large_384
         ipu_config=dict(
-            layers_per_ipu=[2, 3, 3, 3, 3, 3, 3, 4], ipus_per_replica=8,
+            layers_per_ipu=[2, 3, 3, 3, 3, 3, 3, 4],
+            ipus_per_replica=8,
             matmul_proportion=[0.08, 0.28, 0.32, 0.32, 0.36, 0.38, 0.4, 0.32],
-            gradient_accumulation_steps=32, replication_factor=2, device_iterations=2,
-            recompute_checkpoint_every_layer=True, optimizer_state_offchip=False,
-            replicated_tensor_sharding=True, embedding_serialization_factor=1,
+            gradient_accumulation_steps=32,
+            replication_factor=2,
+            device_iterations=2,
+            recompute_checkpoint_every_layer=True,
+            optimizer_state_offchip=False,
+            replicated_tensor_sharding=True,
+            embedding_serialization_factor=1,
             enable_half_first_order_momentum=True,
         ),  # fmt: skip
         micro_batch_size=4,
@@ -193,10 +334,16 @@ POINTS = [
         task="pretraining",
         config=dict(attention_probs_dropout_prob=0.0),  # the configs' defaults
         ipu_config=dict(
-            layers_per_ipu=[0, 4, 4, 4], ipus_per_replica=4, matmul_proportion=0.25,
-            gradient_accumulation_steps=512, replication_factor=4, device_iterations=1,
-            recompute_checkpoint_every_layer=True, optimizer_state_offchip=True,
-            replicated_tensor_sharding=True, embedding_serialization_factor=1,
+            layers_per_ipu=[0, 4, 4, 4],
+            ipus_per_replica=4,
+            matmul_proportion=0.25,
+            gradient_accumulation_steps=512,
+            replication_factor=4,
+            device_iterations=1,
+            recompute_checkpoint_every_layer=True,
+            optimizer_state_offchip=True,
+            replicated_tensor_sharding=True,
+            embedding_serialization_factor=1,
         ),  # fmt: skip
         micro_batch_size=32,
         inputs=dict(seq_len=128),
@@ -207,7 +354,9 @@ POINTS = [
     ),
     _mlperf(16, 175_000 / 114.636, [4, 7, 7, 6], [0.23] * 4, 192, 4, True, True, "pod16"),
     _mlperf(64, 175_000 / 35.953, [1, 2, 3, 4, 3, 4, 3, 4], [0.2] + [0.25] * 7, 96, 8, False, False, "pod64"),
-    _mlperf(128, 200_000 / 22.231, [1, 2, 3, 4, 3, 4, 3, 4], [0.2] + [0.25] * 7, 96, 16, False, True, "pod128"),
+    _mlperf(
+        128, 200_000 / 22.231, [1, 2, 3, 4, 3, 4, 3, 4], [0.2] + [0.25] * 7, 96, 16, False, True, "pod128"
+    ),
 ]
 
 
@@ -221,7 +370,8 @@ def gather_masked_positions(profile: ModelProfile, fraction: float) -> ModelProf
         if block.kind != "head" or not any(m.word_embedding for m in block.matmuls):
             return block
         matmuls = [
-            dataclasses.replace(m, m=max(round(m.m * fraction), 1)) if m.m == tokens else m for m in block.matmuls
+            dataclasses.replace(m, m=max(round(m.m * fraction), 1)) if m.m == tokens else m
+            for m in block.matmuls
         ]
         flops = block.forward_flops - sum(m.flops for m in block.matmuls) + sum(m.flops for m in matmuls)
         return dataclasses.replace(
@@ -231,6 +381,18 @@ def gather_masked_positions(profile: ModelProfile, fraction: float) -> ModelProf
         )  # fmt: skip
 
     return dataclasses.replace(profile, blocks=[scaled(b) for b in profile.blocks])
+
+
+def loss_only_output(profile: ModelProfile) -> ModelProfile:
+    """The profile with the model's outputs to the host reduced to one fp32 loss per micro-batch
+    (what no block reads is what the host receives, `ModelProfile.output_bytes`)."""
+    read = {t.producer for t in profile.transfers}
+    last = [b.name for b in profile.blocks if b.name not in read][-1]
+    blocks = [
+        b if b.name in read else dataclasses.replace(b, output_bytes=4 if b.name == last else 0)
+        for b in profile.blocks
+    ]
+    return dataclasses.replace(profile, blocks=blocks)
 
 
 def prepare(point: Point):
@@ -247,9 +409,11 @@ def prepare(point: Point):
     profile = profile_model(model, plan, inputs, training=point.training)
     if point.masked_positions:
         profile = gather_masked_positions(profile, point.masked_positions / point.inputs["seq_len"])
+    if point.loss_only_output:
+        profile = loss_only_output(profile)
     workload = Workload.from_ipu_config(
         config, micro_batch_size=point.micro_batch_size, optimizer=point.optimizer, training=point.training
-    )
+    ).replace(pipelined_inference=point.pipelined_inference)
     return profile, {b.name: b.ipu for b in plan.blocks}, workload, chip(point.hardware)
 
 
@@ -289,7 +453,8 @@ def fit(pairs, start: Calibration = START, rounds: int = 10, steps: int = 9) -> 
         for name, (lo, hi) in _RANGES.items():
             centre = getattr(best, name)
             candidates = [
-                min(max(centre * math.exp(span[name] * (i / (steps - 1) - 0.5)), lo), hi) for i in range(steps)
+                min(max(centre * math.exp(span[name] * (i / (steps - 1) - 0.5)), lo), hi)
+                for i in range(steps)
             ]
             best = min(
                 (dataclasses.replace(best, **{name: value}) for value in candidates + [centre]),
