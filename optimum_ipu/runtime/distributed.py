@@ -92,9 +92,12 @@ class ProcessReplicas:
     trainer's, before a save: each process advances only its own replicas' random streams.
     """
 
-    def __init__(self, layout: ProcessLayout, mesh: DeviceMesh):
+    def __init__(self, layout: ProcessLayout, mesh: DeviceMesh, device: torch.device | str = "cpu"):
         self.layout = layout
         self.mesh = mesh
+        # Where the collectives' tensors must be: NCCL reduces only GPU tensors, gloo CPU ones. The
+        # decisions (overflow, loss-scale counts, logged losses) are made on CPU scalars.
+        self.device = torch.device(device)
         self.dp_group = mesh.get_group("dp")
         self.pp_group = mesh.get_group("pp")
         self.dp_rank = mesh.get_local_rank("dp")
@@ -116,25 +119,25 @@ class ProcessReplicas:
             offset += t.numel()
 
     def any(self, flag: bool) -> bool:
-        value = torch.tensor([1.0 if flag else 0.0])
+        value = torch.tensor([1.0 if flag else 0.0], device=self.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item() > 0)
 
     def sum_over_stages(self, value: torch.Tensor) -> torch.Tensor:
         if self.layout.stages == 1:
             return value
-        value = value.detach().clone()
-        dist.all_reduce(value, group=self.pp_group)
-        return value
+        summed = value.detach().to(self.device, copy=True)
+        dist.all_reduce(summed, group=self.pp_group)
+        return summed.to(value.device)
 
     def gather_losses(self, losses: torch.Tensor) -> torch.Tensor:
         """losses[d, r, g] with every replica's entries, from the processes that ran them."""
         if self.layout.data_parallel == 1:
             return losses
         known = ~losses.isnan()
-        total = torch.where(known, losses, torch.zeros_like(losses))
+        total = torch.where(known, losses, torch.zeros_like(losses)).to(self.device)
         dist.all_reduce(total, group=self.dp_group)
-        return total
+        return total.to(losses.device)
 
     def share_streams(self, streams) -> None:
         """Give every process the random streams of every replica (rank 0 saves them all)."""
@@ -156,7 +159,7 @@ def build_process_replicas(replication_factor: int, ipus_per_replica: int, devic
     device_type = torch.device(device).type
     mesh = init_device_mesh(device_type, (layout.data_parallel, layout.stages), mesh_dim_names=("dp", "pp"))
     atexit.register(_close_process_group)
-    return ProcessReplicas(layout, mesh)
+    return ProcessReplicas(layout, mesh, device)
 
 
 def _close_process_group() -> None:
