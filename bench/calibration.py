@@ -9,10 +9,16 @@ it (the model from `costmodel.presets`, the IPU layout, batch sizes, optimizer, 
 A setting a publication leaves out is listed in `assumed`; every modelling choice is either read from
 the published configuration (layout, matmul proportions, recomputation, masked positions of the MLM
 head, attention dropout, embedding serialization, optimizer state placement, sharded inference as
-Optimum Graphcore runs it) or one of the three fitted constants of `hardware.Calibration`; the
+Optimum Graphcore runs it) or one of the four fitted constants of `hardware.Calibration`; the
 remaining assumptions (`hardware.ASSUMPTIONS`) are moved by `--sensitivity`. Fitting minimises the
 sum of squared log errors; leave-one-out refits on all points but one and predicts it, which is the
 error to expect on a layout that is not in the table.
+
+The inference points publish `eval_samples_per_second` of one `IPUTrainer.evaluate()`: the samples of
+its timed loop over `eval_runtime`, which pays a one-off setup (the weights of every replica copied to
+the IPUs, `performance.evaluate_setup_time`) besides the steady calls. Those points are estimated as
+samples / (setup + calls x call time), with the calls printed by the run; the planner's steady-state
+estimate does not include the setup.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from types import SimpleNamespace
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from optimum_ipu.costmodel.hardware import CALIBRATION, Calibration, chip  # noqa: E402
-from optimum_ipu.costmodel.performance import estimate_performance  # noqa: E402
+from optimum_ipu.costmodel.performance import estimate_performance, evaluate_setup_time  # noqa: E402
 from optimum_ipu.costmodel.presets import ModelSource, build_meta_model, resolve_model  # noqa: E402
 from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile  # noqa: E402
 from optimum_ipu.costmodel.workload import Workload  # noqa: E402
@@ -66,6 +72,9 @@ class Point:
             unless `sharded_execution_for_inference` was set; from 0.4.0 it always shards).
         loss_only_output: the model returns only its loss to the host (Optimum Graphcore's pipelined
             language-model heads when labels are given), so the logits never cross the host link.
+        evaluate_calls: the point is an end-to-end `IPUTrainer.evaluate()`: its timed loop made this
+            many host calls (the progress bar's count; eval samples = calls x samples per call, which
+            `measured` x `eval_runtime` reproduces), and `eval_runtime` includes the one-off setup.
     """
 
     name: str
@@ -83,6 +92,7 @@ class Point:
     masked_positions: int | None = None
     pipelined_inference: bool = False
     loss_only_output: bool = False
+    evaluate_calls: int | None = None
     assumed: list[str] = field(default_factory=list)
     note: str = ""
 
@@ -168,7 +178,9 @@ POINTS = [
         inputs=dict(image_size=224),
         training=False,
         pipelined_inference=True,
-        source="https://huggingface.co/blog/vision-transformers (eval_samples_per_second, 'Batch size = 4'; "
+        evaluate_calls=1401,
+        source="https://huggingface.co/blog/vision-transformers (eval_samples_per_second, 'Batch size = 4', "
+        "'Num examples = 5606', progress bar 1401/1401 [00:16, 82.96 it/s], eval_runtime 17.42 s; "
         "seed 002; published 2022-08-10 on graphcore.ai) with Graphcore/vit-base-ipu's "
         "inference_device_iterations 4; pipelined, as the Optimum Graphcore of that date (0.3.1 / 0.3.2; "
         "sharded inference became the default in 0.4.0, 2022-10-10) ran inference with "
@@ -192,8 +204,10 @@ POINTS = [
         inputs=dict(seq_len=384),
         training=False,
         pipelined_inference=True,
+        evaluate_calls=539,
         source=f"{OPTIMUM_NOTEBOOKS.format(commit=QA_NOTEBOOK_COMMIT)}/question_answering.ipynb (the notebook's "
-        "evaluation after each of 3 epochs: 10,784 features, 'Batch size = 20', pod_type pod16, "
+        "evaluation after each of 3 epochs: 10,784 features, 'Batch size = 20', 539 calls (dataloader_drop_last), "
+        "eval_runtime 10.88 s after epoch 2, pod_type pod16, "
         "per_device_eval_batch_size 1, max_length 384 padded; the printed device allocation: embeddings on "
         "IPU 0, 4 encoder layers on each of IPUs 1-3, QA head on IPU 3; Poplar SDK 2.6, Optimum Graphcore "
         f"0.3.3.dev0, whose inference pipelines: {OPTIMUM_IPU_CONFIG_V032})",
@@ -224,15 +238,18 @@ POINTS = [
         inputs=dict(seq_len=128),
         training=False,
         pipelined_inference=True,
-        masked_positions=32,
-        loss_only_output=True,
+        evaluate_calls=99,
         source=f"{OPTIMUM_NOTEBOOKS.format(commit=LM_NOTEBOOK_COMMIT)}/language_modeling.ipynb (roberta-base on "
-        "wikitext-2, block_size 128, pod_type pod16, per_device_eval_batch_size 1, 'Batch size = 20'; the "
+        "wikitext-2, block_size 128, pod_type pod16, per_device_eval_batch_size 1, 'Batch size = 20', "
+        "'Num examples = 1988', 99 calls (dataloader_drop_last), eval_runtime 8.85 s after epoch 1; the "
         "notebook prints Graphcore/roberta-base-ipu's IPUConfig: layers_per_ipu [0, 4, 4, 4], matmul_proportion "
         "0.25, inference_device_iterations 5, inference_replication_factor pod16 4, "
         "sharded_execution_for_inference false; Optimum Graphcore 0.3.1, Poplar SDK 2.6) with "
-        f"{OPTIMUM_MODELS.format(commit=LM_NOTEBOOK_COMMIT)}/roberta/modeling_roberta.py (with labels the MLM "
-        "head gathers int(0.25 x 128) = 32 positions and returns only the loss)",
+        f"{OPTIMUM_MODELS.format(commit=LM_NOTEBOOK_COMMIT)}/roberta/modeling_roberta.py (only in training does "
+        "the MLM head gather int(0.25 x 128) = 32 positions and return only the loss; in evaluation "
+        "PipelinedRobertaForMaskedLM.forward calls RobertaForMaskedLM.forward, which predicts every position "
+        "and returns the loss and the logits, 128 x 50,265 per sample, all of them to the host: inference "
+        "runs OutputMode.All)",
         assumed=["Mk2 IPU-POD16 (the notebook names pod16, not the machine)"],
         note="eval_samples_per_second 223.8, 224.9 and 223.5 after epochs 1-3; the median is used",
     ),
@@ -255,9 +272,11 @@ POINTS = [
         training=False,
         pipelined_inference=True,
         loss_only_output=True,
+        evaluate_calls=96,
         source=f"{OPTIMUM_NOTEBOOKS.format(commit=LM_NOTEBOOK_COMMIT)}/language_modeling.ipynb (gpt2 on "
         "wikitext-2 with Graphcore/gpt2-small-ipu, block_size 128, pod_type pod16, per_device_eval_batch_size "
-        "1, 'Batch size = 20'; the printed device allocation: token embedding and the tied LM head on IPU 0, "
+        "1, 'Batch size = 20', 'Num examples = 1931', 96 calls (dataloader_drop_last), eval_runtime 4.06 s "
+        "after epoch 1; the printed device allocation: token embedding and the tied LM head on IPU 0, "
         "4 layers on each of IPUs 1-3; Optimum Graphcore 0.3.1, Poplar SDK 2.6) with "
         f"{OPTIMUM_MODELS.format(commit=LM_NOTEBOOK_COMMIT)}/gpt2/modeling_gpt2.py (with labels the model "
         "returns only the loss)",
@@ -414,17 +433,24 @@ def prepare(point: Point):
     workload = Workload.from_ipu_config(
         config, micro_batch_size=point.micro_batch_size, optimizer=point.optimizer, training=point.training
     ).replace(pipelined_inference=point.pipelined_inference)
-    return profile, {b.name: b.ipu for b in plan.blocks}, workload, chip(point.hardware)
+    return profile, {b.name: b.ipu for b in plan.blocks}, workload, chip(point.hardware), point.evaluate_calls
 
 
 def performance(prepared, calibration: Calibration):
-    profile, ipu_of, workload, hardware = prepared
+    """The steady-state estimate of a prepared point (what the planner reports)."""
+    profile, ipu_of, workload, hardware, _ = prepared
     return estimate_performance(profile, ipu_of, workload, hardware, calibration)
 
 
 def estimate(prepared, calibration: Calibration) -> float:
-    """Estimated samples/s of a prepared point under `calibration`."""
-    return performance(prepared, calibration).samples_per_second
+    """Estimated samples/s of a prepared point under `calibration`, as its source measured it: steady
+    state, or for an `evaluate()` point samples / (one-off setup + calls x call time)."""
+    report = performance(prepared, calibration)
+    profile, _, workload, _, calls = prepared
+    if not calls:
+        return report.samples_per_second
+    setup = evaluate_setup_time(profile, workload, calibration)
+    return calls * report.samples_per_call / (setup + calls * report.call_time)
 
 
 # The fitted constants and the ranges searched (log-spaced grids, refined around the best).
@@ -432,6 +458,7 @@ _RANGES = {
     "matmul_efficiency": (0.2, 1.0),
     "cycles_per_operation": (1_000.0, 60_000.0),
     "host_call_overhead_s": (1e-4, 0.05),
+    "weight_upload_bandwidth": (2e7, 25e9),  # up to the host NICs' rate (`Assumptions.host_bandwidth`)
 }
 
 
@@ -445,7 +472,7 @@ START = Calibration(**{k: math.sqrt(lo * hi) for k, (lo, hi) in _RANGES.items()}
 
 
 def fit(pairs, start: Calibration = START, rounds: int = 10, steps: int = 9) -> Calibration:
-    """Minimise the squared log errors of `pairs` ((point, prepared) tuples) over the three constants:
+    """Minimise the squared log errors of `pairs` ((point, prepared) tuples) over the fitted constants:
     coordinate descent on log grids that narrow each round around the best value."""
     best = start
     span = {k: math.log(hi / lo) for k, (lo, hi) in _RANGES.items()}
@@ -507,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"Calibration ({len(_RANGES)} fitted constants): matmul_efficiency={calibration.matmul_efficiency:.3g}, "
         f"cycles_per_operation={calibration.cycles_per_operation:.4g}, "
-        f"host_call_overhead_s={calibration.host_call_overhead_s:.3g}\n"
+        f"host_call_overhead_s={calibration.host_call_overhead_s:.3g}, "
+        f"weight_upload_bandwidth={calibration.weight_upload_bandwidth / 1e9:.3g} GB/s\n"
     )
     held_out = leave_one_out(pairs)
     header = f"{'workload':<52} {'hw':>4} {'measured':>9} {'estimated':>9} {'error':>7} {'LOO est':>9} {'LOO err':>8}"

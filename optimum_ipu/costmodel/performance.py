@@ -377,3 +377,18 @@ def estimate_performance(
         samples_per_call=samples, samples_per_second=samples / call, pipeline_efficiency=efficiency,
         bottleneck_ipu=bottleneck, utilisation=utilisation, notes=notes,
     )  # fmt: skip
+
+
+def evaluate_setup_time(
+    profile: ModelProfile, workload: Workload, calibration: Calibration = CALIBRATION
+) -> float:
+    """One-off seconds of an end-to-end `IPUTrainer.evaluate()` that fall inside its timed
+    `eval_runtime` but are not steady-state throughput: copying every replica's weights to the IPUs
+    (PopTorch's implicit `copyWeightsToDevice()` on the first call of the loop, after the training
+    model wrote them back to the host) at the fitted `weight_upload_bandwidth`.
+
+    `estimate_performance` leaves it out (the planner reports steady-state samples/s); the calibration
+    adds it to the points that publish an `evaluate()` figure: samples / (setup + calls x call time).
+    """
+    weight_bytes = profile.parameters * workload.float_bytes * workload.replication_factor
+    return weight_bytes / calibration.weight_upload_bandwidth

@@ -231,13 +231,13 @@ def test_leave_one_out_error_is_recomputed_from_the_published_points():
     held_out = calibration.leave_one_out(pairs)
     errors = {point.name: abs(estimate / point.measured - 1) for point, estimate, _ in held_out}
     training = [errors[p.name] for p, _ in pairs if p.training]
-    # The figures the README reports: over all eleven points mean 49.8 %, max 334.8 % (neither target
-    # is met: the four inference points disagree on the host overhead per call, the RoBERTa MLM
-    # evaluation most); over the seven training points mean 8.8 %, max 13.9 %. Bounds a little above
-    # them, so a model change that makes cross-validation worse fails here.
-    assert sum(errors.values()) / len(errors) <= 0.52 and max(errors.values()) < 3.5, errors
-    assert sum(training) / len(training) <= 0.10 and max(training) < 0.16, errors
+    # The figures the README reports: over all eleven points mean 20.1 %, max 80.4 % (neither target
+    # is met: the RoBERTa MLM and GPT-2 evaluations pay the same weight upload and almost as many calls
+    # but took 8.85 s and 4.06 s); over the seven training points mean 10.2 %, max 20.9 %. Bounds a
+    # little above them, so a model change that makes cross-validation worse fails here.
+    assert sum(errors.values()) / len(errors) <= 0.22 and max(errors.values()) < 0.85, errors
+    assert sum(training) / len(training) <= 0.11 and max(training) < 0.22, errors
     for point, prepared in pairs:
         estimated = calibration.estimate(prepared, CALIBRATION)
-        bound = 0.15 if point.training else 2.1  # the RoBERTa MLM evaluation is estimated 2.96x too fast
+        bound = 0.15 if point.training else 0.45  # the RoBERTa MLM evaluation is estimated 43 % too fast
         assert abs(estimated / point.measured - 1) < bound, (point.name, estimated, point.measured)
