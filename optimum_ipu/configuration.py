@@ -340,7 +340,9 @@ class IPUConfig:
                 `for_n_ipu` and the training arguments do).
             strict: raise on unknown keys instead of warning.
             **overrides: attribute values applied after loading, with derived defaults and
-                cross-field validation re-run.
+                cross-field validation re-run. `use_auth_token` (Optimum Graphcore's and older
+                transformers' spelling of `token`, which their example scripts pass) is read as
+                `token`, with a warning.
 
         Raises:
             IPUConfigError: for an invalid file or override.
@@ -348,6 +350,13 @@ class IPUConfig:
         """
         from optimum_ipu.hub import resolve_config_file
 
+        if "use_auth_token" in overrides:
+            old_token = overrides.pop("use_auth_token")
+            if token is not None and old_token is not None and old_token != token:
+                raise ValueError("Pass either `token=` or its older spelling `use_auth_token=`, not both.")
+            if old_token is not None:
+                logger.warning("`use_auth_token` is deprecated in transformers v5; read as `token=`.")
+            token = token if token is not None else old_token
         found = resolve_config_file(
             name_or_path, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
         )

@@ -14,6 +14,7 @@ command in tests/examples/test_run_qa.py.)
 """
 
 import json
+import logging
 from dataclasses import dataclass, field
 
 import datasets
@@ -147,10 +148,12 @@ def test_seed_001_model_card_command_runs_with_the_original_imports(command):
     assert saved["embedding_serialization_factor"] == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Optimum Graphcore's run_qa.py passes use_auth_token= to IPUConfig.from_pretrained; "
-    "optimum_ipu.IPUConfig.from_pretrained takes token= and reads use_auth_token as an unknown attribute",
-)
-def test_ipu_config_from_pretrained_accepts_the_original_use_auth_token_keyword():
-    IPUConfig.from_pretrained("Graphcore/bert-base-ipu", use_auth_token=None)
+def test_ipu_config_from_pretrained_accepts_the_original_use_auth_token_keyword(caplog):
+    """Optimum Graphcore's run_qa.py passes `use_auth_token=`: it is read as `token=`, not as an attribute."""
+    config = IPUConfig.from_pretrained("Graphcore/bert-base-ipu", use_auth_token=None)
+    assert "use_auth_token" not in config.to_dict()
+    with caplog.at_level(logging.WARNING, logger="optimum_ipu.configuration"):
+        IPUConfig.from_pretrained("Graphcore/bert-base-ipu", use_auth_token=False)
+    assert "read as `token=`" in caplog.text
+    with pytest.raises(ValueError, match="not both"):
+        IPUConfig.from_pretrained("Graphcore/bert-base-ipu", token="a", use_auth_token="b")
