@@ -143,8 +143,11 @@ class _SynchroniseProcesses(TrainerCallback):
 
     def __init__(self, trainer: IPUTrainer):
         self.trainer = trainer
+        self._synchronised_step: int | None = None
 
-    def _synchronise(self) -> None:
+    def _synchronise(self, step: int | None = None) -> None:
+        if step is not None and step == self._synchronised_step:
+            return  # nothing has changed since (weights, moments and streams move only in a step)
         trainer = self.trainer
         trainer.process_replicas.share_streams(trainer.replica_streams)
         stages = trainer._stages
@@ -152,13 +155,21 @@ class _SynchroniseProcesses(TrainerCallback):
             stages.broadcast_weights()
             if trainer.optimizer is not None:
                 stages.broadcast_optimizer_state(trainer.optimizer)
+        self._synchronised_step = step
+
+    def _before_save_or_evaluate(self, state, control) -> None:
+        if control.should_save or control.should_evaluate or control.should_training_stop:
+            self._synchronise(state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if control.should_save or control.should_evaluate or control.should_training_stop:
-            self._synchronise()
+        self._before_save_or_evaluate(state, control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # save_strategy / eval_strategy "epoch" decide here, after the step's own callbacks.
+        self._before_save_or_evaluate(state, control)
 
     def on_train_end(self, args, state, control, **kwargs):
-        self._synchronise()
+        self._synchronise(state.global_step)
 
 
 def _load_whole_batches(loader) -> None:

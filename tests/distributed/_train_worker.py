@@ -55,7 +55,8 @@ def main(spec_path: str) -> None:
     ipu_config = IPUConfig(**spec["ipu_config"])
     args = IPUTrainingArguments(
         output_dir=str(out / "run"), per_device_train_batch_size=2, learning_rate=spec.get("lr", 1e-2),
-        max_steps=spec["steps"], logging_steps=1, save_strategy="steps" if spec.get("save_steps") else "no",
+        max_steps=spec["steps"], logging_steps=1,
+        save_strategy=spec.get("save_strategy") or ("steps" if spec.get("save_steps") else "no"),
         save_steps=spec.get("save_steps") or 500, report_to="none", seed=7, dataloader_num_workers=0,
         optim=spec.get("optim", "sgd"), fp32=spec.get("fp32", True),
         loss_scaling=spec.get("loss_scaling"), lr_scheduler_type="constant",
