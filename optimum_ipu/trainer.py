@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer
 from transformers.trainer_utils import TrainOutput
 
 from optimum_ipu.checkpoints import AtomicCheckpoints
@@ -130,46 +130,6 @@ def _trim(value, size: int):
     if isinstance(value, (tuple, list)):
         return type(value)(_trim(v, size) for v in value)
     return value
-
-
-class _SynchroniseProcesses(TrainerCallback):
-    """Give every process what rank 0 must save, only when it is about to be needed.
-
-    With one process per pipeline stage, each updates only its stage's weights and optimizer state;
-    with replicas in several processes, each advances only its own replicas' random streams. Before
-    the Trainer saves or evaluates, and when training ends, every process gets all of them (between
-    those moments nothing reads them, so the steps pay for no exchange).
-    """
-
-    def __init__(self, trainer: IPUTrainer):
-        self.trainer = trainer
-        self._synchronised_step: int | None = None
-
-    def _synchronise(self, step: int | None = None) -> None:
-        if step is not None and step == self._synchronised_step:
-            return  # nothing has changed since (weights, moments and streams move only in a step)
-        trainer = self.trainer
-        trainer.process_replicas.share_streams(trainer.replica_streams)
-        stages = trainer._stages
-        if stages is not None:
-            stages.broadcast_weights()
-            if trainer.optimizer is not None:
-                stages.broadcast_optimizer_state(trainer.optimizer)
-        self._synchronised_step = step
-
-    def _before_save_or_evaluate(self, state, control) -> None:
-        if control.should_save or control.should_evaluate or control.should_training_stop:
-            self._synchronise(state.global_step)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self._before_save_or_evaluate(state, control)
-
-    def on_epoch_end(self, args, state, control, **kwargs):
-        # save_strategy / eval_strategy "epoch" decide here, after the step's own callbacks.
-        self._before_save_or_evaluate(state, control)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self._synchronise(state.global_step)
 
 
 def _load_whole_batches(loader) -> None:
@@ -279,10 +239,9 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             self.ipu_config.replication_factor, self.ipu_config.ipus_per_replica, args.device
         )
         self._stages: PipelineStages | None = None
-        if self.process_replicas is not None:
-            if self.process_replicas.layout.stages > 1:
-                check_supported(self._pipelined)
-            self.add_callback(_SynchroniseProcesses(self))
+        self._process_state_stale = False  # see `_gather_process_state`
+        if self.process_replicas is not None and self.process_replicas.layout.stages > 1:
+            check_supported(self._pipelined)
         self.compile_report = None
         self.inference_report = None
 
@@ -421,7 +380,9 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
                 self.compile_report.save(self.args.output_dir)
             logger.info("compile_only: compilation done, report written to %s; no training.", self.args.output_dir)
             return TrainOutput(global_step=0, training_loss=0.0, metrics={"compile_only": True})
-        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        output = super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        self._gather_process_state()  # every process leaves training with the whole, current state
+        return output
 
     def _build_executable(self, model: nn.Module) -> TrainingExecutable:
         model = self.accelerator.unwrap_model(model)  # gradients are reduced by the executable, not DDP
@@ -464,7 +425,45 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
                 )
             self._executable = self._build_executable(model)
         self._executable(move_to(inputs, self.args.device))
+        self._process_state_stale = self.process_replicas is not None
         return self._executable.last_losses.nanmean().to(self.args.device)
+
+    # -- processes -----------------------------------------------------------------------------
+
+    def _gather_process_state(self) -> None:
+        """Give every process what rank 0 saves and what evaluation reads, when a step changed it.
+
+        With one process per pipeline stage, each updates only its stage's weights and optimizer
+        state; with replicas in several processes, each advances only its own replicas' random
+        streams. Nothing reads them between saves and evaluations, so the steps pay for no exchange:
+        the methods that save or evaluate call this first (not a callback reading the control
+        flags, which an epoch-end save or a user's callback would bypass), and training ends with it.
+        Every process runs the same steps and calls, so the collectives match.
+        """
+        if not self._process_state_stale:
+            return
+        self.process_replicas.share_streams(self.replica_streams)
+        if self._stages is not None:
+            self._stages.broadcast_weights()
+            if self.optimizer is not None:
+                self._stages.broadcast_optimizer_state(self.optimizer)
+        self._process_state_stale = False
+
+    def _save_checkpoint(self, model, trial) -> None:
+        self._gather_process_state()
+        super()._save_checkpoint(model, trial)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        self._gather_process_state()
+        super().save_model(output_dir, _internal_call)
+
+    def evaluate(self, *args, **kwargs):
+        self._gather_process_state()
+        return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        self._gather_process_state()
+        return super().predict(*args, **kwargs)
 
     # -- evaluation ----------------------------------------------------------------------------
 

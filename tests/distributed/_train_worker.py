@@ -2,7 +2,8 @@
 
 `python _train_worker.py spec.json`: the spec names the IPU layout, the optimizer, precision, steps
 and where to write. Every process writes its flattened weights after every update
-(`rank{k}_step{n}.pt`), so a test can compare processes with each other and with a one-process run.
+(`rank{k}_step{n}.pt`) and after training (`rank{k}_final.pt`), so a test can compare processes
+with each other and with a one-process run.
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ def main(spec_path: str) -> None:
     trainer = trainer_class(model, ipu_config, args, train_dataset=PatternQA(spec.get("samples", 64)))
     trainer.add_callback(SaveWeights(out, args.process_index))
     trainer.train(resume_from_checkpoint=spec.get("resume_from"))
+    # After train() every process holds the whole model (stage processes update only their own stage
+    # between saves, so their per-step files hold the other stages' weights as of the last gather).
+    flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
+    torch.save(flat, out / f"rank{args.process_index}_final.pt")
     if args.process_index == 0:
         summary = {
             "skipped_updates": trainer.loss_scaler.skipped_updates,

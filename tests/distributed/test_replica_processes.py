@@ -43,8 +43,9 @@ def run(tmp_path: Path, name: str, processes: int, **spec) -> Path:
     raise AssertionError("unreachable")
 
 
-def weights(out: Path, step: int, rank: int = 0) -> torch.Tensor:
-    return torch.load(out / f"rank{rank}_step{step}.pt")
+def weights(out: Path, step: int | str, rank: int = 0) -> torch.Tensor:
+    """A process's flattened weights after update `step`, or after training with step="final"."""
+    return torch.load(out / (f"rank{rank}_final.pt" if step == "final" else f"rank{rank}_step{step}.pt"))
 
 
 def summary(out: Path) -> dict:
@@ -138,9 +139,9 @@ PIPELINE_2_GA_4 = {"layers_per_ipu": [2, 2], "ipus_per_replica": 2, "gradient_ac
 def test_two_pipeline_stage_processes_equal_one_process(tmp_path):
     one = run(tmp_path, "one", 1, ipu_config=PIPELINE_2_GA_4)
     two = run(tmp_path, "two", 2, ipu_config=PIPELINE_2_GA_4)
-    # Between saves each process updates only its stage; after the last step every rank has the whole model.
-    torch.testing.assert_close(weights(two, 3), weights(one, 3), rtol=0, atol=1e-6)
-    torch.testing.assert_close(weights(two, 3, rank=1), weights(two, 3), rtol=0, atol=0)
+    # Between saves each process updates only its stage; after training every rank has the whole model.
+    torch.testing.assert_close(weights(two, "final"), weights(one, 3), rtol=0, atol=1e-6)
+    torch.testing.assert_close(weights(two, "final", rank=1), weights(two, "final"), rtol=0, atol=0)
     assert summary(two)["losses"] == pytest.approx(summary(one)["losses"], abs=1e-6)  # every step's
 
 
@@ -151,7 +152,7 @@ def test_a_pipeline_checkpoint_holds_every_stage_and_resumes_in_one_process(tmp_
     reference = run(tmp_path, "reference", 1, **common)
     resumed = run(tmp_path, "resumed", 1, resume_from=str(full / "run" / "checkpoint-2"), **common)
     for out in (full, resumed):  # AdamW: see the bound of the replica test above
-        torch.testing.assert_close(weights(out, 4)[:-2], weights(reference, 4)[:-2], rtol=0, atol=4e-4)
+        torch.testing.assert_close(weights(out, "final")[:-2], weights(reference, 4)[:-2], rtol=0, atol=4e-4)
 
 
 def test_two_replicas_of_two_stage_processes_equal_one_process(tmp_path):
@@ -161,9 +162,9 @@ def test_two_replicas_of_two_stage_processes_equal_one_process(tmp_path):
     four = run(tmp_path, "four", 4, ipu_config=ipu_config)
     assert summary(four)["world_size"] == 4
     assert summary(four)["total_train_batch_size"] == summary(one)["total_train_batch_size"] == 16
-    torch.testing.assert_close(weights(four, 3), weights(one, 3), rtol=0, atol=1e-6)
+    torch.testing.assert_close(weights(four, "final"), weights(one, 3), rtol=0, atol=1e-6)
     for rank in (1, 2, 3):
-        torch.testing.assert_close(weights(four, 3, rank=rank), weights(four, 3), rtol=0, atol=0)
+        torch.testing.assert_close(weights(four, "final", rank=rank), weights(four, "final"), rtol=0, atol=0)
     assert summary(four)["losses"] == pytest.approx(summary(one)["losses"], abs=1e-6)
 
 
@@ -178,4 +179,4 @@ def test_a_checkpoint_saved_at_an_epoch_end_holds_every_process_state(tmp_path, 
     full = run(tmp_path, "full", 2, save_strategy="epoch", **common)
     resumed = run(tmp_path, "resumed", 1, resume_from=str(full / "run" / "checkpoint-2"), **common)
     atol = 1e-6 if "dropout" in extra else 4e-4  # AdamW: see the bound of the replica test above
-    torch.testing.assert_close(weights(resumed, 4)[:-2], weights(full, 4)[:-2], rtol=0, atol=atol)
+    torch.testing.assert_close(weights(resumed, "final")[:-2], weights(full, "final")[:-2], rtol=0, atol=atol)
