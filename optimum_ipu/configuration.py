@@ -352,7 +352,7 @@ class IPUConfig:
 
         if "use_auth_token" in overrides:
             old_token = overrides.pop("use_auth_token")
-            if token is not None and old_token is not None and old_token != token:
+            if isinstance(old_token, str) and token is not None and old_token != token:
                 raise ValueError("Pass either `token=` or its older spelling `use_auth_token=`, not both.")
             if old_token is not None:
                 logger.warning("`use_auth_token` is deprecated in transformers v5; read as `token=`.")
