@@ -143,12 +143,13 @@ class ProcessReplicas:
         """Give every process the random streams of every replica (rank 0 saves them all)."""
         if self.layout.data_parallel == 1:
             return
-        mine = {r: streams.states[r] for r in self.local_replicas(len(streams.states))}
+        local = self.local_replicas(len(streams.states))
+        mine = {r: (streams.states[r], streams.cuda_states[r]) for r in local}  # CPU and CUDA generators
         gathered: list[dict | None] = [None] * self.layout.data_parallel
         dist.all_gather_object(gathered, mine, group=self.dp_group)
         for part in gathered:
-            for r, state in part.items():
-                streams.states[r] = state
+            for r, (cpu, cuda) in part.items():
+                streams.states[r], streams.cuda_states[r] = cpu, cuda
 
 
 def build_process_replicas(replication_factor: int, ipus_per_replica: int, device: torch.device | str):
