@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -359,53 +359,66 @@ class PipelineStages:
         groups: dict[tuple[int, torch.dtype, torch.device], list[torch.Tensor]] = {}
         for t in tensors:
             groups.setdefault((self._owner[id(t)], t.dtype, t.device), []).append(t)
-        for (owner, _dtype, _device), members in groups.items():
-            flat = torch.cat([t.detach().reshape(-1) for t in members])
-            dist.broadcast(flat, group_src=owner, group=self.group)
-            if owner != self.stage:
-                offset = 0
-                for t in members:
-                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                    offset += t.numel()
+        for (owner, dtype, device), members in groups.items():
+            mine = owner == self.stage
+            parts = _broadcast_flat(members if mine else None, [t.shape for t in members], dtype, device, owner,
+                                    self.group)  # fmt: skip
+            if not mine:
+                for t, part in zip(members, parts):
+                    t.copy_(part)
 
     def broadcast_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
         """Copy each parameter's optimizer state from the stage that owns it to every rank of the group.
 
         Each stage's optimizer only updates (and keeps moments for) its own parameters; before rank 0
         writes `optimizer.pt` it must hold every stage's, so the checkpoint resumes in any layout.
-        The layout of the state (keys, shapes, dtypes, non-tensor values) goes as one small object;
-        the tensors go flattened, one collective per owning stage and dtype (pickling hundreds of MB
-        of moments would cost seconds at every save).
+        The layout of the state (keys in order, non-tensor values, each tensor's shape and dtype) goes
+        as one small object; the tensors go flattened, one collective per owning stage and dtype
+        (pickling hundreds of MB of moments would cost seconds at every save).
         """
         optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper -> the optimizer
         params = list(dict.fromkeys(self.pipelined.module.parameters()))
         for owner in range(self.num_stages):
             mine = owner == self.stage
-            owned = [i for i, p in enumerate(params) if self._owner[id(p)] == owner and p in optimizer.state]
-            layout = [None]
+            layout: list[dict | None] = [None]
             if mine:
-                layout = [{i: {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ("value", v)
-                               for k, v in optimizer.state[params[i]].items()} for i in owned}]  # fmt: skip
+                layout = [{i: {k: _TensorSpec(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v
+                               for k, v in optimizer.state[p].items()}
+                           for i, p in enumerate(params) if self._owner[id(p)] == owner and p in optimizer.state}]  # fmt: skip
             dist.broadcast_object_list(layout, group_src=owner, group=self.group)
-            entries = [(i, k, shape_dtype) for i, state in layout[0].items() for k, shape_dtype in state.items()
-                       if shape_dtype[0] != "value"]  # fmt: skip
-            received: dict[int, dict[str, Any]] = {
-                i: {k: v[1] for k, v in state.items() if v[0] == "value"} for i, state in layout[0].items()
-            }
-            for dtype in dict.fromkeys(d for _, _, (_, d) in entries):
-                members = [(i, k, shape) for i, k, (shape, d) in entries if d == dtype]
-                if mine:
-                    flat = torch.cat([optimizer.state[params[i]][k].detach().reshape(-1).to(self.device)
-                                      for i, k, _ in members])  # fmt: skip
-                else:
-                    flat = torch.empty(sum(math.prod(shape) for _, _, shape in members), dtype=dtype, device=self.device)
-                dist.broadcast(flat, group_src=owner, group=self.group)
+            states = layout[0]
+            tensors = [(i, k, spec) for i, state in states.items() for k, spec in state.items()
+                       if isinstance(spec, _TensorSpec)]  # fmt: skip
+            for dtype in dict.fromkeys(spec.dtype for *_, spec in tensors):
+                members = [(i, k, spec) for i, k, spec in tensors if spec.dtype == dtype]
+                sent = [optimizer.state[params[i]][k] for i, k, _ in members] if mine else None
+                parts = _broadcast_flat(sent, [spec.shape for *_, spec in members], dtype, self.device, owner,
+                                        self.group)  # fmt: skip
                 if not mine:
-                    offset = 0
-                    for i, k, shape in members:
-                        size = math.prod(shape)
-                        received[i][k] = flat[offset : offset + size].view(shape).to(params[i].device, copy=True)
-                        offset += size
+                    for (i, k, _), part in zip(members, parts):
+                        states[i][k] = part.to(params[i].device, copy=True)  # its own storage
             if not mine:
-                for i, state in layout[0].items():  # keys in the owner's order
-                    optimizer.state[params[i]] = {k: received[i][k] for k in state}
+                for i, state in states.items():  # keys in the owner's order
+                    optimizer.state[params[i]] = state
+
+
+class _TensorSpec(NamedTuple):
+    """Stands for a tensor of the optimizer state in the layout object; the data follows flattened."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _broadcast_flat(tensors: Sequence[torch.Tensor] | None, shapes: Sequence[Sequence[int]], dtype: torch.dtype,
+                    device: torch.device, src: int, group: dist.ProcessGroup | None) -> list[torch.Tensor]:  # fmt: skip
+    """Send `tensors` (given on rank `src` of `group`, None elsewhere) to every rank in one message.
+
+    Returns views of the received buffer shaped as `shapes`, on every rank.
+    """
+    sizes = [math.prod(shape) for shape in shapes]
+    if tensors is not None:
+        flat = torch.cat([t.detach().reshape(-1).to(device) for t in tensors])
+    else:
+        flat = torch.empty(sum(sizes), dtype=dtype, device=device)
+    dist.broadcast(flat, group_src=src, group=group)
+    return [part.view(shape) for part, shape in zip(flat.split(sizes), shapes)]
