@@ -134,6 +134,22 @@ def _mlperf(pod: int, measured_seq_per_s: float, layers, proportion, ga: int, re
     )
 
 
+def _notebook_evaluation(name: str, measured: float, model: str, task: str, seq_len: int, calls: int,
+                         embedding_serialization_factor: int = 1, assumed: tuple[str, ...] = (), **fields) -> Point:  # fmt: skip
+    """One `IPUTrainer.evaluate()` printed in Optimum Graphcore's notebooks of August 2022: IPU-POD16
+    as 4 replicas of 4 IPUs ([0, 4, 4, 4], matmul proportion 0.25), micro-batch 1 x 5 device
+    iterations x 4 replicas = the printed 20 samples per call, pipelined inference (before 0.4.0)."""
+    return Point(
+        name=name, measured=measured, hardware="mk2", model=model, task=task,
+        ipu_config=dict(layers_per_ipu=[0, 4, 4, 4], ipus_per_replica=4, matmul_proportion=0.25,
+                        replication_factor=4, device_iterations=5,
+                        embedding_serialization_factor=embedding_serialization_factor),
+        micro_batch_size=1, inputs=dict(seq_len=seq_len), training=False, pipelined_inference=True,
+        evaluate_calls=calls,
+        assumed=["Mk2 IPU-POD16 (the notebook names pod16, not the machine)", *assumed], **fields,
+    )  # fmt: skip
+
+
 POINTS = [
     Point(
         name="ViT-base/16 fine-tuning ChestX-ray14, 4 IPUs",
@@ -187,24 +203,13 @@ POINTS = [
         f"poptorch.PipelinedExecution: {OPTIMUM_IPU_CONFIG_V032}",
         assumed=["Mk2", "eval_runtime includes the data loader, as the published figure does"],
     ),
-    Point(
-        name="BERT-Base SQuAD evaluation seq 384, IPU-POD16",
+    _notebook_evaluation(
+        "BERT-Base SQuAD evaluation seq 384, IPU-POD16",
         measured=990.509,
-        hardware="mk2",
         model="bert-base-uncased",
         task="question-answering",
-        ipu_config=dict(
-            layers_per_ipu=[0, 4, 4, 4],
-            ipus_per_replica=4,
-            matmul_proportion=0.25,
-            replication_factor=4,
-            device_iterations=5,
-        ),  # fmt: skip
-        micro_batch_size=1,
-        inputs=dict(seq_len=384),
-        training=False,
-        pipelined_inference=True,
-        evaluate_calls=539,
+        seq_len=384,
+        calls=539,
         source=f"{OPTIMUM_NOTEBOOKS.format(commit=QA_NOTEBOOK_COMMIT)}/question_answering.ipynb (the notebook's "
         "evaluation after each of 3 epochs: 10,784 features, 'Batch size = 20', 539 calls (dataloader_drop_last), "
         "eval_runtime 10.88 s after epoch 2, pod_type pod16, "
@@ -212,7 +217,6 @@ POINTS = [
         "IPU 0, 4 encoder layers on each of IPUs 1-3, QA head on IPU 3; Poplar SDK 2.6, Optimum Graphcore "
         f"0.3.3.dev0, whose inference pipelines: {OPTIMUM_IPU_CONFIG_V032})",
         assumed=[
-            "Mk2 IPU-POD16 (the notebook names pod16, not the machine)",
             "device iterations 5 x 4 replicas for the printed 20 per call: Graphcore/bert-base-ipu's "
             "inference_device_iterations 5 and its pod16 replication 4 (as Graphcore/roberta-base-ipu's "
             "config printed in the language-modelling notebook of the same week)",
@@ -220,25 +224,13 @@ POINTS = [
         ],
         note="eval_samples_per_second 1,018.6, 990.5 and 981.1 after epochs 1-3; the median is used",
     ),
-    Point(
-        name="RoBERTa-base MLM evaluation seq 128, IPU-POD16",
+    _notebook_evaluation(
+        "RoBERTa-base MLM evaluation seq 128, IPU-POD16",
         measured=223.811,
-        hardware="mk2",
         model="roberta-base",
         task="masked-lm",
-        ipu_config=dict(
-            layers_per_ipu=[0, 4, 4, 4],
-            ipus_per_replica=4,
-            matmul_proportion=0.25,
-            replication_factor=4,
-            device_iterations=5,
-            embedding_serialization_factor=1,
-        ),  # fmt: skip
-        micro_batch_size=1,
-        inputs=dict(seq_len=128),
-        training=False,
-        pipelined_inference=True,
-        evaluate_calls=99,
+        seq_len=128,
+        calls=99,
         source=f"{OPTIMUM_NOTEBOOKS.format(commit=LM_NOTEBOOK_COMMIT)}/language_modeling.ipynb (roberta-base on "
         "wikitext-2, block_size 128, pod_type pod16, per_device_eval_batch_size 1, 'Batch size = 20', "
         "'Num examples = 1988', 99 calls (dataloader_drop_last), eval_runtime 8.85 s after epoch 1; the "
@@ -250,29 +242,17 @@ POINTS = [
         "PipelinedRobertaForMaskedLM.forward calls RobertaForMaskedLM.forward, which predicts every position "
         "and returns the loss and the logits, 128 x 50,265 per sample, all of them to the host: inference "
         "runs OutputMode.All)",
-        assumed=["Mk2 IPU-POD16 (the notebook names pod16, not the machine)"],
         note="eval_samples_per_second 223.8, 224.9 and 223.5 after epochs 1-3; the median is used",
     ),
-    Point(
-        name="GPT-2 causal LM evaluation seq 128, IPU-POD16",
+    _notebook_evaluation(
+        "GPT-2 causal LM evaluation seq 128, IPU-POD16",
         measured=472.743,
-        hardware="mk2",
         model="gpt2",
         task="causal-lm",
-        ipu_config=dict(
-            layers_per_ipu=[0, 4, 4, 4],
-            ipus_per_replica=4,
-            matmul_proportion=0.25,
-            replication_factor=4,
-            device_iterations=5,
-            embedding_serialization_factor=4,
-        ),  # fmt: skip
-        micro_batch_size=1,
-        inputs=dict(seq_len=128),
-        training=False,
-        pipelined_inference=True,
+        seq_len=128,
+        calls=96,
+        embedding_serialization_factor=4,
         loss_only_output=True,
-        evaluate_calls=96,
         source=f"{OPTIMUM_NOTEBOOKS.format(commit=LM_NOTEBOOK_COMMIT)}/language_modeling.ipynb (gpt2 on "
         "wikitext-2 with Graphcore/gpt2-small-ipu, block_size 128, pod_type pod16, per_device_eval_batch_size "
         "1, 'Batch size = 20', 'Num examples = 1931', 96 calls (dataloader_drop_last), eval_runtime 4.06 s "
@@ -281,7 +261,6 @@ POINTS = [
         f"{OPTIMUM_MODELS.format(commit=LM_NOTEBOOK_COMMIT)}/gpt2/modeling_gpt2.py (with labels the model "
         "returns only the loss)",
         assumed=[
-            "Mk2 IPU-POD16 (the notebook names pod16, not the machine)",
             "device iterations 5 x 4 replicas for the printed 20 per call, as the same notebook's "
             "roberta-base-ipu config",
             "matmul proportion 0.25 and embedding serialization 4 (Graphcore/gpt2-small-ipu's ipu_config.json; "
