@@ -59,13 +59,16 @@ def main(spec_path: str) -> None:
         max_steps=spec["steps"], logging_steps=1,
         save_strategy=spec.get("save_strategy") or ("steps" if spec.get("save_steps") else "no"),
         save_steps=spec.get("save_steps") or 500, report_to="none", seed=7, dataloader_num_workers=0,
+        eval_strategy="steps" if spec.get("eval_steps") else "no", eval_steps=spec.get("eval_steps"),
+        per_device_eval_batch_size=2,
         optim=spec.get("optim", "sgd"), fp32=spec.get("fp32", True),
         loss_scaling=spec.get("loss_scaling"), lr_scheduler_type="constant",
     )  # fmt: skip
     trainer_class = OverflowTrainer
     OverflowTrainer.overflow_rank = spec.get("overflow_rank")
     OverflowTrainer.overflow_step = spec.get("overflow_step")
-    trainer = trainer_class(model, ipu_config, args, train_dataset=PatternQA(spec.get("samples", 64)))
+    trainer = trainer_class(model, ipu_config, args, train_dataset=PatternQA(spec.get("samples", 64)),
+                            eval_dataset=PatternQA(16, seed=1) if spec.get("eval_steps") else None)  # fmt: skip
     trainer.add_callback(SaveWeights(out, args.process_index))
     trainer.train(resume_from_checkpoint=spec.get("resume_from"))
     # After train() every process holds the whole model (stage processes update only their own stage
@@ -77,6 +80,7 @@ def main(spec_path: str) -> None:
             "skipped_updates": trainer.loss_scaler.skipped_updates,
             "world_size": args.world_size,
             "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+            "eval_losses": [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h],
             "total_train_batch_size": trainer.get_total_train_batch_size(args),
         }
         (out / "summary.json").write_text(json.dumps(summary))

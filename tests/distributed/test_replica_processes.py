@@ -145,6 +145,14 @@ def test_two_pipeline_stage_processes_equal_one_process(tmp_path):
     assert summary(two)["losses"] == pytest.approx(summary(one)["losses"], abs=1e-6)  # every step's
 
 
+def test_stage_processes_evaluate_with_every_stage_current(tmp_path):
+    """An evaluation during training sees every stage's latest weights, as the one-process run does."""
+    one = run(tmp_path, "one", 1, ipu_config=PIPELINE_2_GA_4, eval_steps=2)
+    two = run(tmp_path, "two", 2, ipu_config=PIPELINE_2_GA_4, eval_steps=2)
+    assert len(summary(two)["eval_losses"]) == len(summary(one)["eval_losses"]) >= 1
+    assert summary(two)["eval_losses"] == pytest.approx(summary(one)["eval_losses"], abs=1e-5)
+
+
 def test_a_pipeline_checkpoint_holds_every_stage_and_resumes_in_one_process(tmp_path):
     """Rank 0 saves the weights and AdamW moments of both stages, gathered before the save."""
     common = dict(ipu_config=PIPELINE_2_GA_4, optim="adamw_torch", lr=1e-3, steps=4)
