@@ -34,7 +34,7 @@ from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from optimum_ipu.costmodel.hardware import CALIBRATION, Calibration, chip  # noqa: E402
+from optimum_ipu.costmodel.hardware import CALIBRATION, HOST_NIC_BANDWIDTH, Calibration, chip  # noqa: E402
 from optimum_ipu.costmodel.performance import estimate_performance, evaluate_setup_time  # noqa: E402
 from optimum_ipu.costmodel.presets import ModelSource, build_meta_model, resolve_model  # noqa: E402
 from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile  # noqa: E402
@@ -437,7 +437,7 @@ _RANGES = {
     "matmul_efficiency": (0.2, 1.0),
     "cycles_per_operation": (1_000.0, 60_000.0),
     "host_call_overhead_s": (1e-4, 0.05),
-    "weight_upload_bandwidth": (2e7, 25e9),  # up to the host NICs' rate (`Assumptions.host_bandwidth`)
+    "weight_upload_bandwidth": (2e7, HOST_NIC_BANDWIDTH),  # at most what the host's NIC carries
 }
 
 
@@ -486,7 +486,7 @@ def sensitivity(pairs, calibration: Calibration) -> None:
 
     base = [estimate(p, calibration) for _, p in pairs]
     for name, factor in [("backward_other_ratio", 1.1), ("pipeline_links", 2), ("allreduce_links", 2),
-                         ("host_bandwidth", 0.5), ("code_bytes_per_ipu", 1.5)]:  # fmt: skip
+                         ("code_bytes_per_ipu", 1.5)]:  # fmt: skip
         original = hw.ASSUMPTIONS
         value = getattr(original, name) * factor
         hw.ASSUMPTIONS = dataclasses.replace(original, **{name: type(getattr(original, name))(value)})

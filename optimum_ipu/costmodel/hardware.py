@@ -38,7 +38,8 @@ class ChipSpec:
         exchange_bandwidth: aggregate inter-tile exchange bandwidth, bytes/s.
         ipu_link_bandwidth: bandwidth of one IPU-Link, bytes/s.
         ipu_links: IPU-Links per chip.
-        host_bandwidth_per_ipu: host -> IPU streaming bandwidth available to one IPU, bytes/s.
+        host_to_ipu_bandwidth, ipu_to_host_bandwidth: bytes/s one IPU streams from / to the host
+            through its gateway's buffer, end to end (the slower side of the buffer).
         streaming_memory_bandwidth: IPU <-> off-chip Streaming Memory bandwidth, bytes/s.
         gw_link_bandwidth_per_ipu: share of one IPU in the GW-Links between pods, bytes/s.
         ipus_per_machine: IPUs in one IPU-M2000 / Bow-2000.
@@ -54,7 +55,8 @@ class ChipSpec:
     exchange_bandwidth: float
     ipu_link_bandwidth: float
     ipu_links: int
-    host_bandwidth_per_ipu: float
+    host_to_ipu_bandwidth: float
+    ipu_to_host_bandwidth: float
     streaming_memory_bandwidth: float
     gw_link_bandwidth_per_ipu: float
     ipus_per_machine: int = 4
@@ -80,7 +82,10 @@ _MK2 = ChipSpec(
     exchange_bandwidth=8 * TERA,  # GC200 data sheet: inter-tile exchange
     ipu_link_bandwidth=32 * GB,  # derived: 320 GB/s chip to chip over 10 IPU-Links
     ipu_links=10,  # GC200 data sheet
-    host_bandwidth_per_ipu=25 * GB / 4,  # derived: 2 x 100 GbE RoCE per M2000, shared by its 4 IPUs
+    # gc-hosttraffictest's published IPU-M2000 output (Graphcore command-line tools guide), one IPU:
+    # host -> buffer -> tile 26.4 Gbit/s at the tiles; host <- buffer <- tile 23.5 Gbit/s at the host.
+    host_to_ipu_bandwidth=26.41e9 / 8,
+    ipu_to_host_bandwidth=23.46e9 / 8,
     streaming_memory_bandwidth=31.5 * GB,  # derived: PCIe Gen4 x16 per IPU to the gateway's DRAM
     gw_link_bandwidth_per_ipu=25 * GB / 4,  # derived: 2 x 100 Gbps GW-Links per machine, 4 IPUs
 )
@@ -98,7 +103,8 @@ _BOW = ChipSpec(
     exchange_bandwidth=8 * TERA * _BOW_CLOCK_RATIO,  # derived: same bytes per cycle, faster clock
     ipu_link_bandwidth=32 * GB,  # same IPU-Links as the M2000 (the 512 Gbps figure is uncertain)
     ipu_links=10,
-    host_bandwidth_per_ipu=25 * GB / 4,  # same gateway as the M2000
+    host_to_ipu_bandwidth=26.41e9 / 8,  # same gateway as the M2000
+    ipu_to_host_bandwidth=23.46e9 / 8,
     streaming_memory_bandwidth=31.5 * GB,
     gw_link_bandwidth_per_ipu=25 * GB / 4,
 )
@@ -121,6 +127,9 @@ IPUS_PER_POD = 64
 # One Poplar host drives up to 4 machines (reference table: "POD16 = 4 machines on one host"); bigger
 # pods have one host per 16 IPUs, each streaming its replicas' inputs and paying its own call overhead.
 IPUS_PER_HOST = 16
+# What one host streams to and from all the IPUs it drives: its 100GbE RoCEv2 NIC (the IPU-POD Direct
+# Attach build and test guide: "one host server with an installed 100GbE RoCEv2 NIC").
+HOST_NIC_BANDWIDTH = 100e9 / 8
 
 
 def chip(name: str | ChipSpec) -> ChipSpec:
@@ -162,7 +171,7 @@ class Calibration:
             last uploaded them). It is not part of the steady-state throughput the planner reports;
             only the calibration points that publish an `evaluate()` figure pay it
             (`performance.evaluate_setup_time`). The link model would move the weights at the host
-            NICs' 25 GB/s, a setup of ~35 ms; the published evaluations need far more (ViT's progress
+            NIC's 12.5 GB/s, a setup of ~80 ms; the published evaluations need far more (ViT's progress
             bar leaves ~0.5 s of its 17.4 s eval_runtime outside the steady loop for 172 MB of
             weights; the 4-replica BERT-Base, RoBERTa and GPT-2 evaluations, 0.9-1 GB, take 4-11 s for
             96-539 calls). What makes the copy that slow (host-side staging of every tensor) is not
@@ -178,10 +187,10 @@ class Calibration:
 # Fitted by `python bench/calibration.py --fit` (least squares on the log errors of every published
 # point in `bench/calibration.py`; its leave-one-out errors are in the README).
 CALIBRATION = Calibration(
-    matmul_efficiency=0.672,
-    cycles_per_operation=14_000,
-    host_call_overhead_s=0.00721,
-    weight_upload_bandwidth=0.262e9,
+    matmul_efficiency=0.671,
+    cycles_per_operation=13_680,
+    host_call_overhead_s=0.00737,
+    weight_upload_bandwidth=0.302e9,
 )
 
 
@@ -198,8 +207,6 @@ class Assumptions:
         pipeline_links: IPU-Links joining two neighbouring IPUs of a pipeline (of 10 per chip: the
             others go to the other IPUs of the machine and to the next machines).
         allreduce_links: IPU-Links a replica ring all-reduce drives per IPU and direction.
-        host_bandwidth: bytes/s one Poplar host streams to and from all the IPUs it drives: its
-            NICs, taken as 2 x 100 GbE like one machine's RoCE links (no published host spec).
         code_bytes_per_ipu: always-live memory per IPU that the model cannot see: control program,
             exchange code, vertex code and state, runtime buffers. Not fitted to a measurement; set so
             that the layouts Graphcore shipped (which compiled) fit and leave a margin.
@@ -213,7 +220,6 @@ class Assumptions:
     backward_other_ratio: float = 1.5
     pipeline_links: int = 2
     allreduce_links: int = 2
-    host_bandwidth: float = 25 * GB
     code_bytes_per_ipu: int = 120 * 2**20
     balance_headroom: float = 0.90
     largest_tensor_fraction: float = 0.25

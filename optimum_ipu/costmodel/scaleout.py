@@ -8,9 +8,11 @@ IPU-Links, all-reduce of the 1/r_pod shard across PODs over the machines' GW-Lin
 machine), all-gather inside each POD again. Every ring step is one BSP exchange, so it also pays the
 fixed cost of an operation: that is what makes many small replicas lose efficiency.
 
-Each host call streams the inputs of every micro-batch in, and the outputs out, over the gateway's
-host links; one host (`IPUS_PER_HOST` IPUs) streams for all the replicas it drives, so its NICs are
-shared. Hosts run in parallel, each paying the fixed call overhead once per call.
+Each host call streams the inputs of every micro-batch in, and the outputs out: each IPU through its
+gateway's buffer at the end-to-end rates Graphcore's gc-hosttraffictest publishes for one IPU-M2000
+IPU (3.3 GB/s in, 2.9 GB/s out, `ChipSpec`), and all the replicas one host (`IPUS_PER_HOST` IPUs)
+drives through that host's one 100GbE NIC (`HOST_NIC_BANDWIDTH`). Hosts run in parallel, each paying
+the fixed call overhead once per call.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from optimum_ipu.costmodel.hardware import ASSUMPTIONS, IPUS_PER_HOST, IPUS_PER_POD, Calibration, ChipSpec
+from optimum_ipu.costmodel.hardware import (
+    ASSUMPTIONS,
+    HOST_NIC_BANDWIDTH,
+    IPUS_PER_HOST,
+    IPUS_PER_POD,
+    Calibration,
+    ChipSpec,
+)
 from optimum_ipu.costmodel.workload import Workload
 
 
@@ -73,10 +82,11 @@ def allreduce_time(trainable: Sequence[int], workload: Workload, hardware: ChipS
     return worst
 
 
-def host_io_time(bytes_per_replica: float, workload: Workload, hardware: ChipSpec) -> float:
-    """Seconds to stream one call's inputs and outputs: each replica over its gateway link, all the
-    replicas of one host through that host's NICs; whichever is slower bounds the call."""
+def host_io_time(input_bytes: float, output_bytes: float, workload: Workload, hardware: ChipSpec) -> float:
+    """Seconds to stream one call's inputs in and outputs out (bytes per replica): each replica
+    through its gateway, all the replicas of one host through that host's NIC; whichever is slower
+    bounds the call."""
     shape = PodShape.of(workload)
-    link = bytes_per_replica / hardware.host_bandwidth_per_ipu
-    host = bytes_per_replica * shape.replicas_per_host / ASSUMPTIONS.host_bandwidth
+    link = input_bytes / hardware.host_to_ipu_bandwidth + output_bytes / hardware.ipu_to_host_bandwidth
+    host = (input_bytes + output_bytes) * shape.replicas_per_host / HOST_NIC_BANDWIDTH
     return max(link, host)

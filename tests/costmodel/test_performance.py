@@ -10,7 +10,7 @@ import pytest
 from fixtures import synthetic, workload
 
 from optimum_ipu.costmodel import HARDWARE
-from optimum_ipu.costmodel.hardware import CALIBRATION
+from optimum_ipu.costmodel.hardware import CALIBRATION, HOST_NIC_BANDWIDTH
 from optimum_ipu.costmodel.memory import estimate_memory
 from optimum_ipu.costmodel.performance import (
     StageTime,
@@ -20,6 +20,7 @@ from optimum_ipu.costmodel.performance import (
     pipeline_cycles,
 )
 from optimum_ipu.costmodel.profile import BlockProfile, Matmul
+from optimum_ipu.costmodel.scaleout import host_io_time
 
 MK2, BOW = HARDWARE["mk2"], HARDWARE["bow"]
 PER_OP = CALIBRATION.cycles_per_operation / MK2.clock_hz
@@ -130,6 +131,19 @@ def test_call_time_adds_host_overhead_once_per_call():
     assert four.samples_per_second > one.samples_per_second
 
 
+def test_host_io_runs_each_direction_at_its_published_rate_and_shares_the_host_nic():
+    """Inputs go in at 3.3 GB/s per IPU and outputs out at 2.9 GB/s (gc-hosttraffictest); one host's
+    replicas share its 12.5 GB/s NIC, so beyond ~4 replicas per host the NIC bounds a call."""
+    mb = 1e6
+    one = workload(training=False, ipus_per_replica=1, replication_factor=1)
+    assert host_io_time(mb, 0, one, MK2) == pytest.approx(mb / (26.41e9 / 8))
+    assert host_io_time(0, mb, one, MK2) == pytest.approx(mb / (23.46e9 / 8))
+    assert host_io_time(0, mb, one, MK2) > host_io_time(mb, 0, one, MK2)  # out is the slower way
+    two, sixteen = (workload(training=False, ipus_per_replica=1, replication_factor=r) for r in (2, 16))
+    assert host_io_time(mb, mb, two, MK2) == pytest.approx(host_io_time(mb, mb, one, MK2))  # links
+    assert host_io_time(mb, mb, sixteen, MK2) == pytest.approx(16 * 2 * mb / HOST_NIC_BANDWIDTH)  # NIC
+
+
 @pytest.mark.parametrize("layers", [(1,), (2, 2), (1, 1, 1, 1)])
 def test_more_device_iterations_mean_less_host_time_per_sample_in_inference(layers):
     reports = [_estimate(layers=layers, training=False, device_iterations=di) for di in (1, 2, 4, 8, 16)]
@@ -231,13 +245,13 @@ def test_leave_one_out_error_is_recomputed_from_the_published_points():
     held_out = calibration.leave_one_out(pairs)
     errors = {point.name: abs(estimate / point.measured - 1) for point, estimate, _ in held_out}
     training = [errors[p.name] for p, _ in pairs if p.training]
-    # The figures the README reports: over all eleven points mean 20.1 %, max 80.4 % (neither target
-    # is met: the RoBERTa MLM and GPT-2 evaluations pay the same weight upload and almost as many calls
-    # but took 8.85 s and 4.06 s); over the seven training points mean 10.2 %, max 20.9 %. Bounds a
-    # little above them, so a model change that makes cross-validation worse fails here.
-    assert sum(errors.values()) / len(errors) <= 0.22 and max(errors.values()) < 0.85, errors
-    assert sum(training) / len(training) <= 0.11 and max(training) < 0.22, errors
+    # The figures the README reports: over all eleven points mean 14.1 % (the 15 % target), max 45.8 %
+    # (the 30 % target is not met: the RoBERTa MLM and GPT-2 evaluations pay the same weight upload and
+    # almost as many calls but took 8.85 s and 4.06 s); over the seven training points mean 9.4 %, max
+    # 21.1 %. Bounds a little above them, so a model change that makes cross-validation worse fails here.
+    assert sum(errors.values()) / len(errors) <= 0.15 and max(errors.values()) < 0.50, errors
+    assert sum(training) / len(training) <= 0.10 and max(training) < 0.22, errors
     for point, prepared in pairs:
         estimated = calibration.estimate(prepared, CALIBRATION)
-        bound = 0.15 if point.training else 0.45  # the RoBERTa MLM evaluation is estimated 43 % too fast
+        bound = 0.15 if point.training else 0.32  # the RoBERTa MLM evaluation is estimated 29 % too fast
         assert abs(estimated / point.measured - 1) < bound, (point.name, estimated, point.measured)
