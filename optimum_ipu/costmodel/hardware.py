@@ -82,8 +82,9 @@ _MK2 = ChipSpec(
     exchange_bandwidth=8 * TERA,  # GC200 data sheet: inter-tile exchange
     ipu_link_bandwidth=32 * GB,  # derived: 320 GB/s chip to chip over 10 IPU-Links
     ipu_links=10,  # GC200 data sheet
-    # gc-hosttraffictest's published IPU-M2000 output (Graphcore command-line tools guide), one IPU:
-    # host -> buffer -> tile 26.4 Gbit/s at the tiles; host <- buffer <- tile 23.5 Gbit/s at the host.
+    # gc-hosttraffictest's published IPU-M2000 output, one IPU (docs.graphcore.ai/projects/
+    # command-line-tools/en/latest/gc-hosttraffictest_main.html): host -> buffer -> tile 26.4 Gbit/s
+    # at the tiles, host <- buffer <- tile 23.5 Gbit/s at the host (each the slower side of the buffer).
     host_to_ipu_bandwidth=26.41e9 / 8,
     ipu_to_host_bandwidth=23.46e9 / 8,
     streaming_memory_bandwidth=31.5 * GB,  # derived: PCIe Gen4 x16 per IPU to the gateway's DRAM
@@ -128,7 +129,8 @@ IPUS_PER_POD = 64
 # pods have one host per 16 IPUs, each streaming its replicas' inputs and paying its own call overhead.
 IPUS_PER_HOST = 16
 # What one host streams to and from all the IPUs it drives: its 100GbE RoCEv2 NIC (the IPU-POD Direct
-# Attach build and test guide: "one host server with an installed 100GbE RoCEv2 NIC").
+# Attach build and test guide, docs.graphcore.ai/projects/ipu-podda-build-test/en/latest/pod_da_kit.html:
+# "one host server with an installed 100GbE RoCEv2 NIC").
 HOST_NIC_BANDWIDTH = 100e9 / 8
 
 
