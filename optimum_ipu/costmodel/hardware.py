@@ -162,10 +162,10 @@ class Calibration:
             PopTorch and data-loader work and the IPU<->host synchronisation, paid once per call and
             amortised by device iterations. Nothing publishes it for the systems measured; the
             reference's "about 17 ms on a small model" was taken on another host and made sharded
-            BERT-Large inference 4x too slow, so it is fitted. The four published inference points
-            (Optimum Graphcore evaluations of ViT, BERT-Base SQuAD, RoBERTa MLM and GPT-2, 4-20
-            samples per call) are the ones sensitive to it; once their one-off setup is counted
-            (`weight_upload_bandwidth`) they leave ~7 ms per call to the host.
+            BERT-Large inference 4x too slow, so it is fitted. The six published inference points
+            (Optimum Graphcore evaluations of ViT, BERT-Base SQuAD and NER, RoBERTa MLM and CoLA, and
+            GPT-2, 4-20 samples per call) are the ones sensitive to it; once their one-off setup is
+            counted (`weight_upload_bandwidth`) they leave ~8 ms per call to the host.
         weight_upload_bandwidth: bytes/s at which an end-to-end `IPUTrainer.evaluate()` copies the
             weights of every replica to the IPUs, once per evaluation inside its timed
             `eval_runtime` (PopTorch's implicit `copyWeightsToDevice()` on the loop's first call,
@@ -175,8 +175,8 @@ class Calibration:
             (`performance.evaluate_setup_time`). The link model would move the weights at the host
             NIC's 12.5 GB/s, a setup of ~80 ms; the published evaluations need far more (ViT's progress
             bar leaves ~0.5 s of its 17.4 s eval_runtime outside the steady loop for 172 MB of
-            weights; the 4-replica BERT-Base, RoBERTa and GPT-2 evaluations, 0.9-1 GB, take 4-11 s for
-            96-539 calls). What makes the copy that slow (host-side staging of every tensor) is not
+            weights; the 4-replica BERT-Base, RoBERTa and GPT-2 evaluations, 0.9-1 GB, take 2.8-11 s for
+            52-539 calls). What makes the copy that slow (host-side staging of every tensor) is not
             published, so the rate is fitted.
     """
 
@@ -189,10 +189,10 @@ class Calibration:
 # Fitted by `python bench/calibration.py --fit` (least squares on the log errors of every published
 # point in `bench/calibration.py`; its leave-one-out errors are in the README).
 CALIBRATION = Calibration(
-    matmul_efficiency=0.671,
-    cycles_per_operation=13_680,
-    host_call_overhead_s=0.00737,
-    weight_upload_bandwidth=0.302e9,
+    matmul_efficiency=0.707,
+    cycles_per_operation=14_160,
+    host_call_overhead_s=0.00836,
+    weight_upload_bandwidth=0.374e9,
 )
 
 

