@@ -52,12 +52,8 @@ LM_NOTEBOOK_COMMIT = (
 TEXT_CLASSIFICATION_NOTEBOOK_COMMIT = "03e32822372e865c34a783a2e0cf94bbeee456f6"  # "Add first notebook", 2022-07-15
 TOKEN_CLASSIFICATION_NOTEBOOK_COMMIT = "7a4625def3abf34e3f9965c3f191acbc814c0bab"  # with its outputs, 2022-08-10
 # Before 0.4.0 (2022-10-10) inference ran PipelinedExecution unless sharded_execution_for_inference was set.
-OPTIMUM_IPU_CONFIG_V032 = (
-    "https://github.com/huggingface/optimum-graphcore/blob/v0.3.2/optimum/graphcore/ipu_configuration.py"
-)
-OPTIMUM_IPU_CONFIG_V030 = (
-    "https://github.com/huggingface/optimum-graphcore/blob/v0.3.0/optimum/graphcore/ipu_configuration.py"
-)
+OPTIMUM_IPU_CONFIG = "https://github.com/huggingface/optimum-graphcore/blob/{tag}/optimum/graphcore/ipu_configuration.py"
+OPTIMUM_IPU_CONFIG_V032 = OPTIMUM_IPU_CONFIG.format(tag="v0.3.2")
 
 
 @dataclass
@@ -141,7 +137,7 @@ def _mlperf(pod: int, measured_seq_per_s: float, layers, proportion, ga: int, re
 
 def _notebook_evaluation(name: str, measured: float, model: str, task: str, seq_len: int, calls: int,
                          embedding_serialization_factor: int = 1, assumed: tuple[str, ...] = (), **fields) -> Point:  # fmt: skip
-    """One `IPUTrainer.evaluate()` printed in Optimum Graphcore's notebooks of August 2022: IPU-POD16
+    """One `IPUTrainer.evaluate()` printed in Optimum Graphcore's notebooks of July-August 2022: IPU-POD16
     as 4 replicas of 4 IPUs ([0, 4, 4, 4], matmul proportion 0.25), micro-batch 1 x 5 device
     iterations x 4 replicas = the printed 20 samples per call, pipelined inference (before 0.4.0)."""
     return Point(
@@ -287,7 +283,7 @@ POINTS = [
         "(dataloader_drop_last), compute_metrics set, so the two logits per sample come back to the host; "
         "the printed device allocation: embeddings on IPU 0, 4 encoder layers on each of IPUs 1-3, the "
         "classifier on IPU 3; Optimum Graphcore 0.3.0, transformers 4.20.1, whose inference pipelines: "
-        f"{OPTIMUM_IPU_CONFIG_V030})",
+        f"{OPTIMUM_IPU_CONFIG.format(tag='v0.3.0')})",
         assumed=[
             "device iterations 5 x 4 replicas and matmul proportion 0.25 for the printed 20 per call, as "
             "Graphcore/roberta-base-ipu's config printed in the language-modelling notebook four weeks later",

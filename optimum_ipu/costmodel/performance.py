@@ -349,7 +349,7 @@ def estimate_performance(
         bottleneck = max(stages, key=lambda s: s.busy).ipu
         update = sum(cycles) + allreduce + optimizer
         compute = di * update
-        io = (profile.input_bytes * ga * di, 0)
+        inputs, outputs = profile.input_bytes * ga * di, 0  # training returns only the loss
     else:
         pipelined = workload.pipelined_inference and n > 1 and di >= n
         cycles = inference_cycles(stages, di, copy, pipelined)
@@ -358,8 +358,8 @@ def estimate_performance(
         bottleneck = max(stages, key=lambda s: s.forward).ipu
         update = sum(cycles) / di  # per micro-batch
         compute = sum(cycles)
-        io = (profile.input_bytes * di, profile.output_bytes * di)
-    host = calibration.host_call_overhead_s + host_io_time(*io, workload, hardware)
+        inputs, outputs = profile.input_bytes * di, profile.output_bytes * di
+    host = calibration.host_call_overhead_s + host_io_time(inputs, outputs, workload, hardware)
     call = compute + host
     samples = workload.samples_per_call
     passes = [1.0 + (s.recompute + s.backward) / s.forward if s.forward else 1.0 for s in stages]
