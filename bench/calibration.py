@@ -76,6 +76,9 @@ class Point:
         evaluate_calls: the point is an end-to-end `IPUTrainer.evaluate()`: its timed loop made this
             many host calls (the progress bar's count; eval samples = calls x samples per call, which
             `measured` x `eval_runtime` reproduces), and `eval_runtime` includes the one-off setup.
+        reported_samples: the samples the run divided `eval_runtime` into, where that is not calls x
+            samples per call (Optimum Graphcore 0.3.0 counted the whole data set, the samples of a
+            dropped last batch included); the estimate divides its modelled time into the same count.
     """
 
     name: str
@@ -94,6 +97,7 @@ class Point:
     pipelined_inference: bool = False
     loss_only_output: bool = False
     evaluate_calls: int | None = None
+    reported_samples: int | None = None
     assumed: list[str] = field(default_factory=list)
     note: str = ""
 
@@ -276,6 +280,7 @@ POINTS = [
         task="sequence-classification",
         seq_len=512,
         calls=52,
+        reported_samples=1043,  # Optimum Graphcore 0.3.0: len(eval_dataset), not the samples the calls ran
         config=dict(num_labels=2),
         source=f"{OPTIMUM_NOTEBOOKS.format(commit=TEXT_CLASSIFICATION_NOTEBOOK_COMMIT)}/text_classification.ipynb "
         "(roberta-base on GLUE CoLA with Graphcore/roberta-base-ipu, max_seq_length 512 padded, pod_type pod16, "
@@ -457,7 +462,8 @@ def prepare(point: Point):
     workload = Workload.from_ipu_config(
         config, micro_batch_size=point.micro_batch_size, optimizer=point.optimizer, training=point.training
     ).replace(pipelined_inference=point.pipelined_inference)
-    return profile, {b.name: b.ipu for b in plan.blocks}, workload, chip(point.hardware), point.evaluate_calls
+    evaluation = (point.evaluate_calls, point.reported_samples) if point.evaluate_calls else None
+    return profile, {b.name: b.ipu for b in plan.blocks}, workload, chip(point.hardware), evaluation
 
 
 def performance(prepared, calibration: Calibration):
@@ -470,11 +476,12 @@ def estimate(prepared, calibration: Calibration) -> float:
     """Estimated samples/s of a prepared point under `calibration`, as its source measured it: steady
     state, or for an `evaluate()` point samples / (one-off setup + calls x call time)."""
     report = performance(prepared, calibration)
-    profile, _, workload, _, calls = prepared
-    if not calls:
+    profile, _, workload, _, evaluation = prepared
+    if not evaluation:
         return report.samples_per_second
+    calls, reported = evaluation
     setup = evaluate_setup_time(profile, workload, calibration)
-    return calls * report.samples_per_call / (setup + calls * report.call_time)
+    return (reported or calls * report.samples_per_call) / (setup + calls * report.call_time)
 
 
 # The fitted constants and the ranges searched (log-spaced grids, refined around the best).

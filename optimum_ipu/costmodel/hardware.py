@@ -191,8 +191,8 @@ class Calibration:
 CALIBRATION = Calibration(
     matmul_efficiency=0.707,
     cycles_per_operation=14_160,
-    host_call_overhead_s=0.00836,
-    weight_upload_bandwidth=0.374e9,
+    host_call_overhead_s=0.00842,
+    weight_upload_bandwidth=0.372e9,
 )
 
 
