@@ -105,7 +105,9 @@ class TrainingExecutable:
 
         self.model.train()
         for d in range(di):
-            with self.gradients.collecting(), fp16_compute_context(self.fp16_compute):
+            # The weights stay the same until the update below: fp16 compute converts them once.
+            weights = self.model.parameters()
+            with self.gradients.collecting(), fp16_compute_context(self.fp16_compute, weights):
                 for r in self.replicas.local_replicas(replicas):
                     first = (d * replicas + r) * ga
                     with self.streams.use(r):
@@ -171,7 +173,7 @@ class InferenceExecutable:
         real = size if real_samples is None else real_samples
         starts = range(0, size, self.micro_batch_size)
         outputs, sizes, loss_parts = [], [], []
-        with fp16_compute_context(self.fp16_compute):
+        with fp16_compute_context(self.fp16_compute, self.model.parameters()):
             for start in starts:  # [device iteration][replica] order: micro-batches in turn
                 stop = min(start + self.micro_batch_size, size)
                 micro = slice_batch(batch, start, stop)

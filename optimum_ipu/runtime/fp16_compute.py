@@ -16,6 +16,17 @@ AVX2 CPU, fp16 elementwise ops, softmax and layer norm run within 1.6x of fp32 (
 while matmuls are ~40x and CPU flash attention 3x slower; converting the cheap ones would cost more
 in casts than it saves.
 
+The weights are converted once per block, not once per op: given the model's weights, the mode
+keeps the fp32 copy of each weight's storage for as long as it is active (one device iteration of
+training, GA micro-batches' forwards and backwards with the weights unchanged, or one inference
+call) and reads every view of it (the transposed weight of a forward, the weight of an input
+gradient) from that copy. A weight changed in place while the mode is active (its version counter
+moves) is converted again. The values are the same as converting per op, so results are bit-identical;
+the cost is the fp32 copies held while the block runs (twice the fp16 weights' size). Other tensors
+(activations, gradients) are converted at every op: one can be rewritten without its version counter
+moving (a pipeline stage's receive buffer, written by the communication backend), so no copy of one
+is trusted past the op that made it.
+
 `enable_half_partials` (Optimum Graphcore's default True) asks the IPU to accumulate matmul partials
 in fp16. This backend does not emulate that: partial sums are fp32, which is at least as accurate,
 and the trainer says so once in the log and in the compile report.
@@ -29,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -58,14 +69,6 @@ _CONVERTED = _ops(
 _FP32_OUTPUTS = {"_scaled_dot_product_flash_attention_for_cpu": (1,)}
 
 
-def _up(value):
-    if isinstance(value, torch.Tensor) and value.dtype == torch.float16:
-        return value.float()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_up(v) for v in value)
-    return value
-
-
 def _down(value, index: int, keep: tuple[int, ...]):
     if isinstance(value, torch.Tensor) and value.dtype == torch.float32 and index not in keep:
         return value.half()
@@ -80,18 +83,58 @@ class FP32PartialsMode(TorchDispatchMode):
     variants are left alone (none of them appears in transformers' forward or backward).
     """
 
+    def __init__(self, weights: Iterable[torch.Tensor] = ()):
+        super().__init__()
+        # Held for the mode's life, so no other tensor can get a weight's storage address meanwhile.
+        self._weights = {
+            w.untyped_storage().data_ptr(): w for w in weights if w.dtype == torch.float16 and w.numel()
+        }
+        self._fp32: dict[int, tuple[int, torch.Tensor]] = {}  # weight storage address -> (version, copy)
+
+    def _up(self, value):
+        """fp16 tensors (also inside lists and tuples) as fp32; a view of a weight from its storage's copy."""
+        if isinstance(value, torch.Tensor) and value.dtype == torch.float16:
+            storage = value.untyped_storage()
+            version = _version(value)
+            if version is None or storage.data_ptr() not in self._weights:
+                return value.float()
+            flat = self._weight_copy(storage, version, value.device)
+            return flat.as_strided(value.size(), value.stride(), value.storage_offset())
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._up(v) for v in value)
+        return value
+
+    def _weight_copy(self, storage: torch.UntypedStorage, version: int, device: torch.device) -> torch.Tensor:
+        """The fp32 copy of a weight's whole fp16 storage, made again when its version has moved."""
+        address = storage.data_ptr()
+        cached = self._fp32.get(address)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        whole = torch.empty(0, dtype=torch.float16, device=device)
+        flat = whole.set_(storage, 0, (storage.nbytes() // 2,), (1,)).float()
+        self._fp32[address] = (version, flat)
+        return flat
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         packet = func.overloadpacket
         # CPU flash attention with a mask insists on its own dtype rules: masked attention stays native.
         masked = packet.__name__.startswith("_scaled_dot_product") and kwargs.get("attn_mask") is not None
         if packet in _CONVERTED and not masked and "out" not in kwargs and _has_half(args):
-            out = func(*_up(args), **_up(kwargs))
+            out = func(*self._up(args), **self._up(kwargs))
             keep = _FP32_OUTPUTS.get(packet.__name__, ())
             if isinstance(out, (tuple, list)):
                 return type(out)(_down(o, i, keep) for i, o in enumerate(out))
             return _down(out, 0, keep)
         return func(*args, **kwargs)
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter (moves on every in-place write), None where it has none."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
 
 
 def _has_half(args) -> bool:
@@ -130,10 +173,15 @@ def resolve_fp16_compute(requested: str | None, device: torch.device | str) -> s
 
 
 @contextlib.contextmanager
-def fp16_compute_context(mode: str) -> Iterator[None]:
-    """Run the enclosed forward/backward with `mode` ("emulated" enters `FP32PartialsMode`)."""
+def fp16_compute_context(mode: str, weights: Iterable[torch.Tensor] = ()) -> Iterator[None]:
+    """Run the enclosed forward/backward with `mode` ("emulated" enters `FP32PartialsMode`).
+
+    Args:
+        weights: tensors that stay the same inside the block (the model's parameters): converted to
+            fp32 once for the block instead of at every op that reads them.
+    """
     if mode == "emulated":
-        with FP32PartialsMode():
+        with FP32PartialsMode(weights):
             yield
     else:
         yield

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from optimum_ipu.runtime.fp16_compute import FP32PartialsMode, resolve_fp16_compute
 
@@ -45,6 +46,73 @@ def test_forward_and_backward_equal_fp32_compute_rounded_to_fp16(name):
             torch.testing.assert_close(x.grad, r.grad.half(), atol=1e-3, rtol=2**-10)
         else:
             assert torch.equal(x.grad, r.grad.half()), name
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_weights_converted_once_per_block_give_the_same_bits(name):
+    """Every input declared a weight (read from the block's fp32 copy): forward and grads unchanged."""
+    fn, inputs = CASES[name]
+    results = []
+    for weights in (False, True):
+        ours = [x.clone().requires_grad_() for x in inputs]
+        with FP32PartialsMode(ours if weights else ()):
+            outs = [fn(*ours) for _ in range(3)]  # three micro-batches on the same weights
+            sum(o.float().sum() for o in outs).backward()
+        results.append([*outs, *(x.grad for x in ours)])
+    assert all(torch.equal(a, b) for a, b in zip(*results)), name
+
+
+class _Conversions(TorchDispatchMode):
+    """Counts fp16 -> fp32 copies of tensors with `numel` elements (entered outside the mode under test)."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.numel, self.count = numel, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.overloadpacket in (torch.ops.aten.to, torch.ops.aten._to_copy) and args[0].dtype == torch.float16:
+            self.count += out.dtype == torch.float32 and args[0].numel() == self.numel
+        return out
+
+
+def test_a_weight_is_converted_once_per_block_and_again_after_an_in_place_change():
+    layer = torch.nn.Linear(64, 48).half()
+    inputs = [_half(4, 64, seed=s) for s in range(4)]
+    weight = layer.weight
+    counted = {}
+    for declared in (False, True):
+        with _Conversions(weight.numel()) as conversions:
+            with FP32PartialsMode(layer.parameters() if declared else ()):
+                for x in inputs:  # forward (weight transposed) and input gradient (weight) per micro-batch
+                    layer(x.requires_grad_()).float().sum().backward()
+        counted[declared] = conversions.count
+    assert counted == {False: 8, True: 1}
+
+    with FP32PartialsMode(layer.parameters()):
+        before = layer(inputs[0])
+        with torch.no_grad():
+            weight.mul_(2)  # the version counter moves: the cached copy is stale
+        after = layer(inputs[0])
+    assert torch.equal(after, F.linear(inputs[0].float(), weight.float(), layer.bias.float()).half())
+    assert not torch.equal(before, after)
+
+
+def test_an_activation_is_never_read_from_a_stale_copy():
+    """Only declared weights are copied once; a new tensor at a freed one's address, or one written in
+    place, is read as it is now."""
+    w = _half(64, 64, seed=99)
+    with FP32PartialsMode():
+        for i in range(20):
+            x = torch.full((64, 64), i / 8, dtype=torch.float16)  # often at the freed x's address
+            assert torch.equal(x @ w, (x.float() @ w.float()).half())
+            assert torch.equal(x.t() @ w, (x.float().t() @ w.float()).half())  # another view of x
+            del x
+        x = _half(64, 64)
+        x @ w
+        x.add_(1)
+        assert torch.equal(x @ w, (x.float() @ w.float()).half())
 
 
 def test_within_one_fp16_ulp_of_native_fp16():
