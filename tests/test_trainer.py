@@ -264,6 +264,29 @@ def test_fp16_trains_the_same_on_the_emulated_and_the_native_path(tmp_path):
     torch.testing.assert_close(losses["emulated"], losses["native"], atol=0.05, rtol=0.02)
 
 
+def test_emulated_fp16_weights_copied_once_per_device_iteration_train_the_same_bits(tmp_path, monkeypatch):
+    """The trainer hands the mode its weights (one fp32 copy per device iteration); training with a copy
+    at every op instead (no weights declared) ends with the same bits: GA, replicas, dropout, loss scaling."""
+    from optimum_ipu.runtime import executor, fp16_compute
+
+    def run(folder):
+        torch.manual_seed(0)
+        model = BertForQuestionAnswering(tiny_bert_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+        cfg = IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2, gradient_accumulation_steps=3, replication_factor=2,
+                        device_iterations=2)  # fmt: skip
+        args = ipu_args(tmp_path / folder, fp16_compute="emulated", loss_scaling=64.0, num_train_epochs=2)
+        trainer = IPUTrainer(model, cfg, args, train_dataset=PatternQA(48))
+        trainer.train()
+        return trainer
+
+    once = run("once")
+    monkeypatch.setattr(executor, "fp16_compute_context", lambda mode, weights=(): fp16_compute.fp16_compute_context(mode))
+    per_op = run("per_op")
+    assert once.state.global_step == per_op.state.global_step >= 2
+    for (name, a), (_, b) in zip(once.model.named_parameters(), per_op.model.named_parameters()):
+        assert a.dtype == torch.float16 and torch.equal(a, b), name
+
+
 def test_compile_only_returns_a_result_instead_of_exiting(tmp_path):
     trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path, compile_only=True), train_dataset=PatternQA(8))
     result = trainer.train()
