@@ -94,26 +94,17 @@ class FP32PartialsMode(TorchDispatchMode):
     def _up(self, value):
         """fp16 tensors (also inside lists and tuples) as fp32; a view of a weight from its storage's copy."""
         if isinstance(value, torch.Tensor) and value.dtype == torch.float16:
-            storage = value.untyped_storage()
-            version = _version(value)
-            if version is None or storage.data_ptr() not in self._weights:
+            address = value.untyped_storage().data_ptr()
+            version = _version(value) if address in self._weights else None
+            if version is None:  # not a weight, or no version counter to prove it unchanged
                 return value.float()
-            flat = self._weight_copy(storage, version, value.device)
-            return flat.as_strided(value.size(), value.stride(), value.storage_offset())
+            cached = self._fp32.get(address)
+            if cached is None or cached[0] != version:
+                cached = self._fp32[address] = (version, _storage_as_fp32(value))
+            return cached[1].as_strided(value.size(), value.stride(), value.storage_offset())
         if isinstance(value, (list, tuple)):
             return type(value)(self._up(v) for v in value)
         return value
-
-    def _weight_copy(self, storage: torch.UntypedStorage, version: int, device: torch.device) -> torch.Tensor:
-        """The fp32 copy of a weight's whole fp16 storage, made again when its version has moved."""
-        address = storage.data_ptr()
-        cached = self._fp32.get(address)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        whole = torch.empty(0, dtype=torch.float16, device=device)
-        flat = whole.set_(storage, 0, (storage.nbytes() // 2,), (1,)).float()
-        self._fp32[address] = (version, flat)
-        return flat
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -127,6 +118,13 @@ class FP32PartialsMode(TorchDispatchMode):
                 return type(out)(_down(o, i, keep) for i, o in enumerate(out))
             return _down(out, 0, keep)
         return func(*args, **kwargs)
+
+
+def _storage_as_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole fp16 storage under `tensor`, as a flat fp32 tensor (any view of it is a stride away)."""
+    storage = tensor.untyped_storage()
+    whole = torch.empty(0, dtype=torch.float16, device=tensor.device)
+    return whole.set_(storage, 0, (storage.nbytes() // 2,), (1,)).float()
 
 
 def _version(tensor: torch.Tensor) -> int | None:
