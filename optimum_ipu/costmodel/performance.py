@@ -29,7 +29,8 @@ micro-batch x device iterations x replicas samples. Optimum Graphcore runs infer
 (`ShardedExecution`): each micro-batch visits the IPUs one after another. With
 `Workload.pipelined_inference` (PopTorch's `PipelinedExecution`) and device_iterations >= N the stages
 overlap instead: DI + N - 1 cycles, each as long as the slowest stage plus its copy. Every host call, in training or
-inference, pays the fitted fixed overhead once and streams its inputs and outputs over the host links.
+inference, pays the fitted fixed overhead once and streams its inputs and outputs over the host links;
+the host then writes the outputs into the new tensors PopTorch returns (`host_output_bandwidth`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from optimum_ipu.costmodel.memory import (
     table_shares,
 )
 from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile
-from optimum_ipu.costmodel.scaleout import allreduce_time, host_io_time
+from optimum_ipu.costmodel.scaleout import PodShape, allreduce_time, host_io_time
 from optimum_ipu.costmodel.workload import Workload
 
 
@@ -359,7 +360,11 @@ def estimate_performance(
         update = sum(cycles) / di  # per micro-batch
         compute = sum(cycles)
         inputs, outputs = profile.input_bytes * di, profile.output_bytes * di
-    host = calibration.host_call_overhead_s + host_io_time(inputs, outputs, workload, hardware)
+    host = (
+        calibration.host_call_overhead_s
+        + host_io_time(inputs, outputs, workload, hardware)
+        + outputs * PodShape.of(workload).replicas_per_host / calibration.host_output_bandwidth
+    )
     call = compute + host
     samples = workload.samples_per_call
     passes = [1.0 + (s.recompute + s.backward) / s.forward if s.forward else 1.0 for s in stages]

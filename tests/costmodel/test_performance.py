@@ -144,6 +144,31 @@ def test_host_io_runs_each_direction_at_its_published_rate_and_shares_the_host_n
     assert host_io_time(mb, mb, sixteen, MK2) == pytest.approx(16 * 2 * mb / HOST_NIC_BANDWIDTH)  # NIC
 
 
+def test_the_host_writes_every_calls_outputs_into_new_tensors_at_the_fitted_rate():
+    """PopTorch returns each call's outputs in tensors it allocates for that call, and the host writes
+    every byte into them after the links carried it: one host writes the outputs of all its replicas."""
+    profile = synthetic(4)
+    blocks = [dataclasses.replace(b, output_bytes=2_000_000) if b.name == "Head" else b for b in profile.blocks]
+    profile = dataclasses.replace(profile, blocks=blocks)  # logits of 2 MB per micro-batch
+    assert profile.output_bytes == 2_000_000
+    placement = profile.placement([2, 2], 2)
+    for replicas in (1, 4, 16):
+        w = workload(training=False, ipus_per_replica=2, replication_factor=replicas, device_iterations=4)
+        outputs = profile.output_bytes * 4
+        report = estimate_performance(profile, placement, w, MK2)
+        links = host_io_time(profile.input_bytes * 4, outputs, w, MK2)
+        written = min(replicas, 16 // 2) * outputs / CALIBRATION.host_output_bandwidth  # 8 replicas per host
+        assert report.host_time == pytest.approx(CALIBRATION.host_call_overhead_s + links + written)
+        slower = dataclasses.replace(CALIBRATION, host_output_bandwidth=CALIBRATION.host_output_bandwidth / 2)
+        assert estimate_performance(profile, placement, w, MK2, slower).host_time == pytest.approx(
+            report.host_time + written
+        )
+    trained = estimate_performance(profile, placement, workload(ipus_per_replica=2), MK2)
+    assert trained.host_time == pytest.approx(
+        CALIBRATION.host_call_overhead_s + host_io_time(profile.input_bytes * 8, 0, workload(ipus_per_replica=2), MK2)
+    )  # training returns only the loss
+
+
 @pytest.mark.parametrize("layers", [(1,), (2, 2), (1, 1, 1, 1)])
 def test_more_device_iterations_mean_less_host_time_per_sample_in_inference(layers):
     reports = [_estimate(layers=layers, training=False, device_iterations=di) for di in (1, 2, 4, 8, 16)]
@@ -245,15 +270,16 @@ def test_leave_one_out_error_is_recomputed_from_the_published_points():
     held_out = calibration.leave_one_out(pairs)
     errors = {point.name: abs(estimate / point.measured - 1) for point, estimate, _ in held_out}
     training = [errors[p.name] for p, _ in pairs if p.training]
-    # The figures the README reports: over all thirteen points mean 16.3 %, max 46.8 % (targets 15 % and
-    # 30 %, neither met: the RoBERTa MLM and GPT-2 evaluations pay the same weight upload and almost as
-    # many calls but took 8.85 s and 4.06 s); over the seven training points mean 8.9 %, max 16.4 %.
-    # Bounds a little above them, so a model change that makes cross-validation worse fails here.
-    assert sum(errors.values()) / len(errors) <= 0.17 and max(errors.values()) < 0.50, errors
-    assert sum(training) / len(training) <= 0.10 and max(training) < 0.18, errors
+    # The figures the README reports: over all thirteen points mean 14.0 %, max 45.8 % (targets 15 % and
+    # 30 %; the max is the RoBERTa MLM evaluation, the one point whose host write of 257 MB of logits per
+    # call decides `host_output_bandwidth`, so left out nothing sets that constant); over the seven
+    # training points mean 9.4 %, max 18.2 %. Bounds a little above them, so a model change that makes
+    # cross-validation worse fails here.
+    assert sum(errors.values()) / len(errors) <= 0.15 and max(errors.values()) < 0.48, errors
+    assert sum(training) / len(training) <= 0.10 and max(training) < 0.19, errors
     for point, prepared in pairs:
         estimated = calibration.estimate(prepared, CALIBRATION)
-        bound = 0.15 if point.training else 0.42  # the RoBERTa MLM evaluation is estimated 40 % too fast
+        bound = 0.15 if point.training else 0.20  # the NER evaluation is estimated 17 % too fast
         assert abs(estimated / point.measured - 1) < bound, (point.name, estimated, point.measured)
 
 
@@ -268,3 +294,18 @@ def test_an_evaluation_is_estimated_over_the_samples_its_run_counted():
     counted = calibration.estimate(calibration.prepare(cola), CALIBRATION)
     run = calibration.estimate(calibration.prepare(dataclasses.replace(cola, reported_samples=None)), CALIBRATION)
     assert counted / run == pytest.approx(1043 / (52 * 20))
+
+
+def test_an_evaluation_adds_the_host_work_its_timer_also_covered():
+    """The NER notebook's eval_runtime also timed its metric (gathering the logits, seqeval): the point
+    carries that CPU time as `bench/host_work.py` measured it, and the estimate adds it once."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import calibration
+
+    ner = next(p for p in calibration.POINTS if "NER" in p.name)
+    assert 0.3 < ner.host_work_s < 1.5
+    prepared = calibration.prepare(ner)
+    with_work = calibration.estimate(prepared, CALIBRATION)
+    without = calibration.estimate(calibration.prepare(dataclasses.replace(ner, host_work_s=0.0)), CALIBRATION)
+    samples = 162 * 20
+    assert samples / with_work - samples / without == pytest.approx(ner.host_work_s)

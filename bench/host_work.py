@@ -1,0 +1,157 @@
+"""Host-side work that two published evaluations timed and the cost model does not derive from the IPU.
+
+`bench/calibration.py` estimates each published `IPUTrainer.evaluate()` as the IPU and its host links
+would run it. Two of those runs also timed work done by the host's CPU alone; this script measures that
+work by doing it here, so the calibration reads a measurement instead of leaving a free choice:
+
+1. The NER notebook's metric (BERT-Base on CoNLL-2003, `compute_metrics` set): its `eval_runtime`
+   includes the Trainer gathering every call's logits and labels (one `torch.cat` per call, as
+   transformers 4.20's evaluation loop did without `eval_accumulation_steps`), the notebook's
+   `compute_metrics` (argmax, the -100 positions dropped, ids mapped to tag names) and the `seqeval`
+   metric behind `load_metric("seqeval")`, whose inputs pass through an Arrow table first. It runs on
+   data of CoNLL-2003 validation's shape: 3,240 sentences evaluated (162 calls of 20), 51,362 words
+   over 3,250 sentences (the data set card), every word piece labelled (`label_all_tokens = True`),
+   so `--pieces-per-word` word pieces per word (the one assumption; its effect is printed).
+2. The RoBERTa MLM notebook's logits: each host call returns 20 x 128 x 50,265 fp16 logits (257 MB).
+   PopTorch allocates a new output tensor for every call (`PoplarExecutable::run` calls `at::empty`
+   per output) and the host writes every byte of it. The script times that write into a fresh
+   tensor (a page fault per 4 KiB page), into a fresh tensor backed by transparent huge pages (as on
+   a host whose kernel has THP "always"; torch's `THP_MEM_ALLOC_ENABLE=1` asks for them here) and
+   into a warm one (a plain copy). The calibration fits `host_output_bandwidth` between the slowest
+   and the fastest, as no published figure gives the notebook host's rate.
+
+Both are CPU work, so the figures hold for the CPU printed first; the calibration file names it.
+
+    pip install seqeval        # the NER notebook's metric, used only here
+    OMP_NUM_THREADS=1 python bench/host_work.py [--rounds 5] [--pieces-per-word 1.3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+from overhead import cpu_description
+
+# CoNLL-2003's tags in the data set's order (the notebook's `label_list`).
+TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+SEQ_LEN, CALLS, PER_CALL = 128, 162, 20
+WORDS_PER_SENTENCE = 51_362 / 3_250  # CoNLL-2003 validation (data set card)
+CHUNKS = 8_910  # tagged chunks in the notebook's printed seqeval support (LOC 2,617, MISC 1,228, ORG 2,043, PER 3,022)
+MLM_OUTPUT_BYTES = PER_CALL * SEQ_LEN * 50_265 * 2  # one call's fp16 logits of roberta-base
+
+
+def conll_shaped_batches(pieces_per_word: float, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(logits, labels) of every call: labels -100 on [CLS], [SEP] and padding, tags elsewhere;
+    logits whose argmax is the label for ~95 % of tokens (the notebook's accuracy was 0.979)."""
+    rng = np.random.default_rng(seed)
+    per_piece = CHUNKS / (3_250 * WORDS_PER_SENTENCE * pieces_per_word)  # chunks of 1-2 pieces, 1.5 on average
+    start_chunk = per_piece / (1 - 0.5 * per_piece)
+    batches = []
+    for _ in range(CALLS):
+        labels = np.full((PER_CALL, SEQ_LEN), -100, dtype=np.int64)
+        for row in labels:
+            n = int(np.clip(rng.poisson(WORDS_PER_SENTENCE * pieces_per_word), 1, SEQ_LEN - 2))
+            tags = []
+            while len(tags) < n:
+                if rng.random() < start_chunk:
+                    kind = 1 + 2 * int(rng.integers(0, 4))  # B-PER, B-ORG, B-LOC or B-MISC
+                    tags += [kind] + [kind + 1] * int(rng.integers(0, 2))
+                else:
+                    tags.append(0)
+            row[1 : n + 1] = tags[:n]
+        guess = np.where(rng.random(labels.shape) < 0.95, np.maximum(labels, 0), rng.integers(0, 9, labels.shape))
+        logits = rng.normal(size=(PER_CALL, SEQ_LEN, len(TAGS))).astype(np.float16)
+        np.put_along_axis(logits, guess[..., None], 8.0, axis=2)
+        batches.append((torch.from_numpy(logits), torch.from_numpy(labels)))
+    return batches
+
+
+def ner_evaluation_host_seconds(batches) -> float:
+    """Seconds of the host work the NER `evaluate()` timed besides its calls (see the module doc)."""
+    from datasets import Dataset
+    from seqeval.metrics import accuracy_score, classification_report
+
+    start = time.perf_counter()
+    preds = labels = None
+    for logits, label in batches:  # the evaluation loop's per-call gathering
+        preds = logits if preds is None else torch.cat((preds, logits), dim=0)
+        labels = label if labels is None else torch.cat((labels, label), dim=0)
+    predicted, reference = preds.numpy().argmax(axis=2), labels.numpy()
+    true_predictions = [[TAGS[p] for p, t in zip(ps, ts) if t != -100] for ps, ts in zip(predicted, reference)]
+    true_labels = [[TAGS[t] for p, t in zip(ps, ts) if t != -100] for ps, ts in zip(predicted, reference)]
+    table = Dataset.from_dict({"predictions": true_predictions, "references": true_labels})[:]  # Arrow round trip
+    report = classification_report(table["references"], table["predictions"], output_dict=True)
+    accuracy_score(table["references"], table["predictions"])
+    seconds = time.perf_counter() - start
+    assert report["micro avg"]["support"] > 0
+    return seconds
+
+
+def output_write_seconds(nbytes: int, fresh: bool, source: torch.Tensor, warm: torch.Tensor) -> float:
+    """Seconds to write `nbytes` of call outputs on the host: into a new tensor, as PopTorch allocates
+    one per call, or into `warm`, already-touched memory."""
+    start = time.perf_counter()
+    out = torch.empty(nbytes // 2, dtype=torch.float16) if fresh else warm
+    out.copy_(source)
+    seconds = time.perf_counter() - start
+    del out
+    return seconds
+
+
+def output_write_rate(fresh: bool, rounds: int) -> float:
+    """Bytes/s of writing one MLM call's logits (median over `rounds`)."""
+    source = torch.empty(MLM_OUTPUT_BYTES // 2, dtype=torch.float16).normal_()
+    warm = torch.empty_like(source).copy_(source)
+    seconds = statistics.median(output_write_seconds(MLM_OUTPUT_BYTES, fresh, source, warm) for _ in range(rounds))
+    return MLM_OUTPUT_BYTES / seconds
+
+
+def huge_page_write_rate(rounds: int) -> float:
+    """`output_write_rate(fresh=True)` in a process whose large tensors get transparent huge pages
+    (torch reads `THP_MEM_ALLOC_ENABLE` when it starts)."""
+    code = f"import host_work; print(host_work.output_write_rate(True, {rounds}))"
+    env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=here, capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5, help="repetitions; medians over them")
+    parser.add_argument("--pieces-per-word", type=float, default=1.3, help="bert-base-uncased pieces per word")
+    args = parser.parse_args()
+    try:
+        import seqeval  # noqa: F401
+    except ImportError:
+        raise SystemExit("bench/host_work.py needs the NER notebook's metric: pip install seqeval") from None
+    print(cpu_description())
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds (medians)\n")
+
+    for ratio in sorted({args.pieces_per_word, 1.15, 1.45}):
+        batches = conll_shaped_batches(ratio)
+        pieces = sum(int((label != -100).sum()) for _, label in batches)
+        seconds = statistics.median(ner_evaluation_host_seconds(batches) for _ in range(args.rounds))
+        chosen = "  <- calibration" if ratio == args.pieces_per_word else ""
+        print(f"NER evaluation host work, {ratio:.2f} pieces/word ({pieces:,} labelled): {seconds:.3f} s{chosen}")
+
+    rates = {
+        "fresh tensor, 4 KiB pages": output_write_rate(True, args.rounds),
+        "fresh tensor, transparent huge pages": huge_page_write_rate(args.rounds),
+        "warm tensor (a plain copy)": output_write_rate(False, args.rounds),
+    }
+    print(f"\nWriting one RoBERTa MLM call's logits ({MLM_OUTPUT_BYTES / 1e6:.0f} MB) on the host:")
+    for name, rate in rates.items():
+        print(f"  {name:<38} {1e3 * MLM_OUTPUT_BYTES / rate:6.1f} ms  {rate / 1e9:5.2f} GB/s")
+    print(f"host_output_bandwidth range for the fit: {min(rates.values()) / 1e9:.2f}-{max(rates.values()) / 1e9:.2f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
