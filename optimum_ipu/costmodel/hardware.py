@@ -202,9 +202,9 @@ class Calibration:
 CALIBRATION = Calibration(
     matmul_efficiency=0.697,
     cycles_per_operation=14_100,
-    host_call_overhead_s=0.00826,
-    weight_upload_bandwidth=0.443e9,
-    host_output_bandwidth=8.63e9,
+    host_call_overhead_s=0.00835,
+    weight_upload_bandwidth=0.451e9,
+    host_output_bandwidth=8.78e9,
 )
 
 

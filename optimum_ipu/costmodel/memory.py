@@ -154,6 +154,29 @@ class MemoryReport:
         }
 
 
+def pipeline_stages(
+    profile: ModelProfile, ipu_of: Mapping[str, int], ipus: int
+) -> list[tuple[int, list[BlockProfile]]]:
+    """(IPU, blocks) of each pipeline stage, in the order a micro-batch's forward visits them.
+
+    One stage per IPU, then one more for each run of blocks that goes back to an IPU the forward
+    already left: a head tied to the word embedding runs on IPU 0 after the last layer, so its
+    pipeline has one stage more than IPUs (PopTorch makes every `BeginBlock` a stage).
+    """
+    stages: list[tuple[int, list[BlockProfile]]] = [(k, []) for k in range(ipus)]
+    highest = 0
+    for b in profile.blocks:
+        k = ipu_of[b.name]
+        if k >= highest:
+            stages[k][1].append(b)
+            highest = k
+        elif len(stages) > ipus and stages[-1][0] == k:
+            stages[-1][1].append(b)
+        else:
+            stages.append((k, [b]))
+    return stages
+
+
 def stage_input_bytes(profile: ModelProfile, ipu_of: Mapping[str, int], ipus: int) -> list[int]:
     """Bytes entering each IPU per micro-batch, from other IPUs or the host."""
     inputs = [0] * ipus
@@ -189,9 +212,11 @@ def ipu_memory(
     table_parameters: int,
     workload: Workload,
     hardware: ChipSpec,
+    stages: int | None = None,
 ) -> IPUMemory:
     """Bytes on IPU `ipu` holding `blocks`, receiving `inputs` bytes per micro-batch, and
-    `table_parameters` of the word-embedding table."""
+    `table_parameters` of the word-embedding table, in a pipeline of `stages` stages (one per IPU
+    unless given; IPU k is stage k, a tied head's extra last stage is counted with IPU 0)."""
     fb, training = workload.float_bytes, workload.training
     factor = workload.embedding_factor
     mem = IPUMemory(ipu, code=ASSUMPTIONS.code_bytes_per_ipu)
@@ -213,14 +238,14 @@ def ipu_memory(
     if not training:
         mem.activations = 2 * max((b.largest_tensor_bytes for b in blocks), default=0)
         mem.stash = inputs
-    elif workload.recomputes(ipu):
+    elif workload.recomputes(ipu, stages):
         checkpoints = 0
         if workload.recompute_checkpoint_every_layer:
             checkpoints = sum(b.output_bytes for b in layers[:-1])
             mem.activations = max(saved, default=0)
         else:
             mem.activations = sum(saved)
-        mem.stash = max(workload.stash_depth(ipu), 1) * (inputs + checkpoints)
+        mem.stash = max(workload.stash_depth(ipu, stages), 1) * (inputs + checkpoints)
     else:
         mem.activations = sum(saved)
         mem.stash = inputs
@@ -246,9 +271,10 @@ def estimate_memory(
     n = workload.ipus_per_replica
     inputs = stage_input_bytes(profile, ipu_of, n)
     shares = table_shares(profile, ipu_of, workload)
+    stages = len(pipeline_stages(profile, ipu_of, n))
     ipus = [
         ipu_memory(
-            k, [b for b in profile.blocks if ipu_of[b.name] == k], inputs[k], shares[k], workload, hardware
+            k, [b for b in profile.blocks if ipu_of[b.name] == k], inputs[k], shares[k], workload, hardware, stages
         )
         for k in range(n)
     ]

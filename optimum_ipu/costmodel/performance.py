@@ -18,9 +18,11 @@ peak). A matmul's backward is two matmuls of its forward's FLOPs (input and weig
 the same way; the other operations' backward costs `backward_other_ratio` x their forward; a
 recomputing stage runs its forward again.
 
-One weight update runs GA + 2N - 2 pipeline cycles (fill, steady state, flush). In cycle c, IPU k
-runs the forward of micro-batch c - k and the recompute + backward of micro-batch c - (2N - 2 - k)
-when those exist; the cycle lasts as long as its busiest IPU, then the inter-IPU copies run over
+A pipeline has one stage per IPU, and one more when a head tied to the word embedding runs on IPU 0
+after the last layer (S = N + 1 stages on N IPUs). One weight update runs GA + 2S - 2 pipeline cycles
+(fill, steady state, flush). In cycle c, stage k runs the forward of micro-batch c - k and the
+recompute + backward of micro-batch c - (2S - 2 - k) when those exist; stages sharing an IPU run one
+after the other, the cycle lasts as long as its busiest IPU, then the inter-IPU copies run over
 IPU-Links. After the flush, replicas all-reduce gradients (`scaleout.py`: IPU-Links inside a POD64,
 GW-Links between PODs) and the optimizer steps.
 
@@ -28,7 +30,7 @@ Inference runs as PopTorch runs it: the device iterations loop on the IPUs, so o
 micro-batch x device iterations x replicas samples. Optimum Graphcore runs inference sharded
 (`ShardedExecution`): each micro-batch visits the IPUs one after another. With
 `Workload.pipelined_inference` (PopTorch's `PipelinedExecution`) and device_iterations >= N the stages
-overlap instead: DI + N - 1 cycles, each as long as the slowest stage plus its copy. Every host call, in training or
+overlap instead: DI + S - 1 cycles, each as long as the busiest IPU plus its copy. Every host call, in training or
 inference, pays the fitted fixed overhead once and streams its inputs and outputs over the host links;
 the host then writes the outputs into the new tensors PopTorch returns (`host_output_bandwidth`).
 """
@@ -42,6 +44,7 @@ from optimum_ipu.costmodel.hardware import ASSUMPTIONS, CALIBRATION, Calibration
 from optimum_ipu.costmodel.memory import (
     matmul_temporary_bytes,
     optimizer_state_bytes,
+    pipeline_stages,
     serialization_pieces,
     table_shares,
 )
@@ -52,10 +55,11 @@ from optimum_ipu.costmodel.workload import Workload
 
 @dataclass
 class StageTime:
-    """Seconds one IPU spends on one micro-batch.
+    """Seconds one pipeline stage spends on one micro-batch.
 
     Attributes:
-        ipu: the IPU.
+        ipu: the IPU the stage runs on (one per IPU, and IPU 0 again for a head tied to the
+            embedding: `memory.pipeline_stages`).
         forward, backward, recompute: seconds per micro-batch (recompute 0 when the stage keeps its
             activations).
         forward_flops: forward FLOPs per micro-batch.
@@ -97,6 +101,11 @@ class PerformanceReport:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def ipu_stages(self) -> list[StageTime]:
+        """One `StageTime` per IPU (`per_ipu`)."""
+        return per_ipu(self.stages)
+
+    @property
     def micro_batches(self) -> int:
         """Micro-batches per weight update (GA) in training; per host call (DI) in pipelined inference."""
         n = len(self.stages)
@@ -107,7 +116,7 @@ class PerformanceReport:
     @property
     def pipelined(self) -> bool:
         """Training, or inference whose stages overlap across device iterations."""
-        return self.training or self.pipeline_efficiency > 1.0 / len(self.stages) + 1e-12
+        return self.training or self.pipeline_efficiency > 1.0 / len(self.ipu_stages) + 1e-12
 
     def timeline(self) -> list[dict]:
         """Segments of one weight update (one host call in inference) for a Gantt chart.
@@ -120,10 +129,10 @@ class PerformanceReport:
         start = 0.0
         for c, length in enumerate(self.cycles):
             if not self.training and self.pipelined:
-                for s in self.stages:
-                    if 0 <= c - s.ipu < ga:
+                for k, s in enumerate(self.stages):
+                    if 0 <= c - k < ga:
                         segments.append(
-                            dict(ipu=s.ipu, start=start, duration=s.forward, kind="forward", micro_batch=c - s.ipu)
+                            dict(ipu=s.ipu, start=start, duration=s.forward, kind="forward", micro_batch=c - k)
                         )
                 start += length
                 continue
@@ -134,21 +143,21 @@ class PerformanceReport:
                 )
                 start += length
                 continue
-            for s in self.stages:
-                offset = 0.0
-                if 0 <= c - s.ipu < ga:
+            offset = {s.ipu: 0.0 for s in self.stages}  # stages sharing an IPU run one after another
+            for k, s in enumerate(self.stages):
+                if 0 <= c - k < ga:
                     segments.append(
-                        dict(
-                            ipu=s.ipu, start=start, duration=s.forward, kind="forward", micro_batch=c - s.ipu
-                        )
-                    )
-                    offset = s.forward
-                back = c - (2 * n - 2 - s.ipu)
+                        dict(ipu=s.ipu, start=start + offset[s.ipu], duration=s.forward, kind="forward",
+                             micro_batch=c - k)
+                    )  # fmt: skip
+                    offset[s.ipu] += s.forward
+                back = c - (2 * n - 2 - k)
                 if 0 <= back < ga:
                     segments.append(
-                        dict(ipu=s.ipu, start=start + offset, duration=s.recompute + s.backward, kind="backward",
-                             micro_batch=back)
+                        dict(ipu=s.ipu, start=start + offset[s.ipu], duration=s.recompute + s.backward,
+                             kind="backward", micro_batch=back)
                     )  # fmt: skip
+                    offset[s.ipu] += s.recompute + s.backward
             start += length
         return segments
 
@@ -157,6 +166,18 @@ class PerformanceReport:
         out["stages"] = [{**asdict(s), "busy": s.busy} for s in self.stages]
         out["cycle_count"] = len(self.cycles)
         return out
+
+
+def per_ipu(stages: Sequence[StageTime]) -> list[StageTime]:
+    """One `StageTime` per IPU, in IPU order: the stages that share an IPU (a tied head's stage on
+    IPU 0 beside the embedding's) summed."""
+    out: dict[int, StageTime] = {}
+    for s in stages:
+        t = out.setdefault(s.ipu, StageTime(s.ipu))
+        t.forward, t.recompute, t.backward = t.forward + s.forward, t.recompute + s.recompute, t.backward + s.backward
+        t.forward_flops += s.forward_flops
+        t.matmul_pieces = max(t.matmul_pieces, s.matmul_pieces)
+    return [out[k] for k in sorted(out)]
 
 
 def block_forward_parts(
@@ -196,8 +217,12 @@ def stage_time(
     workload: Workload,
     hardware: ChipSpec,
     calibration: Calibration = CALIBRATION,
+    stage: int | None = None,
+    stages: int | None = None,
 ) -> StageTime:
-    """Forward / recompute / backward seconds of IPU `ipu` holding `blocks`, per micro-batch.
+    """Forward / recompute / backward seconds of pipeline stage `stage` (of `stages`; by default the
+    stage of IPU `ipu` in a pipeline of one stage per IPU) holding `blocks` on IPU `ipu`, per
+    micro-batch.
 
     The backward of a matrix product is two products of the forward's FLOPs (input gradient, weight
     gradient), each priced like the forward one; the backward of the other operations costs
@@ -206,6 +231,7 @@ def stage_time(
     (reading the gradient and the accumulator, writing the accumulator), which is what makes small
     micro-batches of a large model costly.
     """
+    position = stage
     stage = StageTime(ipu)
     budget = workload.matmul_proportion[ipu] * hardware.memory_bytes
     per_op = calibration.cycles_per_operation / hardware.clock_hz
@@ -222,7 +248,7 @@ def stage_time(
         stage.matmul_pieces = max(stage.matmul_pieces, pieces)
     if workload.training:
         stage.backward = backward
-        stage.recompute = stage.forward if workload.recomputes(ipu) else 0.0
+        stage.recompute = stage.forward if workload.recomputes(ipu if position is None else position, stages) else 0.0
     return stage
 
 
@@ -233,26 +259,31 @@ def stage_times(
     hardware: ChipSpec,
     calibration: Calibration = CALIBRATION,
 ) -> list[StageTime]:
-    """Forward / backward / recompute seconds of each IPU of the pipeline."""
+    """Forward / backward / recompute seconds of each stage of the pipeline, in the order a
+    micro-batch's forward visits them (`memory.pipeline_stages`)."""
+    stages = pipeline_stages(profile, ipu_of, workload.ipus_per_replica)
     return [
-        stage_time(k, [b for b in profile.blocks if ipu_of[b.name] == k], workload, hardware, calibration)
-        for k in range(workload.ipus_per_replica)
+        stage_time(ipu, blocks, workload, hardware, calibration, position, len(stages))
+        for position, (ipu, blocks) in enumerate(stages)
     ]
 
 
 def pipeline_cycles(stages: list[StageTime], micro_batches: int, copy_time: float) -> list[float]:
-    """Length of each of the GA + 2N - 2 cycles of one weight update (fill, steady state, flush)."""
+    """Length of each of the GA + 2S - 2 cycles of one weight update (fill, steady state, flush) of a
+    pipeline of S stages (`stages` in forward order). In cycle c stage k runs the forward of
+    micro-batch c - k and the recompute + backward of micro-batch c - (2S - 2 - k); stages that share
+    an IPU run one after the other, so a cycle lasts as long as its busiest IPU."""
     n = len(stages)
-    steady = [s.busy for s in stages]
+    steady = [s.busy for s in per_ipu(stages)]
 
     def cycle(c: int) -> float:
-        busy = 0.0
-        for s in stages:
-            work = s.forward if 0 <= c - s.ipu < micro_batches else 0.0
-            if 0 <= c - (2 * n - 2 - s.ipu) < micro_batches:
-                work += s.recompute + s.backward
-            busy = max(busy, work)
-        return busy + copy_time
+        work: dict[int, float] = {}
+        for k, s in enumerate(stages):
+            w = s.forward if 0 <= c - k < micro_batches else 0.0
+            if 0 <= c - (2 * n - 2 - k) < micro_batches:
+                w += s.recompute + s.backward
+            work[s.ipu] = work.get(s.ipu, 0.0) + w
+        return max(work.values()) + copy_time
 
     total = micro_batches + 2 * n - 2
     first_steady, last_steady = 2 * n - 2, micro_batches - 1
@@ -314,17 +345,18 @@ def weight_update_time(
 def inference_cycles(
     stages: list[StageTime], device_iterations: int, copy: float, pipelined: bool = True
 ) -> list[float]:
-    """Cycles of one inference host call per replica.
+    """Cycles of one inference host call per replica, for the pipeline's S `stages` in forward order.
 
-    Pipelined (when asked and there are at least as many device iterations as IPUs): DI + N - 1
-    cycles, each as long as the slowest stage plus the copy. Otherwise sharded: each micro-batch
-    visits the IPUs in turn, one cycle per stage (the last without a copy).
+    Pipelined (when asked and there are at least as many device iterations as IPUs): DI + S - 1
+    cycles, each as long as the busiest IPU (the forwards of the stages it holds) plus the copy.
+    Otherwise sharded: each micro-batch visits the stages in turn, one cycle per stage (the last
+    without a copy).
     """
-    n = len(stages)
-    if pipelined and n > 1 and device_iterations >= n:
-        cycle = max(s.forward for s in stages) + copy
+    n, ipus = len(stages), per_ipu(stages)
+    if pipelined and n > 1 and device_iterations >= len(ipus):
+        cycle = max(s.forward for s in ipus) + copy
         return [cycle] * (device_iterations + n - 1)
-    one = [s.forward + (copy if s.ipu < n - 1 else 0.0) for s in stages]
+    one = [s.forward + (copy if k < n - 1 else 0.0) for k, s in enumerate(stages)]
     return one * device_iterations
 
 
@@ -338,6 +370,7 @@ def estimate_performance(
     """Throughput of the layout `ipu_of` (block name -> IPU) under `workload` on `hardware`."""
     n, ga, di = workload.ipus_per_replica, workload.gradient_accumulation_steps, workload.device_iterations
     stages = stage_times(profile, ipu_of, workload, hardware, calibration)
+    depth, ipus = len(stages), per_ipu(stages)
     copy = copy_time(profile, ipu_of, workload, hardware, calibration)
     if workload.training:
         cycles = pipeline_cycles(stages, ga, copy)
@@ -346,8 +379,8 @@ def estimate_performance(
             trainable[ipu_of[b.name]] += b.trainable_parameters - b.word_embedding_parameters
         trainable = [t + share for t, share in zip(trainable, table_shares(profile, ipu_of, workload))]
         allreduce, optimizer = weight_update_time(trainable, workload, hardware, calibration)
-        efficiency = ga / (ga + 2 * n - 2)
-        bottleneck = max(stages, key=lambda s: s.busy).ipu
+        efficiency = ga / (ga + 2 * depth - 2)
+        bottleneck = max(ipus, key=lambda s: s.busy).ipu
         update = sum(cycles) + allreduce + optimizer
         compute = di * update
         inputs, outputs = profile.input_bytes * ga * di, 0  # training returns only the loss
@@ -355,8 +388,8 @@ def estimate_performance(
         pipelined = workload.pipelined_inference and n > 1 and di >= n
         cycles = inference_cycles(stages, di, copy, pipelined)
         allreduce = optimizer = 0.0
-        efficiency = di / (di + n - 1) if pipelined else 1.0 / n
-        bottleneck = max(stages, key=lambda s: s.forward).ipu
+        efficiency = di / (di + depth - 1) if pipelined else 1.0 / n
+        bottleneck = max(ipus, key=lambda s: s.forward).ipu
         update = sum(cycles) / di  # per micro-batch
         compute = sum(cycles)
         inputs, outputs = profile.input_bytes * di, profile.output_bytes * di
@@ -373,7 +406,7 @@ def estimate_performance(
     notes = [
         f"IPU {s.ipu}: a matmul is serialized into {s.matmul_pieces} pieces to fit matmul_proportion "
         f"{workload.matmul_proportion[s.ipu]:g}; a higher proportion there would run it faster."
-        for s in stages
+        for s in ipus
         if s.matmul_pieces > 1
     ]
     return PerformanceReport(

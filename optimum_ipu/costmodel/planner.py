@@ -24,6 +24,7 @@ from optimum_ipu.costmodel.performance import (
     StageTime,
     copy_time,
     inference_cycles,
+    per_ipu,
     pipeline_cycles,
     stage_time,
     weight_update_time,
@@ -39,11 +40,18 @@ MAX_CANDIDATES = 2000
 
 @dataclass(frozen=True)
 class _Option:
-    """One IPU holding one range of layers, at its best matmul proportion."""
+    """One IPU holding one range of layers, at its best matmul proportion.
+
+    Attributes:
+        stage: the IPU's time per micro-batch (its pipeline stages summed).
+        pipeline: its pipeline stages: one, or for IPU 0 with a tied head two (the embedding's and
+            layers' first stage, the head's last).
+    """
 
     stage: StageTime
     proportion: float
     trainable: int
+    pipeline: tuple[StageTime, ...]
 
 
 @dataclass
@@ -163,8 +171,12 @@ class _Pricer:
             calibration,
         )
         self.layers = [b for b in profile.blocks if b.kind == "layer"]
-        self.first = [b for b in profile.blocks if b.kind != "layer" and b.on_first_ipu]
+        first = [b for b in profile.blocks if b.kind != "layer" and b.on_first_ipu]
+        # A head tied to the embedding comes back to IPU 0 after the last layer: a last stage there.
+        self.returning = [b for b in first if b.kind == "head"] if workload.ipus_per_replica > 1 else []
+        self.first = [b for b in first if b not in self.returning]
         self.last = [b for b in profile.blocks if b.kind != "layer" and not b.on_first_ipu]
+        self.depth = workload.ipus_per_replica + (1 if self.returning else 0)
         self.shares = shares
         self.limit = ASSUMPTIONS.balance_headroom * hardware.memory_bytes
         self.cache: dict[tuple[int, int, int], _Option | None] = {}
@@ -173,7 +185,8 @@ class _Pricer:
         """The blocks on `ipu` when it holds layers [start, stop)."""
         first = self.first if ipu == 0 else []
         last = self.last if ipu == self.workload.ipus_per_replica - 1 else []
-        return first + self.layers[start:stop] + last
+        returning = self.returning if ipu == 0 else []
+        return first + self.layers[start:stop] + last + returning
 
     def _inputs(self, blocks: list[BlockProfile]) -> int:
         names = {b.name for b in blocks}
@@ -191,7 +204,7 @@ class _Pricer:
         capacity = self.hardware.memory_bytes
         proportions = [0.0] * self.workload.ipus_per_replica
         bare = self.workload.replace(matmul_proportion=tuple(proportions))
-        mem = ipu_memory(ipu, blocks, self._inputs(blocks), self.shares[ipu], bare, self.hardware)
+        mem = ipu_memory(ipu, blocks, self._inputs(blocks), self.shares[ipu], bare, self.hardware, self.depth)
         room = math.floor(100 * (self.limit - mem.total) / capacity) / 100
         wanted = math.ceil(100 * mem.matmul_need / capacity) / 100
         proportion = max(min(wanted, room), MIN_PROPORTION)
@@ -199,11 +212,32 @@ class _Pricer:
             return None
         proportions[ipu] = proportion
         workload = self.workload.replace(matmul_proportion=tuple(proportions))
-        stage = stage_time(ipu, blocks, workload, self.hardware, self.calibration)
+        returning = self.returning if ipu == 0 else []
+        own = [b for b in blocks if b not in returning]
+        pipeline = (stage_time(ipu, own, workload, self.hardware, self.calibration, ipu, self.depth),)
+        if returning:  # the tied head: the last stage, on IPU 0
+            last = self.depth - 1
+            pipeline += (stage_time(0, returning, workload, self.hardware, self.calibration, last, self.depth),)
         trainable = (
             sum(b.trainable_parameters - b.word_embedding_parameters for b in blocks) + self.shares[ipu]
         )
-        return _Option(stage, proportion, trainable)
+        return _Option(per_ipu(pipeline)[0], proportion, trainable, pipeline)
+
+    def seconds(self, ranges: list[tuple[int, int]]) -> float:
+        """Seconds of one weight update (training) or one host call's compute (inference) of the layout
+        whose IPU k holds layers `ranges[k]`, each IPU at the matmul proportion its option chose: what
+        `estimate_performance` reports as `update_time` / compute for the same layout."""
+        n, w = self.workload.ipus_per_replica, self.workload
+        options = [self.option(k, a, b) for k, (a, b) in enumerate(ranges)]
+        stages = [o.pipeline[0] for o in options] + list(options[0].pipeline[1:])
+        placement = self.profile.placement([b - a for a, b in ranges], n)
+        copy = copy_time(self.profile, placement, w, self.hardware, self.calibration)
+        if not w.training:
+            pipelined = w.pipelined_inference and n > 1 and w.device_iterations >= n
+            return sum(inference_cycles(stages, w.device_iterations, copy, pipelined))
+        cycles = pipeline_cycles(stages, w.gradient_accumulation_steps, copy)
+        trainable = [o.trainable for o in options]
+        return sum(cycles) + sum(weight_update_time(trainable, w, self.hardware, self.calibration))
 
 
 def _cost(option: _Option, training: bool) -> float:
@@ -283,21 +317,9 @@ def propose_layout(
         [] if math.isinf(best) else _layouts(pricer, n, num_layers, best * (1 + TOLERANCE), workload.training)
     )
 
-    def seconds(ranges: list[tuple[int, int]]) -> float:
-        options = [pricer.option(k, a, b) for k, (a, b) in enumerate(ranges)]
-        stages = [o.stage for o in options]
-        counts = [b - a for a, b in ranges]
-        copy = copy_time(profile, profile.placement(counts, n), workload, hardware, calibration)
-        if not workload.training:
-            pipelined = workload.pipelined_inference and workload.device_iterations >= n
-            return sum(inference_cycles(stages, workload.device_iterations, copy, pipelined))
-        cycles = pipeline_cycles(stages, workload.gradient_accumulation_steps, copy)
-        trainable = [o.trainable for o in options]
-        return sum(cycles) + sum(weight_update_time(trainable, workload, hardware, calibration))
-
     proposed = given_report
     if candidates:
-        ranges = min(candidates, key=seconds)
+        ranges = min(candidates, key=pricer.seconds)
         counts = [b - a for a, b in ranges]
         proportions = [pricer.option(k, a, b).proportion for k, (a, b) in enumerate(ranges)]
         report = report_for(

@@ -89,22 +89,38 @@ class CompileReport:
         """Text for logs: the memory table, the estimated throughput, the bottleneck, warnings."""
         p, w = self.performance, self.workload
         ms = 1e3
+        n, depth = w.ipus_per_replica, len(p.stages)
+        marked = set()
+
+        def mark(ipu: int) -> str:  # the bottleneck IPU, on the first of its stages
+            if ipu != p.bottleneck_ipu or n == 1 or ipu in marked:
+                return ""
+            marked.add(ipu)
+            return "  <- bottleneck"
+
         stages = "\n".join(
-            f"  IPU {s.ipu}: forward {s.forward * ms:7.2f}  recompute {s.recompute * ms:7.2f}  "
+            (f"  stage {k}, IPU {s.ipu}" if depth > n else f"  IPU {s.ipu}")
+            + f": forward {s.forward * ms:7.2f}  recompute {s.recompute * ms:7.2f}  "
             f"backward {s.backward * ms:7.2f}  = {s.busy * ms:7.2f} ms per micro-batch"
-            + ("  <- bottleneck" if s.ipu == p.bottleneck_ipu and w.ipus_per_replica > 1 else "")
-            for s in p.stages
+            + mark(s.ipu)
+            for k, s in enumerate(p.stages)
         )
-        n = w.ipus_per_replica
+        if depth > n:
+            stages += f"\n  ({depth} pipeline stages on {n} IPUs: the head tied to the embedding runs on IPU 0 last)"
         if w.training:
             ga = w.gradient_accumulation_steps
             pipeline = (
-                f"Pipeline: {len(p.cycles)} cycles per weight update (GA {ga} + 2x{n} - 2); efficiency "
-                f"GA/(GA+2N-2) = {100 * p.pipeline_efficiency:.1f}%; one update {p.update_time * ms:.1f} ms "
+                f"Pipeline: {len(p.cycles)} cycles per weight update (GA {ga} + 2x{depth} - 2); efficiency "
+                f"GA/(GA+2S-2) = {100 * p.pipeline_efficiency:.1f}%; one update {p.update_time * ms:.1f} ms "
                 f"(all-reduce {p.allreduce_time * ms:.2f} ms, optimizer {p.optimizer_time * ms:.2f} ms)"
             )
+        elif p.pipelined:
+            pipeline = (
+                f"Pipelined inference: {len(p.cycles)} cycles per call (DI {p.micro_batches} + {depth} - 1); "
+                f"efficiency DI/(DI+S-1) = {100 * p.pipeline_efficiency:.1f}%"
+            )
         else:
-            pipeline = f"Sharded inference: each micro-batch visits the {n} IPUs in turn"
+            pipeline = f"Sharded inference: each micro-batch visits the {depth} pipeline stages in turn"
         lines = [
             "-" * 30 + " IPU compile report " + "-" * 30,
             self._header(),

@@ -132,14 +132,16 @@ class Workload:
         """Recompute activations in backward: PopTorch's default for pipelines, or asked per layer."""
         return self.training and (self.ipus_per_replica > 1 or self.recompute_checkpoint_every_layer)
 
-    def recomputes(self, ipu: int) -> bool:
-        """Whether `ipu` recomputes its forward in backward.
+    def recomputes(self, stage: int, stages: int | None = None) -> bool:
+        """Whether pipeline stage `stage` (of `stages`, one per IPU unless given) recomputes its forward
+        in backward.
 
         Every stage but the last stashes its inputs and recomputes; the last runs forward and backward
         of a micro-batch in the same cycle and keeps its activations, unless every layer is a
-        checkpoint, which asks for recomputation there too (and for a single IPU).
+        checkpoint, which asks for recomputation there too (and for a single IPU). With a head tied to
+        the embedding the last stage is that head on IPU 0, so the last IPU's layers recompute.
         """
-        last = ipu == self.ipus_per_replica - 1
+        last = stage == (stages or self.ipus_per_replica) - 1
         return self.recomputation and (not last or self.recompute_checkpoint_every_layer)
 
     @property
@@ -160,9 +162,10 @@ class Workload:
             * self.device_iterations
         )
 
-    def stash_depth(self, ipu: int) -> int:
-        """Micro-batches in flight on `ipu` between its forward and its backward: 2(N-k)-1."""
-        return 2 * (self.ipus_per_replica - ipu) - 1 if self.training else 0
+    def stash_depth(self, stage: int, stages: int | None = None) -> int:
+        """Micro-batches in flight at pipeline stage `stage` (of `stages`, one per IPU unless given)
+        between its forward and its backward: 2(S-k)-1."""
+        return 2 * ((stages or self.ipus_per_replica) - stage) - 1 if self.training else 0
 
     def replace(self, **changes) -> Workload:
         """A copy with `changes` applied (e.g. another matmul_proportion)."""

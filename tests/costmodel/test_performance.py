@@ -11,7 +11,7 @@ from fixtures import synthetic, workload
 
 from optimum_ipu.costmodel import HARDWARE
 from optimum_ipu.costmodel.hardware import CALIBRATION, HOST_NIC_BANDWIDTH
-from optimum_ipu.costmodel.memory import estimate_memory
+from optimum_ipu.costmodel.memory import estimate_memory, pipeline_stages
 from optimum_ipu.costmodel.performance import (
     StageTime,
     block_forward_time,
@@ -49,6 +49,73 @@ def test_pipeline_cycles_by_hand():
     assert pipeline_cycles(stages, 4, 0.5) == [1.5, 3.5, 4.5, 4.5, 3.5, 3.5]
     stages.append(StageTime(2, forward=2, backward=4, recompute=2))
     assert pipeline_cycles(stages, 40, 0.1) == pytest.approx(_brute_force_cycles(stages, 40, 0.1))
+
+
+def _tied_head(layers: int = 4):
+    """`synthetic` with its head tied to the embedding (on IPU 0, after the last layer) and doing work."""
+    profile = synthetic(layers)
+    head = dataclasses.replace(profile.blocks[-1], on_first_ipu=True, matmuls=[Matmul(1, 128, 256, 1024)], output_bytes=4)
+    return dataclasses.replace(profile, blocks=profile.blocks[:-1] + [head])
+
+
+def test_a_tied_head_is_one_pipeline_stage_more_than_ipus_on_ipu_0():
+    """PopTorch makes the head that comes back to IPU 0 its own, last, stage: S = N + 1 stages."""
+    profile = _tied_head()
+    placement = profile.placement([2, 2], 2)
+    assert placement["Head"] == 0
+    stages = pipeline_stages(profile, placement, 2)
+    assert [(ipu, [b.name for b in blocks]) for ipu, blocks in stages] == [
+        (0, ["Embedding", "Layer 0", "Layer 1"]), (1, ["Layer 2", "Layer 3"]), (0, ["Head"])
+    ]  # fmt: skip
+    untied = synthetic(4)
+    assert len(pipeline_stages(untied, untied.placement([2, 2], 2), 2)) == 2
+    assert len(pipeline_stages(profile, profile.placement([4], 1), 1)) == 1  # one IPU: one stage
+
+
+def test_pipeline_cycles_with_a_stage_coming_back_to_the_first_ipu():
+    """GA + 2S - 2 cycles; in each, the stages sharing IPU 0 add up, and the cycle lasts as long as the
+    busiest IPU (checked by hand and against a brute force)."""
+    stages = [
+        StageTime(0, forward=1, backward=2, recompute=1),
+        StageTime(1, forward=2, backward=4, recompute=2),
+        StageTime(0, forward=0.5, backward=1),  # the head: last stage, no recompute
+    ]
+    # c=0: fwd mb0 on stage 0 (1); c=1: stage 1 fwd (2); c=2: stage 2 fwd+bwd mb0 (1.5) + stage 0 fwd mb2 (1)
+    # on IPU 0 = 2.5, stage 1 fwd mb1 (2) -> 2.5; c=3: IPU0 = stage 0 fwd mb3 (1) + head mb1 (1.5); IPU1 =
+    # stage 1 fwd mb2 (2) + bwd mb0 (6) = 8 ...
+    cycles = pipeline_cycles(stages, 4, 0.0)
+    assert len(cycles) == 4 + 2 * 3 - 2
+    assert cycles[:4] == [1.0, 2.0, 2.5, 8.0]
+
+    def brute(c):
+        work = {}
+        for k, s in enumerate(stages):
+            w = s.forward if 0 <= c - k < 40 else 0.0
+            w += s.recompute + s.backward if 0 <= c - (2 * 3 - 2 - k) < 40 else 0.0
+            work[s.ipu] = work.get(s.ipu, 0.0) + w
+        return max(work.values()) + 0.1
+
+    assert pipeline_cycles(stages, 40, 0.1) == pytest.approx([brute(c) for c in range(40 + 4)])
+    assert max(pipeline_cycles(stages, 40, 0.0)) == 8.0  # steady: IPU 1's 8 against IPU 0's 4 + 1.5
+
+
+def test_a_tied_head_lengthens_fill_and_drain_and_makes_the_last_ipu_recompute():
+    profile = _tied_head()
+    placement = profile.placement([2, 2], 2)
+    report = estimate_performance(profile, placement, workload(gradient_accumulation_steps=8), MK2)
+    assert len(report.stages) == 3 and len(report.cycles) == 8 + 2 * 3 - 2
+    assert report.micro_batches == 8 and report.pipeline_efficiency == pytest.approx(8 / 12)
+    embedding, last_ipu, head = report.stages
+    assert last_ipu.forward > 0 and last_ipu.recompute == pytest.approx(last_ipu.forward)  # not last any more
+    assert head.recompute == 0 and embedding.recompute > 0
+    assert [s.ipu for s in report.ipu_stages] == [0, 1]
+    assert report.ipu_stages[0].forward == pytest.approx(embedding.forward + head.forward)
+    segments = [s for s in report.timeline() if s["ipu"] == 0]
+    spans = sorted((s["start"], s["start"] + s["duration"]) for s in segments)
+    assert all(a_end <= b_start + 1e-15 for (_, a_end), (b_start, _) in zip(spans, spans[1:]))  # one at a time
+    w = workload(training=False, device_iterations=6, pipelined_inference=True)
+    inference = estimate_performance(profile, placement, w, MK2)
+    assert len(inference.cycles) == 6 + 3 - 1 and inference.micro_batches == 6
 
 
 def test_single_ipu_runs_ga_cycles_without_copies():
@@ -270,13 +337,13 @@ def test_leave_one_out_error_is_recomputed_from_the_published_points():
     held_out = calibration.leave_one_out(pairs)
     errors = {point.name: abs(estimate / point.measured - 1) for point, estimate, _ in held_out}
     training = [errors[p.name] for p, _ in pairs if p.training]
-    # The figures the README reports: over all thirteen points mean 14.0 %, max 45.8 % (targets 15 % and
+    # The figures the README reports: over all thirteen points mean 13.5 %, max 46.0 % (targets 15 % and
     # 30 %; the max is the RoBERTa MLM evaluation, the one point whose host write of 257 MB of logits per
     # call decides `host_output_bandwidth`, so left out nothing sets that constant); over the seven
-    # training points mean 9.4 %, max 18.2 %. Bounds a little above them, so a model change that makes
+    # training points mean 9.0 %, max 16.4 %. Bounds a little above them, so a model change that makes
     # cross-validation worse fails here.
     assert sum(errors.values()) / len(errors) <= 0.15 and max(errors.values()) < 0.48, errors
-    assert sum(training) / len(training) <= 0.10 and max(training) < 0.19, errors
+    assert sum(training) / len(training) <= 0.10 and max(training) < 0.18, errors
     for point, prepared in pairs:
         estimated = calibration.estimate(prepared, CALIBRATION)
         bound = 0.15 if point.training else 0.20  # the NER evaluation is estimated 17 % too fast

@@ -12,6 +12,7 @@ from transformers import BertConfig, BertForQuestionAnswering, ViTConfig, ViTFor
 from optimum_ipu.configuration import IPUConfig
 from optimum_ipu.costmodel import HARDWARE
 from optimum_ipu.costmodel.analysis import plan_layout
+from optimum_ipu.costmodel.hardware import CALIBRATION
 from optimum_ipu.costmodel.planner import propose_layout
 from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile
 from optimum_ipu.pipelining import build_stage_plan
@@ -104,15 +105,22 @@ def test_planner_handles_inference_and_another_pipeline_length():
     assert not proposal.proposed.workload.training
 
 
-def test_planner_finds_the_best_layout_an_exhaustive_search_finds():
+@pytest.mark.parametrize("tied_head", [False, True])
+def test_planner_finds_the_best_layout_an_exhaustive_search_finds(tied_head):
     """A second implementation: price every split of 8 layers over 4 IPUs with every matmul proportion
-    the planner may choose, and check the planner's proposal is as fast as the best of them."""
+    the planner may choose, and check the planner's proposal is as fast as the best of them; also with
+    a head tied to the embedding, whose last pipeline stage comes back to IPU 0 with work of its own."""
+    import dataclasses
     from itertools import product
 
     from optimum_ipu.costmodel.memory import estimate_memory
+    from optimum_ipu.costmodel.profile import Matmul
     from optimum_ipu.costmodel.report import report_for
 
     profile = _heavy(8)
+    if tied_head:
+        head = dataclasses.replace(profile.blocks[-1], on_first_ipu=True, matmuls=[Matmul(1, 512, 1024, 4096)])
+        profile = dataclasses.replace(profile, blocks=profile.blocks[:-1] + [head])
     w = workload(ipus_per_replica=4, gradient_accumulation_steps=16)
     mk2 = HARDWARE["mk2"]
     proposal = propose_layout(profile, profile.placement([2, 2, 2, 2], 4), w, mk2)
@@ -171,3 +179,30 @@ def test_on_bert_large_a_higher_matmul_proportion_is_never_slower_and_the_planne
     assert min(proposal.matmul_proportion) > 0.05 and len(set(proposal.matmul_proportion)) > 1
     at_floor = estimate_performance(profile, profile.placement(proposal.layers_per_ipu, 4), floor, HARDWARE["mk2"])
     assert proposal.proposed.estimated_samples_per_second > at_floor.samples_per_second
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_the_planner_prices_a_layout_as_the_performance_model_does_with_a_tied_head(training):
+    """The planner times candidate layouts from per-IPU options; with a head tied to the embedding
+    (one stage more than IPUs, the last IPU recomputing) that must equal the full estimate."""
+    import dataclasses
+
+    from optimum_ipu.costmodel.memory import table_shares
+    from optimum_ipu.costmodel.performance import estimate_performance
+    from optimum_ipu.costmodel.planner import _Pricer
+    from optimum_ipu.costmodel.profile import Matmul
+
+    profile = _heavy(8)
+    head = dataclasses.replace(profile.blocks[-1], on_first_ipu=True, matmuls=[Matmul(1, 512, 1024, 4096)])
+    profile = dataclasses.replace(profile, blocks=profile.blocks[:-1] + [head])
+    w = workload(ipus_per_replica=4, gradient_accumulation_steps=16, training=training, device_iterations=8,
+                 pipelined_inference=True)  # fmt: skip
+    mk2, counts = HARDWARE["mk2"], [2, 2, 2, 2]
+    placement = profile.placement(counts, 4)
+    pricer = _Pricer(profile, w, mk2, CALIBRATION, table_shares(profile, placement, w))
+    ranges = [(0, 2), (2, 4), (4, 6), (6, 8)]
+    chosen = w.with_matmul_proportion([pricer.option(k, a, b).proportion for k, (a, b) in enumerate(ranges)])
+    report = estimate_performance(profile, placement, chosen, mk2)
+    assert len(report.stages) == 5
+    expected = report.update_time if training else sum(report.cycles)
+    assert pricer.seconds(ranges) == pytest.approx(expected, rel=1e-12)

@@ -34,7 +34,7 @@ def test_summary_has_the_memory_table_throughput_and_bottleneck(report):
     assert "micro-batch 2 x GA 8 x replicas 2 x device iterations 1 = 32 samples per call" in text
     assert text.count(" MiB (") == 2  # one row per IPU against the limit
     assert "Estimated throughput:" in text and "<- bottleneck" in text
-    assert "GA/(GA+2N-2) = 80.0%" in text
+    assert "GA/(GA+2S-2) = 80.0%" in text
 
 
 def test_estimated_throughput_is_the_combined_batch_over_the_call_time_by_hand(report):
