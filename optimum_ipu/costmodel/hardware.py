@@ -182,7 +182,11 @@ class Calibration:
             returns. PopTorch allocates a new tensor for every output of every call
             (`PoplarExecutable::run` calls `at::empty` per output) and the stream callbacks copy each
             byte the IPUs sent into it, after the link has carried it, so a call that returns large
-            outputs pays that write once more per host. Only outputs the size of a language model's
+            outputs pays that write once more per host, for all the host's replicas one after
+            another: Poplar runs every stream callback on the application's main thread unless
+            `streamCallbacks.multiThreadMode` says otherwise (its documented default, `singleThread`,
+            docs.graphcore.ai/projects/poplar-api, RuntimeOptions; Optimum Graphcore 0.3 sets no
+            engine option). Only outputs the size of a language model's
             logits make it count (the RoBERTa MLM evaluation returns 257 MB per call; every other
             published point returns a loss or a few logits). The write rate depends on the host's CPU
             and page faults, which no source gives for the notebooks' host, so it is fitted within
@@ -200,11 +204,11 @@ class Calibration:
 # Fitted by `python bench/calibration.py --fit` (least squares on the log errors of every published
 # point in `bench/calibration.py`; its leave-one-out errors are in the README).
 CALIBRATION = Calibration(
-    matmul_efficiency=0.697,
-    cycles_per_operation=14_100,
-    host_call_overhead_s=0.00835,
-    weight_upload_bandwidth=0.451e9,
-    host_output_bandwidth=8.78e9,
+    matmul_efficiency=0.689,
+    cycles_per_operation=13_930,
+    host_call_overhead_s=0.00862,
+    weight_upload_bandwidth=0.429e9,
+    host_output_bandwidth=8.79e9,
 )
 
 

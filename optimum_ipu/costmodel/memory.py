@@ -161,7 +161,9 @@ def pipeline_stages(
 
     One stage per IPU, then one more for each run of blocks that goes back to an IPU the forward
     already left: a head tied to the word embedding runs on IPU 0 after the last layer, so its
-    pipeline has one stage more than IPUs (PopTorch makes every `BeginBlock` a stage).
+    pipeline has one stage more than IPUs. That is PopTorch's `AutoStage.AutoIncrement`, which Optimum
+    Graphcore and Graphcore's BERT examples set (a block back on an earlier IPU gets a stage of its
+    own); under the default `SameAsIpu` the head would share IPU 0's first stage.
     """
     stages: list[tuple[int, list[BlockProfile]]] = [(k, []) for k in range(ipus)]
     highest = 0
@@ -178,7 +180,8 @@ def pipeline_stages(
 
 
 def stage_input_bytes(profile: ModelProfile, ipu_of: Mapping[str, int], ipus: int) -> list[int]:
-    """Bytes entering each IPU per micro-batch, from other IPUs or the host."""
+    """Bytes entering each of `ipus` places per micro-batch (IPUs, or pipeline stages when `ipu_of`
+    maps blocks to stages), from other places or the host."""
     inputs = [0] * ipus
     for crossing in profile.crossings(ipu_of):
         inputs[crossing.target] += crossing.bytes
@@ -213,10 +216,13 @@ def ipu_memory(
     workload: Workload,
     hardware: ChipSpec,
     stages: int | None = None,
+    last_stage_inputs: int = 0,
 ) -> IPUMemory:
-    """Bytes on IPU `ipu` holding `blocks`, receiving `inputs` bytes per micro-batch, and
+    """Bytes on IPU `ipu` holding `blocks`, receiving `inputs` bytes per micro-batch into its stage, and
     `table_parameters` of the word-embedding table, in a pipeline of `stages` stages (one per IPU
-    unless given; IPU k is stage k, a tied head's extra last stage is counted with IPU 0)."""
+    unless given; IPU k runs stage k). IPU 0 also runs the last stage when a head tied to the embedding
+    comes back to it: `last_stage_inputs` are the bytes entering that stage, which runs a micro-batch's
+    forward and backward in one cycle, so they are held once, never stashed."""
     fb, training = workload.float_bytes, workload.training
     factor = workload.embedding_factor
     mem = IPUMemory(ipu, code=ASSUMPTIONS.code_bytes_per_ipu)
@@ -237,7 +243,7 @@ def ipu_memory(
     saved = [b.saved_bytes for b in blocks]
     if not training:
         mem.activations = 2 * max((b.largest_tensor_bytes for b in blocks), default=0)
-        mem.stash = inputs
+        mem.stash = inputs + last_stage_inputs
     elif workload.recomputes(ipu, stages):
         checkpoints = 0
         if workload.recompute_checkpoint_every_layer:
@@ -245,10 +251,10 @@ def ipu_memory(
             mem.activations = max(saved, default=0)
         else:
             mem.activations = sum(saved)
-        mem.stash = max(workload.stash_depth(ipu, stages), 1) * (inputs + checkpoints)
+        mem.stash = max(workload.stash_depth(ipu, stages), 1) * (inputs + checkpoints) + last_stage_inputs
     else:
         mem.activations = sum(saved)
-        mem.stash = inputs
+        mem.stash = inputs + last_stage_inputs
 
     needs = [
         matmul_temporary_bytes(mm, hardware.tiles, fb, factor if mm.word_embedding else 1)
@@ -269,15 +275,15 @@ def estimate_memory(
 ) -> MemoryReport:
     """Bytes per IPU of one replica for the blocks placed as `ipu_of` says (block name -> IPU)."""
     n = workload.ipus_per_replica
-    inputs = stage_input_bytes(profile, ipu_of, n)
+    stages = pipeline_stages(profile, ipu_of, n)
+    entering = stage_input_bytes(profile, {b.name: k for k, (_, blocks) in enumerate(stages) for b in blocks}, len(stages))
+    later = [sum(entering[j] for j in range(n, len(stages)) if stages[j][0] == k) for k in range(n)]
     shares = table_shares(profile, ipu_of, workload)
-    stages = len(pipeline_stages(profile, ipu_of, n))
     ipus = [
-        ipu_memory(
-            k, [b for b in profile.blocks if ipu_of[b.name] == k], inputs[k], shares[k], workload, hardware, stages
-        )
+        ipu_memory(k, [b for b in profile.blocks if ipu_of[b.name] == k], entering[k], shares[k], workload, hardware,
+                   len(stages), later[k])
         for k in range(n)
-    ]
+    ]  # fmt: skip
     report = MemoryReport(ipus, hardware.memory_bytes, hardware.tiles, hardware.tile_memory_bytes)
     report.warnings = _warnings(report)
     return report

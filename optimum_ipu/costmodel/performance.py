@@ -99,6 +99,7 @@ class PerformanceReport:
     bottleneck_ipu: int
     utilisation: float
     notes: list[str] = field(default_factory=list)
+    pipelined: bool = True  # training, or inference whose stages overlap across device iterations
 
     @property
     def ipu_stages(self) -> list[StageTime]:
@@ -113,11 +114,6 @@ class PerformanceReport:
             return len(self.cycles) - 2 * (n - 1)
         return len(self.cycles) - (n - 1) if self.pipelined else 1
 
-    @property
-    def pipelined(self) -> bool:
-        """Training, or inference whose stages overlap across device iterations."""
-        return self.training or self.pipeline_efficiency > 1.0 / len(self.ipu_stages) + 1e-12
-
     def timeline(self) -> list[dict]:
         """Segments of one weight update (one host call in inference) for a Gantt chart.
 
@@ -129,14 +125,17 @@ class PerformanceReport:
         start = 0.0
         for c, length in enumerate(self.cycles):
             if not self.training and self.pipelined:
+                offset = {s.ipu: 0.0 for s in self.stages}  # stages sharing an IPU run one after another
                 for k, s in enumerate(self.stages):
                     if 0 <= c - k < ga:
                         segments.append(
-                            dict(ipu=s.ipu, start=start, duration=s.forward, kind="forward", micro_batch=c - k)
-                        )
+                            dict(ipu=s.ipu, start=start + offset[s.ipu], duration=s.forward, kind="forward",
+                                 micro_batch=c - k)
+                        )  # fmt: skip
+                        offset[s.ipu] += s.forward
                 start += length
                 continue
-            if not self.training:  # sharded: micro-batch c // N on IPU c % N
+            if not self.training:  # sharded: micro-batch c // S at stage c % S
                 s = self.stages[c % n]
                 segments.append(
                     dict(ipu=s.ipu, start=start, duration=s.forward, kind="forward", micro_batch=c // n)
@@ -348,14 +347,24 @@ def inference_cycles(
     """Cycles of one inference host call per replica, for the pipeline's S `stages` in forward order.
 
     Pipelined (when asked and there are at least as many device iterations as IPUs): DI + S - 1
-    cycles, each as long as the busiest IPU (the forwards of the stages it holds) plus the copy.
-    Otherwise sharded: each micro-batch visits the stages in turn, one cycle per stage (the last
-    without a copy).
+    cycles; in cycle c stage k runs the forward of micro-batch c - k, stages sharing an IPU one after
+    the other, and the cycle lasts as long as its busiest IPU plus the copy (so fill and drain, where
+    fewer stages run, are shorter). Otherwise sharded: each micro-batch visits the stages in turn, one
+    cycle per stage (the last without a copy).
     """
     n, ipus = len(stages), per_ipu(stages)
     if pipelined and n > 1 and device_iterations >= len(ipus):
-        cycle = max(s.forward for s in ipus) + copy
-        return [cycle] * (device_iterations + n - 1)
+        steady = max(s.forward for s in ipus) + copy
+
+        def cycle(c: int) -> float:
+            work: dict[int, float] = {}
+            for k, s in enumerate(stages):
+                if 0 <= c - k < device_iterations:
+                    work[s.ipu] = work.get(s.ipu, 0.0) + s.forward
+            return max(work.values()) + copy
+
+        total = device_iterations + n - 1
+        return [cycle(c) if c < n - 1 or c >= device_iterations else steady for c in range(total)]
     one = [s.forward + (copy if k < n - 1 else 0.0) for k, s in enumerate(stages)]
     return one * device_iterations
 
@@ -379,7 +388,7 @@ def estimate_performance(
             trainable[ipu_of[b.name]] += b.trainable_parameters - b.word_embedding_parameters
         trainable = [t + share for t, share in zip(trainable, table_shares(profile, ipu_of, workload))]
         allreduce, optimizer = weight_update_time(trainable, workload, hardware, calibration)
-        efficiency = ga / (ga + 2 * depth - 2)
+        efficiency, pipelined = ga / (ga + 2 * depth - 2), True
         bottleneck = max(ipus, key=lambda s: s.busy).ipu
         update = sum(cycles) + allreduce + optimizer
         compute = di * update
@@ -414,6 +423,7 @@ def estimate_performance(
         allreduce_time=allreduce, optimizer_time=optimizer, host_time=host, call_time=call,
         samples_per_call=samples, samples_per_second=samples / call, pipeline_efficiency=efficiency,
         bottleneck_ipu=bottleneck, utilisation=utilisation, notes=notes,
+        pipelined=pipelined,
     )  # fmt: skip
 
 

@@ -176,10 +176,9 @@ class _Pricer:
         self.returning = [b for b in first if b.kind == "head"] if workload.ipus_per_replica > 1 else []
         self.first = [b for b in first if b not in self.returning]
         self.last = [b for b in profile.blocks if b.kind != "layer" and not b.on_first_ipu]
-        self.depth = workload.ipus_per_replica + (1 if self.returning else 0)
         self.shares = shares
         self.limit = ASSUMPTIONS.balance_headroom * hardware.memory_bytes
-        self.cache: dict[tuple[int, int, int], _Option | None] = {}
+        self.cache: dict[tuple[int, int, int, bool], _Option | None] = {}
 
     def blocks(self, ipu: int, start: int, stop: int) -> list[BlockProfile]:
         """The blocks on `ipu` when it holds layers [start, stop)."""
@@ -193,18 +192,28 @@ class _Pricer:
         here = {b.name: 0 if b.name in names else 1 for b in self.profile.blocks}
         return sum(c.bytes for c in self.profile.crossings(here) if c.target == 0)
 
-    def option(self, ipu: int, start: int, stop: int) -> _Option | None:
-        key = (ipu, start, stop)
+    def returns(self, ranges: list[tuple[int, int]]) -> bool:
+        """Whether the layout's forward comes back to IPU 0 (a tied head after blocks on later IPUs)."""
+        return bool(self.returning) and (bool(self.last) or any(b > a for a, b in ranges[1:]))
+
+    def option(self, ipu: int, start: int, stop: int, returns: bool = True) -> _Option | None:
+        """IPU `ipu` holding layers [start, stop), in a layout whose forward comes back to IPU 0 or not
+        (the planner's search assumes it does: only layouts with every layer on IPU 0 do not)."""
+        key = (ipu, start, stop, returns)
         if key not in self.cache:
-            self.cache[key] = self._price(ipu, start, stop)
+            self.cache[key] = self._price(ipu, start, stop, returns)
         return self.cache[key]
 
-    def _price(self, ipu: int, start: int, stop: int) -> _Option | None:
+    def _price(self, ipu: int, start: int, stop: int, returns: bool) -> _Option | None:
         blocks = self.blocks(ipu, start, stop)
+        later = self.returning if ipu == 0 and returns else []
+        own = [b for b in blocks if b not in later]
+        depth = self.workload.ipus_per_replica + (1 if later or (returns and self.returning) else 0)
         capacity = self.hardware.memory_bytes
         proportions = [0.0] * self.workload.ipus_per_replica
         bare = self.workload.replace(matmul_proportion=tuple(proportions))
-        mem = ipu_memory(ipu, blocks, self._inputs(blocks), self.shares[ipu], bare, self.hardware, self.depth)
+        held = self._inputs(later) if later else 0
+        mem = ipu_memory(ipu, blocks, self._inputs(own), self.shares[ipu], bare, self.hardware, depth, held)
         room = math.floor(100 * (self.limit - mem.total) / capacity) / 100
         wanted = math.ceil(100 * mem.matmul_need / capacity) / 100
         proportion = max(min(wanted, room), MIN_PROPORTION)
@@ -212,12 +221,9 @@ class _Pricer:
             return None
         proportions[ipu] = proportion
         workload = self.workload.replace(matmul_proportion=tuple(proportions))
-        returning = self.returning if ipu == 0 else []
-        own = [b for b in blocks if b not in returning]
-        pipeline = (stage_time(ipu, own, workload, self.hardware, self.calibration, ipu, self.depth),)
-        if returning:  # the tied head: the last stage, on IPU 0
-            last = self.depth - 1
-            pipeline += (stage_time(0, returning, workload, self.hardware, self.calibration, last, self.depth),)
+        pipeline = (stage_time(ipu, own, workload, self.hardware, self.calibration, ipu, depth),)
+        if later:  # the tied head: the last stage, on IPU 0
+            pipeline += (stage_time(0, later, workload, self.hardware, self.calibration, depth - 1, depth),)
         trainable = (
             sum(b.trainable_parameters - b.word_embedding_parameters for b in blocks) + self.shares[ipu]
         )
@@ -228,7 +234,10 @@ class _Pricer:
         whose IPU k holds layers `ranges[k]`, each IPU at the matmul proportion its option chose: what
         `estimate_performance` reports as `update_time` / compute for the same layout."""
         n, w = self.workload.ipus_per_replica, self.workload
-        options = [self.option(k, a, b) for k, (a, b) in enumerate(ranges)]
+        returns = self.returns(ranges)
+        options = [self.option(k, a, b, returns) for k, (a, b) in enumerate(ranges)]
+        if None in options:
+            return math.inf  # some IPU does not fit
         stages = [o.pipeline[0] for o in options] + list(options[0].pipeline[1:])
         placement = self.profile.placement([b - a for a, b in ranges], n)
         copy = copy_time(self.profile, placement, w, self.hardware, self.calibration)

@@ -90,23 +90,25 @@ class CompileReport:
         p, w = self.performance, self.workload
         ms = 1e3
         n, depth = w.ipus_per_replica, len(p.stages)
-        marked = set()
 
-        def mark(ipu: int) -> str:  # the bottleneck IPU, on the first of its stages
-            if ipu != p.bottleneck_ipu or n == 1 or ipu in marked:
-                return ""
-            marked.add(ipu)
-            return "  <- bottleneck"
+        def line(label: str, s, ipu: int | None) -> str:
+            mark = "  <- bottleneck" if ipu == p.bottleneck_ipu and n > 1 else ""
+            return (
+                f"  {label}: forward {s.forward * ms:7.2f}  recompute {s.recompute * ms:7.2f}  "
+                f"backward {s.backward * ms:7.2f}  = {s.busy * ms:7.2f} ms per micro-batch{mark}"
+            )
 
-        stages = "\n".join(
-            (f"  stage {k}, IPU {s.ipu}" if depth > n else f"  IPU {s.ipu}")
-            + f": forward {s.forward * ms:7.2f}  recompute {s.recompute * ms:7.2f}  "
-            f"backward {s.backward * ms:7.2f}  = {s.busy * ms:7.2f} ms per micro-batch"
-            + mark(s.ipu)
-            for k, s in enumerate(p.stages)
-        )
-        if depth > n:
-            stages += f"\n  ({depth} pipeline stages on {n} IPUs: the head tied to the embedding runs on IPU 0 last)"
+        if depth == n:
+            stages = "\n".join(line(f"IPU {s.ipu}", s, s.ipu) for s in p.stages)
+        else:  # a tied head's stage shares IPU 0: the stages, then what each shared IPU does in all
+            alone = {ipu for ipu in range(n) if sum(s.ipu == ipu for s in p.stages) == 1}
+            rows = [line(f"stage {k}, IPU {s.ipu}", s, s.ipu if s.ipu in alone else None) for k, s in enumerate(p.stages)]
+            for total in p.ipu_stages:
+                shared = [k for k, s in enumerate(p.stages) if s.ipu == total.ipu]
+                if len(shared) > 1:
+                    rows.append(line(f"IPU {total.ipu} (stages {', '.join(map(str, shared))})", total, total.ipu))
+            rows.append(f"  ({depth} pipeline stages on {n} IPUs: the head tied to the embedding runs on IPU 0 last)")
+            stages = "\n".join(rows)
         if w.training:
             ga = w.gradient_accumulation_steps
             pipeline = (

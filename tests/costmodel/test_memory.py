@@ -59,6 +59,20 @@ def test_memory_formulas_by_hand():
     assert report.fits and report.capacity == 1472 * 638_976
 
 
+def test_a_tied_head_deepens_every_stash_and_holds_its_own_input_once():
+    """With the head tied to the embedding the pipeline has S = N + 1 stages: IPU 0's first stage stashes
+    2S-1 micro-batches of its input, the last IPU is no longer last (it stashes 3 and recomputes), and
+    the head's stage on IPU 0 runs forward and backward in one cycle, so its input is held once."""
+    import dataclasses
+
+    profile = synthetic(4)
+    head = dataclasses.replace(profile.blocks[-1], on_first_ipu=True)
+    profile = dataclasses.replace(profile, blocks=profile.blocks[:-1] + [head])
+    first, last = estimate_memory(profile, profile.placement([2, 2], 2), workload(ipus_per_replica=2), MK2).ipus
+    assert first.stash == 5 * IDS + OUT  # S = 3: 2S-1 = 5 of the embedding's input, 1 of the head's
+    assert last.stash == 3 * OUT  # no longer the last stage: it stashes 2(S-1)-1 = 3 and recomputes
+
+
 def test_recompute_checkpoints_stash_layer_outputs_and_keep_one_layer():
     first, last = memory(recompute_checkpoint_every_layer=True).ipus
     assert first.stash == 3 * (

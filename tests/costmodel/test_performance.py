@@ -247,7 +247,8 @@ def test_more_device_iterations_mean_less_host_time_per_sample_in_inference(laye
 
 def test_inference_is_sharded_unless_pipelined_execution_is_asked_for():
     stages = [StageTime(0, forward=1.0), StageTime(1, forward=3.0), StageTime(2, forward=2.0)]
-    assert inference_cycles(stages, 5, 0.5) == [3.5] * 7  # DI + N - 1 cycles of the slowest stage + copy
+    # DI + N - 1 cycles: fill and drain as long as the stages running in them, the rest the slowest + copy
+    assert inference_cycles(stages, 5, 0.5) == [1.5, 3.5, 3.5, 3.5, 3.5, 3.5, 2.5]
     assert inference_cycles(stages, 2, 0.5) == [1.5, 3.5, 2.0] * 2  # DI < N: one IPU at a time
     assert inference_cycles(stages, 5, 0.5, pipelined=False) == [1.5, 3.5, 2.0] * 5
     sharded = _estimate(layers=(1, 1, 1, 1), training=False, device_iterations=8)
@@ -337,16 +338,16 @@ def test_leave_one_out_error_is_recomputed_from_the_published_points():
     held_out = calibration.leave_one_out(pairs)
     errors = {point.name: abs(estimate / point.measured - 1) for point, estimate, _ in held_out}
     training = [errors[p.name] for p, _ in pairs if p.training]
-    # The figures the README reports: over all thirteen points mean 13.5 %, max 46.0 % (targets 15 % and
+    # The figures the README reports: over all thirteen points mean 14.6 %, max 46.0 % (targets 15 % and
     # 30 %; the max is the RoBERTa MLM evaluation, the one point whose host write of 257 MB of logits per
     # call decides `host_output_bandwidth`, so left out nothing sets that constant); over the seven
-    # training points mean 9.0 %, max 16.4 %. Bounds a little above them, so a model change that makes
+    # training points mean 8.9 %, max 15.6 %. Bounds a little above them, so a model change that makes
     # cross-validation worse fails here.
     assert sum(errors.values()) / len(errors) <= 0.15 and max(errors.values()) < 0.48, errors
-    assert sum(training) / len(training) <= 0.10 and max(training) < 0.18, errors
+    assert sum(training) / len(training) <= 0.095 and max(training) < 0.17, errors
     for point, prepared in pairs:
         estimated = calibration.estimate(prepared, CALIBRATION)
-        bound = 0.15 if point.training else 0.20  # the NER evaluation is estimated 17 % too fast
+        bound = 0.15 if point.training else 0.20  # the NER evaluation is estimated 18 % too fast
         assert abs(estimated / point.measured - 1) < bound, (point.name, estimated, point.measured)
 
 

@@ -182,9 +182,11 @@ def test_on_bert_large_a_higher_matmul_proportion_is_never_slower_and_the_planne
 
 
 @pytest.mark.parametrize("training", [True, False])
-def test_the_planner_prices_a_layout_as_the_performance_model_does_with_a_tied_head(training):
+@pytest.mark.parametrize("counts", [[2, 2, 2, 2], [1, 3, 3, 1], [3, 2, 3, 0], [8, 0, 0, 0]])
+def test_the_planner_prices_a_layout_as_the_performance_model_does_with_a_tied_head(training, counts):
     """The planner times candidate layouts from per-IPU options; with a head tied to the embedding
-    (one stage more than IPUs, the last IPU recomputing) that must equal the full estimate."""
+    (one stage more than IPUs, the last IPU recomputing, unless every layer is on IPU 0 so the
+    forward never leaves it) that must equal the full estimate."""
     import dataclasses
 
     from optimum_ipu.costmodel.memory import table_shares
@@ -192,17 +194,20 @@ def test_the_planner_prices_a_layout_as_the_performance_model_does_with_a_tied_h
     from optimum_ipu.costmodel.planner import _Pricer
     from optimum_ipu.costmodel.profile import Matmul
 
-    profile = _heavy(8)
+    profile = synthetic(8)
     head = dataclasses.replace(profile.blocks[-1], on_first_ipu=True, matmuls=[Matmul(1, 512, 1024, 4096)])
     profile = dataclasses.replace(profile, blocks=profile.blocks[:-1] + [head])
     w = workload(ipus_per_replica=4, gradient_accumulation_steps=16, training=training, device_iterations=8,
                  pipelined_inference=True)  # fmt: skip
-    mk2, counts = HARDWARE["mk2"], [2, 2, 2, 2]
+    mk2 = HARDWARE["mk2"]
     placement = profile.placement(counts, 4)
     pricer = _Pricer(profile, w, mk2, CALIBRATION, table_shares(profile, placement, w))
-    ranges = [(0, 2), (2, 4), (4, 6), (6, 8)]
-    chosen = w.with_matmul_proportion([pricer.option(k, a, b).proportion for k, (a, b) in enumerate(ranges)])
+    bounds = [sum(counts[:k]) for k in range(5)]
+    ranges = list(zip(bounds, bounds[1:]))
+    returns = pricer.returns(ranges)
+    options = [pricer.option(k, a, b, returns) for k, (a, b) in enumerate(ranges)]
+    chosen = w.with_matmul_proportion([o.proportion for o in options])
     report = estimate_performance(profile, placement, chosen, mk2)
-    assert len(report.stages) == 5
+    assert len(report.stages) == (4 if counts[0] == 8 else 5)
     expected = report.update_time if training else sum(report.cycles)
     assert pricer.seconds(ranges) == pytest.approx(expected, rel=1e-12)
