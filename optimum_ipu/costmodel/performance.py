@@ -216,11 +216,11 @@ def stage_time(
     workload: Workload,
     hardware: ChipSpec,
     calibration: Calibration = CALIBRATION,
-    stage: int | None = None,
+    position: int | None = None,
     stages: int | None = None,
 ) -> StageTime:
-    """Forward / recompute / backward seconds of pipeline stage `stage` (of `stages`; by default the
-    stage of IPU `ipu` in a pipeline of one stage per IPU) holding `blocks` on IPU `ipu`, per
+    """Forward / recompute / backward seconds of the pipeline stage at `position` (of `stages`; by
+    default IPU `ipu`'s in a pipeline of one stage per IPU) holding `blocks` on IPU `ipu`, per
     micro-batch.
 
     The backward of a matrix product is two products of the forward's FLOPs (input gradient, weight
@@ -230,7 +230,6 @@ def stage_time(
     (reading the gradient and the accumulator, writing the accumulator), which is what makes small
     micro-batches of a large model costly.
     """
-    position = stage
     stage = StageTime(ipu)
     budget = workload.matmul_proportion[ipu] * hardware.memory_bytes
     per_op = calibration.cycles_per_operation / hardware.clock_hz
@@ -247,7 +246,8 @@ def stage_time(
         stage.matmul_pieces = max(stage.matmul_pieces, pieces)
     if workload.training:
         stage.backward = backward
-        stage.recompute = stage.forward if workload.recomputes(ipu if position is None else position, stages) else 0.0
+        recomputes = workload.recomputes(ipu if position is None else position, stages)
+        stage.recompute = stage.forward if recomputes else 0.0
     return stage
 
 
@@ -267,6 +267,20 @@ def stage_times(
     ]
 
 
+def _busiest_ipu(stages: list[StageTime], c: int, micro_batches: int, training: bool) -> float:
+    """Seconds of cycle `c` on its busiest IPU (before the copy): stage k runs the forward of
+    micro-batch c - k and, in training, the recompute + backward of micro-batch c - (2S - 2 - k);
+    stages sharing an IPU run one after the other."""
+    n = len(stages)
+    work: dict[int, float] = {}
+    for k, s in enumerate(stages):
+        w = s.forward if 0 <= c - k < micro_batches else 0.0
+        if training and 0 <= c - (2 * n - 2 - k) < micro_batches:
+            w += s.recompute + s.backward
+        work[s.ipu] = work.get(s.ipu, 0.0) + w
+    return max(work.values())
+
+
 def pipeline_cycles(stages: list[StageTime], micro_batches: int, copy_time: float) -> list[float]:
     """Length of each of the GA + 2S - 2 cycles of one weight update (fill, steady state, flush) of a
     pipeline of S stages (`stages` in forward order). In cycle c stage k runs the forward of
@@ -276,13 +290,7 @@ def pipeline_cycles(stages: list[StageTime], micro_batches: int, copy_time: floa
     steady = [s.busy for s in per_ipu(stages)]
 
     def cycle(c: int) -> float:
-        work: dict[int, float] = {}
-        for k, s in enumerate(stages):
-            w = s.forward if 0 <= c - k < micro_batches else 0.0
-            if 0 <= c - (2 * n - 2 - k) < micro_batches:
-                w += s.recompute + s.backward
-            work[s.ipu] = work.get(s.ipu, 0.0) + w
-        return max(work.values()) + copy_time
+        return _busiest_ipu(stages, c, micro_batches, training=True) + copy_time
 
     total = micro_batches + 2 * n - 2
     first_steady, last_steady = 2 * n - 2, micro_batches - 1
@@ -354,17 +362,11 @@ def inference_cycles(
     """
     n, ipus = len(stages), per_ipu(stages)
     if pipelined and n > 1 and device_iterations >= len(ipus):
-        steady = max(s.forward for s in ipus) + copy
-
-        def cycle(c: int) -> float:
-            work: dict[int, float] = {}
-            for k, s in enumerate(stages):
-                if 0 <= c - k < device_iterations:
-                    work[s.ipu] = work.get(s.ipu, 0.0) + s.forward
-            return max(work.values()) + copy
-
-        total = device_iterations + n - 1
-        return [cycle(c) if c < n - 1 or c >= device_iterations else steady for c in range(total)]
+        steady = max(s.forward for s in ipus) + copy  # every stage running
+        return [
+            steady if n - 1 <= c < device_iterations else _busiest_ipu(stages, c, device_iterations, False) + copy
+            for c in range(device_iterations + n - 1)
+        ]
     one = [s.forward + (copy if k < n - 1 else 0.0) for k, s in enumerate(stages)]
     return one * device_iterations
 

@@ -43,15 +43,18 @@ class _Option:
     """One IPU holding one range of layers, at its best matmul proportion.
 
     Attributes:
-        stage: the IPU's time per micro-batch (its pipeline stages summed).
         pipeline: its pipeline stages: one, or for IPU 0 with a tied head two (the embedding's and
             layers' first stage, the head's last).
     """
 
-    stage: StageTime
     proportion: float
     trainable: int
     pipeline: tuple[StageTime, ...]
+
+    @property
+    def stage(self) -> StageTime:
+        """The IPU's time per micro-batch: its pipeline stages summed."""
+        return per_ipu(self.pipeline)[0]
 
 
 @dataclass
@@ -208,7 +211,7 @@ class _Pricer:
         blocks = self.blocks(ipu, start, stop)
         later = self.returning if ipu == 0 and returns else []
         own = [b for b in blocks if b not in later]
-        depth = self.workload.ipus_per_replica + (1 if later or (returns and self.returning) else 0)
+        depth = self.workload.ipus_per_replica + (1 if returns and self.returning else 0)
         capacity = self.hardware.memory_bytes
         proportions = [0.0] * self.workload.ipus_per_replica
         bare = self.workload.replace(matmul_proportion=tuple(proportions))
@@ -227,7 +230,7 @@ class _Pricer:
         trainable = (
             sum(b.trainable_parameters - b.word_embedding_parameters for b in blocks) + self.shares[ipu]
         )
-        return _Option(per_ipu(pipeline)[0], proportion, trainable, pipeline)
+        return _Option(proportion, trainable, pipeline)
 
     def seconds(self, ranges: list[tuple[int, int]]) -> float:
         """Seconds of one weight update (training) or one host call's compute (inference) of the layout

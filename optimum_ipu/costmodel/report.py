@@ -101,12 +101,16 @@ class CompileReport:
         if depth == n:
             stages = "\n".join(line(f"IPU {s.ipu}", s, s.ipu) for s in p.stages)
         else:  # a tied head's stage shares IPU 0: the stages, then what each shared IPU does in all
-            alone = {ipu for ipu in range(n) if sum(s.ipu == ipu for s in p.stages) == 1}
-            rows = [line(f"stage {k}, IPU {s.ipu}", s, s.ipu if s.ipu in alone else None) for k, s in enumerate(p.stages)]
-            for total in p.ipu_stages:
-                shared = [k for k, s in enumerate(p.stages) if s.ipu == total.ipu]
-                if len(shared) > 1:
-                    rows.append(line(f"IPU {total.ipu} (stages {', '.join(map(str, shared))})", total, total.ipu))
+            on = {s.ipu: [k for k, t in enumerate(p.stages) if t.ipu == s.ipu] for s in p.stages}
+            rows = [  # the bottleneck is marked on the row that holds its IPU's whole work
+                line(f"stage {k}, IPU {s.ipu}", s, s.ipu if len(on[s.ipu]) == 1 else None)
+                for k, s in enumerate(p.stages)
+            ]
+            rows += [
+                line(f"IPU {total.ipu} (stages {', '.join(map(str, on[total.ipu]))})", total, total.ipu)
+                for total in p.ipu_stages
+                if len(on[total.ipu]) > 1
+            ]
             rows.append(f"  ({depth} pipeline stages on {n} IPUs: the head tied to the embedding runs on IPU 0 last)")
             stages = "\n".join(rows)
         if w.training:

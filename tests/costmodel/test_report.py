@@ -37,6 +37,25 @@ def test_summary_has_the_memory_table_throughput_and_bottleneck(report):
     assert "GA/(GA+2S-2) = 80.0%" in text
 
 
+def test_summary_of_a_tied_head_shows_its_stages_and_the_shared_ipu_in_all():
+    """A masked LM's head tied to the embedding is a fifth stage on IPU 0: the summary lists every
+    stage, what IPU 0 does in all, and marks the bottleneck once, on a row with its IPU's whole work."""
+    from transformers import BertForMaskedLM
+
+    with torch.device("meta"):
+        model = BertForMaskedLM(tiny_bert_config())
+    config = IPUConfig(layers_per_ipu=[0, 2, 1, 1], ipus_per_replica=4, gradient_accumulation_steps=16)
+    plan = build_stage_plan(model, spec_for(model), config.layers_per_ipu, 4)
+    tied = analyse(model, plan, config, micro_batch_size=2, seq_len=16)
+    text = tied.summary()
+    assert [s.ipu for s in tied.performance.stages] == [0, 1, 2, 3, 0]
+    assert "stage 4, IPU 0:" in text and "IPU 0 (stages 0, 4):" in text
+    assert "5 pipeline stages on 4 IPUs" in text and "(GA 16 + 2x5 - 2)" in text
+    assert text.count("<- bottleneck") == 1
+    marked = next(line for line in text.splitlines() if "<- bottleneck" in line)
+    assert f"IPU {tied.performance.bottleneck_ipu}" in marked and "stage 0, IPU 0" not in marked
+
+
 def test_estimated_throughput_is_the_combined_batch_over_the_call_time_by_hand(report):
     p = report.performance
     # micro-batch 2 x GA 8 x 2 replicas x 1 device iteration, and GA + 2N - 2 = 10 cycles per update.
