@@ -11,8 +11,9 @@ the published configuration (layout, matmul proportions, recomputation, masked p
 head, attention dropout, embedding serialization, optimizer state placement, sharded inference as
 Optimum Graphcore runs it) or one of the five fitted constants of `hardware.Calibration`; the
 remaining assumptions (`hardware.ASSUMPTIONS`) are moved by `--sensitivity`. Fitting minimises the
-sum of squared log errors; leave-one-out refits on all points but one and predicts it, which is the
-error to expect on a layout that is not in the table.
+sum of squared log errors, plus a prior for a constant whose plausible span was measured (`PRIORS`);
+leave-one-out refits on all points but one and predicts it, which is the error to expect on a layout
+that is not in the table.
 
 The inference points publish `eval_samples_per_second` of one `IPUTrainer.evaluate()`: the samples of
 its timed loop over `eval_runtime`, which pays a one-off setup (the weights of every replica copied to
@@ -494,22 +495,40 @@ def estimate(prepared, calibration: Calibration) -> float:
     return (reported or calls * report.samples_per_call) / (setup + host_work + calls * report.call_time)
 
 
+# Constants a measurement bounds, as (low, high). The fit treats each span as a log-normal prior, its
+# ends two standard deviations either side of its geometric middle, weighed against the scatter expected
+# of one point (`POINT_SCATTER`): the points move the constant as far as they justify, and a constant
+# no point informs stays in the middle of what was measured instead of at whichever end a 0.1 % effect
+# on the other points pushes it to.
+PRIORS = {
+    # The host write: between the slowest and fastest rates `bench/host_work.py` measures on this
+    # project's machine (a shared AMD EPYC, one thread): a fresh tensor in 4 KiB pages 2.44 GB/s, in
+    # transparent huge pages 7.61 GB/s, a warm copy 13.02 GB/s. Only the RoBERTa MLM evaluation's 257 MB
+    # of logits per call move a point by more than 0.1 %.
+    "host_output_bandwidth": (2.44e9, 13.02e9),
+}
+# The log error expected of one point: the residual scatter of the fit, sqrt(sum of squared log errors
+# / (13 points - 5 constants)), is 0.10-0.11.
+POINT_SCATTER = 0.1
+
 # The fitted constants and the ranges searched (log-spaced grids, refined around the best).
 _RANGES = {
     "matmul_efficiency": (0.2, 1.0),
     "cycles_per_operation": (1_000.0, 60_000.0),
     "host_call_overhead_s": (1e-4, 0.05),
     "weight_upload_bandwidth": (2e7, HOST_NIC_BANDWIDTH),  # at most what the host's NIC carries
-    # Between the slowest and fastest host write rates `bench/host_work.py` measures on this project's
-    # machine (a shared AMD EPYC, one thread): a fresh tensor in 4 KiB pages 2.44 GB/s, in transparent
-    # huge pages 7.61 GB/s, a warm copy 13.02 GB/s. Only the RoBERTa MLM evaluation's 257 MB of logits per
-    # call move a point by more than 0.1 %, so with that point left out the fit has nothing to go on.
-    "host_output_bandwidth": (2.44e9, 13.02e9),
+    **PRIORS,  # a measured span is also a hard bound
 }
 
 
 def _loss(pairs, calibration: Calibration) -> float:
-    return sum(math.log(estimate(p, calibration) / point.measured) ** 2 for point, p in pairs)
+    """Squared log errors of the points plus the priors' penalty, both in units of one point's scatter."""
+    data = sum(math.log(estimate(p, calibration) / point.measured) ** 2 for point, p in pairs)
+    prior = sum(
+        (math.log(getattr(calibration, name) / math.sqrt(lo * hi)) / (math.log(hi / lo) / 4)) ** 2
+        for name, (lo, hi) in PRIORS.items()
+    )
+    return data + POINT_SCATTER**2 * prior
 
 
 # Every fit starts from the geometric middle of the ranges, so a fit (and leave-one-out) does not
