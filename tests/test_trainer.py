@@ -157,6 +157,26 @@ def test_pipeline_too_short_for_its_stages_fails_at_compile(tmp_path):
         trainer.train()
 
 
+def test_a_tied_head_back_on_ipu_0_is_one_more_stage_to_fill(tmp_path):
+    """PopART asks GA >= the pipeline's stages, forward and backward: 2S−1 for S forward stages. A masked
+    LM head tied to the word embedding runs on IPU 0 after the last layer, so 2 IPUs make S = 3 and
+    GA 3 (enough without the head) is refused while GA 5 compiles."""
+    from transformers import BertForMaskedLM
+
+    torch.manual_seed(0)
+    ids = torch.randint(1, 128, (40, SEQ))
+    data = [{"input_ids": x, "attention_mask": torch.ones(SEQ, dtype=torch.long), "labels": x} for x in ids]
+    for ga, error in ((3, r"2S−1 = 5 for S = 3 forward stages"), (5, None)):
+        cfg = IPUConfig(layers_per_ipu=[2, 2], ipus_per_replica=2, gradient_accumulation_steps=ga)
+        trainer = IPUTrainer(BertForMaskedLM(tiny_bert_config()), cfg, ipu_args(tmp_path / str(ga), max_steps=1),
+                             train_dataset=data)  # fmt: skip
+        if error:
+            with pytest.raises(ValueError, match=error):
+                trainer.train()
+        else:
+            trainer.train()
+
+
 def test_lamb_and_the_legacy_tokenizer_keyword(tmp_path):
     tokenizer = tiny_tokenizer(tmp_path / "tok")
     trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path, lamb=True), train_dataset=PatternQA(16),

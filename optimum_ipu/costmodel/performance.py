@@ -29,7 +29,7 @@ GW-Links between PODs) and the optimizer steps.
 Inference runs as PopTorch runs it: the device iterations loop on the IPUs, so one host call serves
 micro-batch x device iterations x replicas samples. Optimum Graphcore runs inference sharded
 (`ShardedExecution`): each micro-batch visits the IPUs one after another. With
-`Workload.pipelined_inference` (PopTorch's `PipelinedExecution`) and device_iterations >= N the stages
+`Workload.pipelined_inference` (PopTorch's `PipelinedExecution`) and device_iterations >= S the stages
 overlap instead: DI + S - 1 cycles, each as long as the busiest IPU plus its copy. Every host call, in training or
 inference, pays the fitted fixed overhead once and streams its inputs and outputs over the host links;
 the host then writes the outputs into the new tensors PopTorch returns (`host_output_bandwidth`).
@@ -396,7 +396,7 @@ def estimate_performance(
         compute = di * update
         inputs, outputs = profile.input_bytes * ga * di, 0  # training returns only the loss
     else:
-        pipelined = workload.pipelined_inference and n > 1 and di >= n
+        pipelined = workload.pipelined_inference and n > 1 and di >= depth
         cycles = inference_cycles(stages, di, copy, pipelined)
         allreduce = optimizer = 0.0
         efficiency = di / (di + depth - 1) if pipelined else 1.0 / n

@@ -245,7 +245,7 @@ class _Pricer:
         placement = self.profile.placement([b - a for a, b in ranges], n)
         copy = copy_time(self.profile, placement, w, self.hardware, self.calibration)
         if not w.training:
-            pipelined = w.pipelined_inference and n > 1 and w.device_iterations >= n
+            pipelined = w.pipelined_inference and n > 1 and w.device_iterations >= len(stages)
             return sum(inference_cycles(stages, w.device_iterations, copy, pipelined))
         cycles = pipeline_cycles(stages, w.gradient_accumulation_steps, copy)
         trainable = [o.trainable for o in options]

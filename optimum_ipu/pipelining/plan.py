@@ -46,6 +46,19 @@ class StagePlan:
     def layer_blocks(self) -> tuple[Block, ...]:
         return tuple(b for b in self.blocks if b.kind == "layer")
 
+    @property
+    def forward_stages(self) -> int:
+        """Pipeline stages a micro-batch's forward passes through, as PopTorch's `AutoStage.AutoIncrement`
+        (which Optimum Graphcore sets) numbers them: one per IPU, and one more for each run of blocks on
+        an IPU the forward had already left (a head tied to the word embedding, back on IPU 0)."""
+        extra, highest, returned_to = 0, 0, None
+        for block in self.blocks:
+            if block.ipu >= highest:
+                highest = block.ipu
+            elif block.ipu != returned_to:
+                extra, returned_to = extra + 1, block.ipu
+        return self.ipus_per_replica + extra
+
     def blocks_on(self, ipu: int) -> tuple[Block, ...]:
         return tuple(b for b in self.blocks if b.ipu == ipu)
 

@@ -96,7 +96,9 @@ def compile_training(
     start = time.perf_counter()
     logger.info("Compiling Model...")
     with tqdm(total=2, desc="Graph compilation", leave=False, disable=not logger.isEnabledFor(logging.INFO)) as bar:
-        checks.check_pipelined_training(ipu_config.gradient_accumulation_steps, ipu_config.ipus_per_replica)
+        checks.check_pipelined_training(
+            ipu_config.gradient_accumulation_steps, ipu_config.ipus_per_replica, pipelined.plan.forward_stages
+        )
         num_ipus = checks.check_num_ipus(ipu_config.ipus_per_replica, ipu_config.replication_factor, auto_round_num_ipus)
         bar.update()
         report = None

@@ -344,10 +344,15 @@ def test_leave_one_out_error_is_recomputed_from_the_published_points():
     # model change that makes cross-validation worse fails here.
     assert sum(errors.values()) / len(errors) <= 0.13 and max(errors.values()) < 0.26, errors
     assert sum(training) / len(training) <= 0.095 and max(training) < 0.17, errors
+    residuals = []
     for point, prepared in pairs:
         estimated = calibration.estimate(prepared, CALIBRATION)
         bound = 0.15 if point.training else 0.20  # the NER evaluation is estimated 18 % too fast
         assert abs(estimated / point.measured - 1) < bound, (point.name, estimated, point.measured)
+        residuals.append(math.log(estimated / point.measured))
+    # The prior's weight is the fit's own residual scatter (points less fitted constants), not a free choice.
+    scatter = math.sqrt(sum(r * r for r in residuals) / (len(pairs) - len(dataclasses.fields(CALIBRATION))))
+    assert scatter == pytest.approx(calibration.POINT_SCATTER, rel=0.25)
 
 
 def test_a_constant_no_point_informs_is_fitted_to_the_middle_of_its_measured_span():
