@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from optimum_ipu.costmodel.hardware import ASSUMPTIONS, ChipSpec
-from optimum_ipu.costmodel.profile import BlockProfile, Matmul, ModelProfile
+from optimum_ipu.costmodel.profile import BlockProfile, Matmul, ModelProfile, placement_rule
 from optimum_ipu.costmodel.workload import Workload
 
 MiB = 2**20
@@ -159,23 +159,19 @@ def pipeline_stages(
 ) -> list[tuple[int, list[BlockProfile]]]:
     """(IPU, blocks) of each pipeline stage, in the order a micro-batch's forward visits them.
 
-    One stage per IPU, then one more for each run of blocks that goes back to an IPU the forward
-    already left: a head tied to the word embedding runs on IPU 0 after the last layer, so its
-    pipeline has one stage more than IPUs. That is PopTorch's `AutoStage.AutoIncrement`, which Optimum
-    Graphcore and Graphcore's BERT examples set (a block back on an earlier IPU gets a stage of its
-    own); under the default `SameAsIpu` the head would share IPU 0's first stage.
+    One stage per IPU, then one more for each run of blocks after the forward went back to an IPU it
+    had left: a head tied to the word embedding runs on IPU 0 after the last layer, so its pipeline
+    has one stage more than IPUs. That is PopTorch's `AutoStage.AutoIncrement`, which Optimum
+    Graphcore and Graphcore's BERT examples set (`pipelining.placement.stage_of_each_block`, the rule
+    the simulated compile check counts too); under the default `SameAsIpu` the head would share IPU
+    0's first stage.
     """
+    numbers = placement_rule().stage_of_each_block([ipu_of[b.name] for b in profile.blocks], ipus)
     stages: list[tuple[int, list[BlockProfile]]] = [(k, []) for k in range(ipus)]
-    highest = 0
-    for b in profile.blocks:
-        k = ipu_of[b.name]
-        if k >= highest:
-            stages[k][1].append(b)
-            highest = k
-        elif len(stages) > ipus and stages[-1][0] == k:
-            stages[-1][1].append(b)
-        else:
-            stages.append((k, [b]))
+    for b, number in zip(profile.blocks, numbers):
+        if number == len(stages):
+            stages.append((ipu_of[b.name], []))
+        stages[number][1].append(b)
     return stages
 
 

@@ -420,6 +420,12 @@ def estimate_performance(
         for s in ipus
         if s.matmul_pieces > 1
     ]
+    if workload.training and depth > 1 and ga < 2 * depth - 1:
+        notes.append(
+            f"gradient_accumulation_steps {ga} is fewer than the 2S−1 = {2 * depth - 1} pipeline stages "
+            f"(S = {depth} forward stages, the backward's first being the forward's last): a real compile "
+            f"refuses it, and so does IPUTrainer. Use at least {2 * depth - 1}."
+        )
     return PerformanceReport(
         training=workload.training, stages=stages, cycles=cycles, copy_time=copy, update_time=update,
         allreduce_time=allreduce, optimizer_time=optimizer, host_time=host, call_time=call,

@@ -82,3 +82,25 @@ def ipu_of_each_layer(num_layers: int, layers_per_ipu: Sequence[int], ipus_per_r
     """
     counts = layer_counts_per_ipu(num_layers, layers_per_ipu, ipus_per_replica)
     return [ipu for ipu, count in enumerate(counts) for _ in range(count)]
+
+
+def stage_of_each_block(ipus: Sequence[int], ipus_per_replica: int) -> list[int]:
+    """Pipeline stage of each block, from each block's IPU in the order the forward runs them.
+
+    As PopTorch's `AutoStage.AutoIncrement` (which Optimum Graphcore sets) numbers them: while the
+    forward moves on to higher IPUs, IPU k's blocks are stage k; once it goes back to an IPU it had
+    left (a head tied to the word embedding, on IPU 0 after the last layer), each change of IPU from
+    there on starts a stage of its own, numbered on from `ipus_per_replica`.
+    """
+    stages: list[int] = []
+    highest, returned = 0, False
+    for position, ipu in enumerate(ipus):
+        if not returned and ipu >= highest:
+            highest = ipu
+            stages.append(ipu)
+        elif returned and ipu == ipus[position - 1]:
+            stages.append(stages[-1])
+        else:
+            returned = True
+            stages.append(max(ipus_per_replica, stages[-1] + 1))
+    return stages

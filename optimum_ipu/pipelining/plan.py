@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from optimum_ipu.pipelining.placement import ipu_of_each_layer
+from optimum_ipu.pipelining.placement import ipu_of_each_layer, stage_of_each_block
 from optimum_ipu.pipelining.spec import CutSpec, base_model_path
 
 _ACRONYMS = {"qa": "QA", "cls": "CLS", "lm": "LM", "mlm": "MLM", "nsp": "NSP"}
@@ -48,16 +48,11 @@ class StagePlan:
 
     @property
     def forward_stages(self) -> int:
-        """Pipeline stages a micro-batch's forward passes through, as PopTorch's `AutoStage.AutoIncrement`
-        (which Optimum Graphcore sets) numbers them: one per IPU, and one more for each run of blocks on
-        an IPU the forward had already left (a head tied to the word embedding, back on IPU 0)."""
-        extra, highest, returned_to = 0, 0, None
-        for block in self.blocks:
-            if block.ipu >= highest:
-                highest = block.ipu
-            elif block.ipu != returned_to:
-                extra, returned_to = extra + 1, block.ipu
-        return self.ipus_per_replica + extra
+        """Pipeline stages a micro-batch's forward passes through (`placement.stage_of_each_block`): one
+        per IPU, and one more for each run of blocks after the forward went back to an IPU it had left
+        (a head tied to the word embedding, back on IPU 0)."""
+        numbers = stage_of_each_block([b.ipu for b in self.blocks], self.ipus_per_replica)
+        return max([self.ipus_per_replica - 1, *numbers]) + 1
 
     def blocks_on(self, ipu: int) -> tuple[Block, ...]:
         return tuple(b for b in self.blocks if b.ipu == ipu)

@@ -16,26 +16,19 @@ class IPUCompilationError(ValueError):
     """A configuration a real IPU would refuse to compile."""
 
 
-def _stages(ipus_per_replica: int, forward_stages: int | None) -> tuple[int, str]:
-    """Forward stages (one per IPU unless told more) and how to say where they come from."""
-    s = forward_stages or ipus_per_replica
-    extra = s - ipus_per_replica
-    why = f"{ipus_per_replica} IPUs per replica" + (
-        f", plus {extra} for blocks back on an IPU the forward had left: a head tied to the word embedding "
-        "runs on IPU 0 after the last layer"
-        if extra
-        else ""
-    )
-    return s, why
-
-
 def check_pipelined_training(
     gradient_accumulation_steps: int, ipus_per_replica: int, forward_stages: int | None = None
 ) -> None:
     """PopART asks GA >= the pipeline's stages, forward and backward: 2S−1 for S forward stages (the
     backward's first stage is the forward's last). S is one per IPU, one more for a tied head
     (`StagePlan.forward_stages`)."""
-    s, why = _stages(ipus_per_replica, forward_stages)
+    s = forward_stages or ipus_per_replica
+    why = f"{ipus_per_replica} IPUs per replica"
+    if s > ipus_per_replica:
+        why += (
+            f", plus {s - ipus_per_replica} for blocks back on an IPU the forward had left: a head tied to "
+            "the word embedding runs on IPU 0 after the last layer"
+        )
     stages = 2 * s - 1
     if s > 1 and gradient_accumulation_steps < stages:
         raise IPUCompilationError(
@@ -43,17 +36,6 @@ def check_pipelined_training(
             f"(2S−1 = {stages} for S = {s} forward stages: {why}), got gradient_accumulation_steps="
             f"{gradient_accumulation_steps}. Raise --gradient_accumulation_steps to at least {stages} "
             f"(more amortises the pipeline fill and flush), or use fewer IPUs per replica."
-        )
-
-
-def check_pipelined_inference(device_iterations: int, ipus_per_replica: int, forward_stages: int | None = None) -> None:
-    """Pipelined inference needs at least as many device iterations as forward stages to fill the pipeline."""
-    s, why = _stages(ipus_per_replica, forward_stages)
-    if s > 1 and device_iterations < s:
-        raise IPUCompilationError(
-            f"Pipelined inference through {s} stages ({why}) needs inference_device_iterations >= {s}, got "
-            f"{device_iterations}. Raise inference_device_iterations, or run inference sharded (the default), "
-            "which has no such requirement."
         )
 
 

@@ -71,6 +71,11 @@ def test_a_tied_head_is_one_pipeline_stage_more_than_ipus_on_ipu_0():
     untied = synthetic(4)
     assert len(pipeline_stages(untied, untied.placement([2, 2], 2), 2)) == 2
     assert len(pipeline_stages(profile, profile.placement([4], 1), 1)) == 1  # one IPU: one stage
+    # A second, untied head after the tied one runs on the last IPU in a stage of its own.
+    second = dataclasses.replace(synthetic(4).blocks[-1], name="Choice")
+    double = dataclasses.replace(profile, blocks=profile.blocks + [second])
+    stages = pipeline_stages(double, double.placement([2, 2], 2), 2)
+    assert [(ipu, [b.name for b in blocks]) for ipu, blocks in stages][2:] == [(0, ["Head"]), (1, ["Choice"])]
 
 
 def test_pipeline_cycles_with_a_stage_coming_back_to_the_first_ipu():
@@ -189,6 +194,14 @@ def test_more_gradient_accumulation_means_higher_pipeline_efficiency():
     speeds = [r.samples_per_second for r in reports]
     assert speeds == sorted(speeds)
     assert all(len(r.cycles) == ga + 2 for r, ga in zip(reports, (4, 8, 32, 128)))
+
+
+def test_an_accumulation_too_short_to_fill_the_pipeline_is_noted():
+    """A real compile refuses GA < 2S−1 (PopART); the estimate still prices it, and says so."""
+    assert not _estimate(gradient_accumulation_steps=3).notes
+    short = _estimate(gradient_accumulation_steps=4, profile=_tied_head())
+    assert any("2S−1 = 5 pipeline stages" in note for note in short.notes), short.notes
+    assert not _estimate(gradient_accumulation_steps=5, profile=_tied_head()).notes
 
 
 def test_call_time_adds_host_overhead_once_per_call():
@@ -340,7 +353,7 @@ def test_leave_one_out_error_is_recomputed_from_the_published_points():
     errors = {point.name: abs(estimate / point.measured - 1) for point, estimate, _ in held_out}
     training = [errors[p.name] for p, _ in pairs if p.training]
     # The figures the README reports: over all thirteen points mean 12.0 %, max 23.9 % (targets 15 % and
-    # 30 %); over the seven training points mean 8.5 %, max 14.7 %. Bounds a little above them, so a
+    # 30 %); over the seven training points mean 8.8 %, max 14.7 %. Bounds a little above them, so a
     # model change that makes cross-validation worse fails here.
     assert sum(errors.values()) / len(errors) <= 0.13 and max(errors.values()) < 0.26, errors
     assert sum(training) / len(training) <= 0.095 and max(training) < 0.17, errors

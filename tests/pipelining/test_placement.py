@@ -7,6 +7,7 @@ from optimum_ipu.pipelining.placement import (
     expand_layers_per_ipu,
     ipu_of_each_layer,
     layer_counts_per_ipu,
+    stage_of_each_block,
 )
 
 
@@ -80,3 +81,17 @@ def test_invalid_inputs_are_rejected(num_layers, layers_per_ipu, ipus, message):
 
 def test_placement_error_is_a_value_error():
     assert issubclass(PlacementError, ValueError)
+
+
+@pytest.mark.parametrize(
+    "ipus, n, stages",
+    [
+        ([0, 0, 1, 1], 2, [0, 0, 1, 1]),  # one stage per IPU
+        ([0, 1, 1, 0], 2, [0, 1, 1, 2]),  # a tied head back on IPU 0: one stage more
+        ([0, 1, 2, 3, 0, 3], 4, [0, 1, 2, 3, 4, 5]),  # a tied head, then an untied one on the last IPU
+        ([0, 1, 0, 0], 2, [0, 1, 2, 2]),  # blocks following each other on one IPU share a stage
+        ([0, 0, 0], 1, [0, 0, 0]),
+    ],
+)
+def test_stages_are_numbered_as_poptorch_auto_increment_numbers_them(ipus, n, stages):
+    assert stage_of_each_block(ipus, n) == stages

@@ -218,10 +218,6 @@ def test_compile_time_checks_name_the_rule_and_the_fix():
     with pytest.raises(checks.IPUCompilationError, match=r"2S−1 = 9 for S = 5 .*head tied"):
         checks.check_pipelined_training(7, 4, forward_stages=5)
     checks.check_pipelined_training(9, 4, forward_stages=5)
-    with pytest.raises(checks.IPUCompilationError, match="inference_device_iterations >= 4"):
-        checks.check_pipelined_inference(2, 4)
-    with pytest.raises(checks.IPUCompilationError, match="inference_device_iterations >= 5"):
-        checks.check_pipelined_inference(4, 4, forward_stages=5)
     with pytest.raises(checks.IPUCompilationError, match="not a power of two"):
         checks.check_num_ipus(3, 2)
     assert checks.check_num_ipus(3, 2, auto_round=True) == 8
