@@ -48,7 +48,7 @@ from optimum_ipu.costmodel.memory import (
     serialization_pieces,
     table_shares,
 )
-from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile
+from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile, placement_rule
 from optimum_ipu.costmodel.scaleout import PodShape, allreduce_time, host_io_time
 from optimum_ipu.costmodel.workload import Workload
 
@@ -420,11 +420,12 @@ def estimate_performance(
         for s in ipus
         if s.matmul_pieces > 1
     ]
-    if workload.training and depth > 1 and ga < 2 * depth - 1:
+    needed = placement_rule().min_gradient_accumulation(depth)
+    if workload.training and depth > 1 and ga < needed:
         notes.append(
-            f"gradient_accumulation_steps {ga} is fewer than the 2S−1 = {2 * depth - 1} pipeline stages "
+            f"gradient_accumulation_steps {ga} is fewer than the 2S−1 = {needed} pipeline stages "
             f"(S = {depth} forward stages, the backward's first being the forward's last): a real compile "
-            f"refuses it, and so does IPUTrainer. Use at least {2 * depth - 1}."
+            f"refuses it, and so does IPUTrainer. Use at least {needed}."
         )
     return PerformanceReport(
         training=workload.training, stages=stages, cycles=cycles, copy_time=copy, update_time=update,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 
+from optimum_ipu.pipelining.placement import min_gradient_accumulation
+
 logger = logging.getLogger(__name__)
 
 MAX_IPUS_PER_PROCESS = 64
@@ -19,9 +21,8 @@ class IPUCompilationError(ValueError):
 def check_pipelined_training(
     gradient_accumulation_steps: int, ipus_per_replica: int, forward_stages: int | None = None
 ) -> None:
-    """PopART asks GA >= the pipeline's stages, forward and backward: 2S−1 for S forward stages (the
-    backward's first stage is the forward's last). S is one per IPU, one more for a tied head
-    (`StagePlan.forward_stages`)."""
+    """GA must fill the pipeline's stages, forward and backward (`placement.min_gradient_accumulation`):
+    2S−1 for S forward stages, one per IPU and one more for a tied head (`StagePlan.forward_stages`)."""
     s = forward_stages or ipus_per_replica
     why = f"{ipus_per_replica} IPUs per replica"
     if s > ipus_per_replica:
@@ -29,7 +30,7 @@ def check_pipelined_training(
             f", plus {s - ipus_per_replica} for blocks back on an IPU the forward had left: a head tied to "
             "the word embedding runs on IPU 0 after the last layer"
         )
-    stages = 2 * s - 1
+    stages = min_gradient_accumulation(s)
     if s > 1 and gradient_accumulation_steps < stages:
         raise IPUCompilationError(
             f"gradientAccumulation must be greater than or equal to the number of pipeline stages "
