@@ -15,13 +15,15 @@ import sys
 _COMMANDS = {
     "config": "optimum_ipu.commands.config",
     "plan": "optimum_ipu.commands.plan",
+    "run": "optimum_ipu.commands.run",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="optimum-ipu",
-        description="Inspect IPU configs and plan IPU layouts on a simulated IPU.",
+        description="Inspect IPU configs, plan IPU layouts, and run Optimum Graphcore scripts and notebooks on a "
+        "simulated IPU.",
         epilog=f"--debug (or {DEBUG_ENV}=1) shows the traceback of an error.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -42,14 +44,17 @@ def main(argv: list[str] | None = None) -> int:
     with its traceback.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    ours, program_args = _split_program_args(argv)
     debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
-    if "--debug" in argv:
-        argv.remove("--debug")
+    if "--debug" in ours:
+        ours.remove("--debug")
         debug = True
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(ours)
     except SystemExit as exit_:  # argparse has printed the usage and the error
         return exit_.code if isinstance(exit_.code, int) else 2
+    if program_args is not None:
+        args.args = program_args
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
@@ -62,6 +67,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {kind}{error}", file=sys.stderr)
         print(f"(run with --debug or {DEBUG_ENV}=1 to see the traceback)", file=sys.stderr)
         return 1
+
+
+def _split_program_args(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """For `run PROGRAM ARGS...`: our arguments up to PROGRAM, and the program's (untouched: a script may
+    have its own --debug or -h). Other commands: all arguments are ours."""
+    if "run" not in argv or any(not a.startswith("-") for a in argv[: argv.index("run")]):
+        return argv, None
+    for position in range(argv.index("run") + 1, len(argv)):
+        if not argv[position].startswith("-"):
+            return argv[: position + 1], argv[position + 1 :]
+    return argv, None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -171,7 +171,13 @@ TABLES: dict[str, dict[str, str | Missing]] = {
     f"{G}.pipelines": _PIPELINES,
     f"{G}.data": _DATA,
     f"{G}.data.data_collator": _DATA,
-    f"{G}.utils": {"check_min_version": "optimum_ipu.compat.versions:check_min_version", **_VERSION},
+    f"{G}.utils": {
+        "check_min_version": "optimum_ipu.compat.versions:check_min_version",
+        # 0.7.1's examples/language-modeling/run_pretraining.py imports this name, which 0.7.1 itself lacked
+        # (it stopped on its own import there); the check it means is check_min_version.
+        "gc_check_min_version": "optimum_ipu.compat.versions:check_min_version",
+        **_VERSION,
+    },
     f"{G}.version": _VERSION,
     f"{G}.generation": {
         name: _GENERATION

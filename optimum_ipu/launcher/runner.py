@@ -1,0 +1,114 @@
+"""Run a Python script as `python SCRIPT ARGS` would, with the compatibility shims installed.
+
+The script runs as `__main__` (`runpy`), with `sys.argv` as if it had been run directly and its own
+folder first on `sys.path` (so its sibling modules import, as `trainer_qa` beside `run_qa.py`).
+Its exit status is returned: `sys.exit(code)` gives `code`, an exception gives 1 after the
+script's traceback (without the launcher's frames). A `LauncherError` raised inside a shim is
+returned to the caller with the script's line added, for the one-line message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+from optimum_ipu.launcher import _context
+from optimum_ipu.launcher._report import LauncherError, reset_notes
+from optimum_ipu.launcher.shims import compatibility_shims
+
+__all__ = ["exit_code", "print_user_traceback", "program_environment", "run_script"]
+
+
+@contextlib.contextmanager
+def program_environment(context: _context.RunContext, argv: list[str]) -> Iterator[None]:
+    """`sys.argv`, `sys.path` and the launcher's context for one program; all put back afterwards."""
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    previous = _context.set_current(context)
+    reset_notes()
+    sys.argv = argv
+    sys.path.insert(0, str(context.path.parent))
+    try:
+        yield
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        _context.set_current(previous)
+        reset_notes()
+
+
+def exit_code(exit_: SystemExit) -> int:
+    """The process status `sys.exit(code)` means: None is 0, an int is itself, anything else is printed and 1."""
+    if exit_.code is None:
+        return 0
+    if isinstance(exit_.code, int):
+        return exit_.code
+    print(exit_.code, file=sys.stderr)
+    return 1
+
+
+def _is_user_frame(filename: str, user_files: tuple[str, ...]) -> bool:
+    return filename in user_files
+
+
+def print_user_traceback(error: BaseException, user_files: tuple[str, ...]) -> None:
+    """Print `error`'s traceback from the first frame of the user's code on (the launcher's frames above it
+    are dropped), as Python prints it for `python SCRIPT`."""
+    tb = error.__traceback__
+    while tb is not None and not _is_user_frame(tb.tb_frame.f_code.co_filename, user_files):
+        tb = tb.tb_next
+    traceback.print_exception(
+        type(error), error, tb if tb is not None else error.__traceback__, file=sys.stderr
+    )
+
+
+def where_in_user_code(error: BaseException, user_files: tuple[str, ...]) -> str:
+    """`name:line` of the last user frame `error` passed through, or '' if none."""
+    place = ""
+    tb = error.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if _is_user_frame(filename, user_files):
+            place = f"{Path(filename).name.strip('<>')}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return place
+
+
+def run_script(path: str | os.PathLike, args: list[str], serve_metrics: bool = True) -> int:
+    """Run the Python script `path` with command-line `args` as `__main__`; return its exit status.
+
+    Raises:
+        LauncherError: the file is missing or not a script, or a shim stopped the script (the
+            message then starts with the script's file and line).
+    """
+    import runpy
+
+    script = Path(path)
+    if not script.is_file():
+        raise LauncherError(
+            f"{path}: no such file; give the path of a Python script (.py) or a notebook (.ipynb)."
+        )
+    script = script.resolve()
+    try:
+        source = script.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise LauncherError(f"{path}: cannot read the script ({error}).") from None
+    context = _context.RunContext(path=script, kind="script", data_flags=_context.data_file_flags(source),
+                                  serve_metrics=serve_metrics)  # fmt: skip
+    user_files = (str(script),)
+    with program_environment(context, [str(path), *args]), compatibility_shims(notebook=False):
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        except SystemExit as exit_:
+            return exit_code(exit_)
+        except LauncherError as error:
+            place = where_in_user_code(error, user_files)
+            raise LauncherError(f"{place}: {error}" if place else str(error)) from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # the script's own failure: its traceback, status 1
+            print_user_traceback(error, user_files)
+            return 1
+    return 0

@@ -1,0 +1,129 @@
+"""Stand-ins for packages and interactive helpers a script or notebook expects but this environment lacks.
+
+- `torchvision.transforms` when torchvision is not installed (image examples and notebook).
+- In notebooks only: `IPython.display` (`display`, `HTML`, `Markdown`) when IPython is not installed,
+  printing as text; and `huggingface_hub.notebook_login()`, which would wait for a login widget.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+
+from optimum_ipu.launcher._report import LauncherError, note_once
+from optimum_ipu.launcher.shims._base import Shim, Skip
+from optimum_ipu.launcher.shims._patch import Patches
+
+__all__ = ["IPYTHON_DISPLAY", "NOTEBOOK_LOGIN", "TORCHVISION"]
+
+
+def _install_torchvision(patches: Patches) -> Skip | None:
+    if importlib.util.find_spec("torchvision") is not None:
+        return Skip("torchvision is installed")
+    from optimum_ipu.launcher.shims.torchvision_transforms import NAMES, make_modules
+
+    # transformers asks (once, cached) whether torchvision is installed; ask before the stand-in exists,
+    # so that transformers keeps its torchvision-free image processors.
+    import_utils = importlib.import_module("transformers.utils.import_utils")
+    if hasattr(import_utils, "is_torchvision_available"):
+        import_utils.is_torchvision_available()
+
+    def on_use() -> None:
+        note_once("torchvision", f"torchvision is not installed: torchvision.transforms is optimum-ipu's stand-in "
+                  f"({', '.join(NAMES)}; PIL images, torchvision's crop boxes and random draws).")  # fmt: skip
+
+    def on_missing(name: str) -> Exception:
+        return LauncherError(
+            f"{name}: torchvision is not installed, and optimum-ipu's stand-in only provides torchvision.transforms."
+            f"{{{', '.join(NAMES)}}}; install torchvision (a build that matches your torch) to use {name}."
+        )
+
+    for name, module in make_modules(on_use, on_missing).items():
+        patches.set_item(sys.modules, name, module)
+    return None
+
+
+TORCHVISION = Shim(
+    name="torchvision.transforms",
+    replaces="`from torchvision.transforms import ...` when torchvision is not installed",
+    by="optimum-ipu's stand-in: Compose, Lambda, ToTensor, Normalize, Resize, CenterCrop, RandomResizedCrop and "
+    "RandomHorizontalFlip on PIL images, with torchvision's output sizes, crop boxes and random draws (torch's "
+    "generator, same order); anything else in torchvision stops with a line saying to install it",
+    install=_install_torchvision,
+)
+
+
+class _Rich:
+    """What `HTML(...)` / `Markdown(...)` return: the text, shown as text."""
+
+    def __init__(self, data=None, *args, **kwargs):
+        self.data = data
+
+    def __repr__(self) -> str:
+        return str(self.data)
+
+
+def _display(*objects, **kwargs) -> None:
+    for item in objects:
+        print(repr(item) if isinstance(item, _Rich) else item)
+
+
+def _install_ipython_display(patches: Patches) -> Skip | None:
+    if importlib.util.find_spec("IPython") is not None:
+        return Skip("IPython is installed")
+    package = types.ModuleType("IPython", "optimum-ipu's stand-in for IPython (display only).")
+    display = types.ModuleType(
+        "IPython.display", "optimum-ipu's stand-in for IPython.display: prints as text."
+    )
+    package.__path__ = []
+    package.display = display
+
+    def display_getattr(name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        note_once(
+            "IPython.display",
+            "IPython is not installed: IPython.display's display/HTML/Markdown print as text.",
+        )
+        if name == "display":
+            return _display
+        if name in ("HTML", "Markdown"):
+            return _Rich
+        raise LauncherError(f"IPython.display.{name}: IPython is not installed and optimum-ipu's stand-in only has "
+                            "display, HTML and Markdown; pip install ipython")  # fmt: skip
+
+    display.__getattr__ = display_getattr
+    patches.set_item(sys.modules, "IPython", package)
+    patches.set_item(sys.modules, "IPython.display", display)
+    return None
+
+
+IPYTHON_DISPLAY = Shim(
+    name="IPython.display",
+    replaces="`from IPython.display import display, HTML` in a notebook, when IPython is not installed",
+    by="`display` printing its arguments and `HTML`/`Markdown` shown as their text",
+    install=_install_ipython_display,
+    notebooks_only=True,
+)
+
+
+def _notebook_login(*args, **kwargs) -> None:
+    note_once("notebook_login", "notebook_login() skipped: no interactive login under optimum-ipu run (set HF_TOKEN "
+              "or run `hf auth login` beforehand if the notebook needs the Hub).")  # fmt: skip
+
+
+def _install_notebook_login(patches: Patches) -> Skip | None:
+    hub = importlib.import_module("huggingface_hub")
+    patches.set(hub, "notebook_login", _notebook_login)
+    return None
+
+
+NOTEBOOK_LOGIN = Shim(
+    name="notebook_login",
+    replaces="`huggingface_hub.notebook_login()` in a notebook (waits for a login widget)",
+    by="a note and nothing else: the login you have (HF_TOKEN, a saved token) is used as it is",
+    install=_install_notebook_login,
+    notebooks_only=True,
+)

@@ -1,0 +1,153 @@
+"""Shims for transformers APIs that v5 removed and Optimum Graphcore 0.7 scripts still call.
+
+- `transformers.utils.send_example_telemetry(...)`: gone in v5; every example script calls it once.
+- `use_auth_token=` on `from_pretrained`: gone in v5 (models then fail with "unexpected keyword",
+  tokenizers store it in their saved config); the scripts pass it on every load.
+- `AutoFeatureExtractor` for an image model: v5 maps ViT & co. to image processors only.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from optimum_ipu.launcher._report import note_once
+from optimum_ipu.launcher.shims._base import Shim, Skip
+from optimum_ipu.launcher.shims._patch import Patches, wrap_classmethod
+
+__all__ = ["AUTO_FEATURE_EXTRACTOR", "SEND_EXAMPLE_TELEMETRY", "USE_AUTH_TOKEN", "adapt_use_auth_token"]
+
+
+def _send_example_telemetry(*args, **kwargs) -> None:
+    note_once(
+        "send_example_telemetry",
+        "send_example_telemetry() was removed in transformers v5: skipped (nothing is sent).",
+    )
+
+
+def _install_telemetry(patches: Patches) -> Skip | None:
+    utils = importlib.import_module("transformers.utils")
+    if hasattr(utils, "send_example_telemetry"):
+        return Skip("transformers still has send_example_telemetry")
+    patches.set(utils, "send_example_telemetry", _send_example_telemetry)
+    return None
+
+
+SEND_EXAMPLE_TELEMETRY = Shim(
+    name="send_example_telemetry",
+    replaces="`from transformers.utils import send_example_telemetry` (removed in transformers v5)",
+    by="a function that does nothing (no telemetry is sent); noted once when the script calls it",
+    install=_install_telemetry,
+)
+
+
+def adapt_use_auth_token(kwargs: dict, where: str) -> None:
+    """Rewrite a removed `use_auth_token=` keyword in `kwargs` as today's `token=` (None: dropped)."""
+    if "use_auth_token" not in kwargs:
+        return
+    value = kwargs.pop("use_auth_token")
+    if value is not None and kwargs.get("token") is None:
+        kwargs["token"] = value
+    note_once(
+        "use_auth_token",
+        f"use_auth_token= was removed in transformers v5 and datasets 3: passed on as token= "
+        f"(first seen in {where}; use_auth_token=None is dropped).",
+    )
+
+
+# Where `from_pretrained` is defined: the Auto* front doors and the base classes every model,
+# config, tokenizer and processor inherits from (subclasses that override it call these).
+_FROM_PRETRAINED_OWNERS = (
+    "transformers:AutoConfig",
+    "transformers:AutoTokenizer",
+    "transformers:AutoImageProcessor",
+    "transformers:AutoFeatureExtractor",
+    "transformers:AutoProcessor",
+    "transformers.models.auto.auto_factory:_BaseAutoModelClass",
+    "transformers.modeling_utils:PreTrainedModel",
+    "transformers.configuration_utils:PretrainedConfig",
+    "transformers.tokenization_utils_base:PreTrainedTokenizerBase",
+    "transformers.image_processing_base:ImageProcessingMixin",
+    "transformers.feature_extraction_utils:FeatureExtractionMixin",
+    "transformers.processing_utils:ProcessorMixin",
+)
+
+
+def _owner(target: str):
+    module_name, _, attr = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr, None)
+    except ImportError:
+        return None
+
+
+def _install_use_auth_token(patches: Patches) -> Skip | None:
+    wrapped = []
+    for target in _FROM_PRETRAINED_OWNERS:
+        owner = _owner(target)
+        if owner is not None and owner not in wrapped:
+            where = f"{owner.__name__}.from_pretrained"
+            if wrap_classmethod(
+                patches, owner, "from_pretrained", lambda kw, where=where: adapt_use_auth_token(kw, where)
+            ):
+                wrapped.append(owner)
+    if not wrapped:
+        return Skip(
+            "none of transformers' from_pretrained entry points was found where transformers 5 defines them "
+            "(AutoConfig, PreTrainedModel, ...); if the script stops on use_auth_token=, remove that argument",
+            problem=True,
+        )
+    return None
+
+
+USE_AUTH_TOKEN = Shim(
+    name="use_auth_token",
+    replaces="`use_auth_token=` on `from_pretrained` and `load_dataset` (removed in transformers v5 and datasets 3)",
+    by="`token=` with the same value (`use_auth_token=None`, what the scripts pass by default, is dropped)",
+    install=_install_use_auth_token,
+)
+
+
+def _install_auto_feature_extractor(patches: Patches) -> Skip | None:
+    transformers = importlib.import_module("transformers")
+    auto_feature_extractor = getattr(transformers, "AutoFeatureExtractor", None)
+    auto_image_processor = getattr(transformers, "AutoImageProcessor", None)
+    if auto_feature_extractor is None or auto_image_processor is None:
+        return Skip(
+            "transformers has no AutoFeatureExtractor or AutoImageProcessor to bridge; load the image processor "
+            "with the class your transformers version provides",
+            problem=True,
+        )
+    mapping = importlib.import_module("transformers.models.auto.feature_extraction_auto")
+    if "vit" in getattr(mapping, "FEATURE_EXTRACTOR_MAPPING_NAMES", {}):
+        return Skip("transformers still maps image models to feature extractors")
+    original = auto_feature_extractor.__dict__["from_pretrained"].__func__
+
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        try:
+            return original(cls, pretrained_model_name_or_path, *args, **kwargs)
+        except ValueError as error:
+            try:
+                processor = auto_image_processor.from_pretrained(
+                    pretrained_model_name_or_path, *args, **kwargs
+                )
+            except Exception:
+                raise error from None
+        note_once(
+            "AutoFeatureExtractor",
+            f"AutoFeatureExtractor has no feature extractor for {pretrained_model_name_or_path!r} in transformers v5 "
+            f"(image models have image processors): loaded {type(processor).__name__} with AutoImageProcessor instead.",
+        )
+        return processor
+
+    patches.set(auto_feature_extractor, "from_pretrained", classmethod(from_pretrained))
+    return None
+
+
+AUTO_FEATURE_EXTRACTOR = Shim(
+    name="AutoFeatureExtractor",
+    replaces="`AutoFeatureExtractor.from_pretrained` for an image model such as ViT (transformers v5 has no feature "
+    "extractor for it)",
+    by="`AutoImageProcessor.from_pretrained` of the same checkpoint, when no feature extractor is found (same "
+    "`size`, `image_mean`, `image_std`, and callable on images the same way)",
+    install=_install_auto_feature_extractor,
+)
