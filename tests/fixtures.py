@@ -225,3 +225,58 @@ class PatternQA:
             "start_positions": self.start[i],
             "end_positions": self.start[i] + 2,
         }
+
+
+# --- Launcher (tests/launcher): local files an Optimum Graphcore script reads ----------------------
+
+
+def write_ipu_config(directory: str | os.PathLike, **values) -> Path:
+    """Write an `ipu_config.json` for a tiny 4-layer model on 2 IPUs (GA 4, inference DI 1); return the folder."""
+    import json
+
+    config = {"layers_per_ipu": [2, 2], "ipus_per_replica": 2, "gradient_accumulation_steps": 4,
+              "device_iterations": 1, "inference_device_iterations": 1, "matmul_proportion": 0.2}  # fmt: skip
+    config.update(values)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "ipu_config.json").write_text(json.dumps(config))
+    return directory
+
+
+def write_sentence_pairs_csv(path: str | os.PathLike, rows: int = 8, seed: int = 0) -> Path:
+    """A GLUE-shaped CSV (sentence1, sentence2, label) over the tiny vocabulary."""
+    import csv
+    import random
+
+    rng = random.Random(seed)
+    path = Path(path)
+    with open(path, "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["sentence1", "sentence2", "label"])
+        for _ in range(rows):
+            writer.writerow(
+                [
+                    " ".join(rng.choices(TINY_WORDS, k=5)),
+                    " ".join(rng.choices(TINY_WORDS, k=4)),
+                    rng.randrange(2),
+                ]
+            )
+    return path
+
+
+def write_tiny_imagefolder(
+    directory: str | os.PathLike, classes=("cat", "dog"), per_class: int = 2, size: int = 40
+) -> Path:
+    """An `imagefolder` layout (one folder per class, RGB PNGs of `size` px); return the folder."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    directory = Path(directory)
+    for name in classes:
+        (directory / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (size, size + 6, 3), dtype=np.uint8)).save(
+                directory / name / f"{i}.png"
+            )
+    return directory

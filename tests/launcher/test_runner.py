@@ -1,0 +1,50 @@
+"""`run_script`: a script runs as `python SCRIPT ARGS` would, and ends as it would."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from optimum_ipu.launcher import LauncherError, run_script
+
+SCRIPTS = Path(__file__).parent / "scripts"
+BEHAVIOUR = SCRIPTS / "behaviour.py"
+
+
+def test_script_runs_as_main_with_its_argv_and_its_folder_first_on_the_path(tmp_path):
+    out = tmp_path / "seen.json"
+    path_before, argv_before = sys.path[:], sys.argv[:]
+    assert run_script(BEHAVIOUR, ["describe", str(out), "--flag", "-h"]) == 0
+    seen = json.loads(out.read_text())
+    assert seen["argv"] == [str(BEHAVIOUR), "describe", str(out), "--flag", "-h"]
+    assert seen["name"] == "__main__"
+    assert seen["file"] == str(BEHAVIOUR.resolve())
+    assert seen["path0"] == str(SCRIPTS.resolve())
+    assert (sys.path, sys.argv) == (path_before, argv_before)  # put back afterwards
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_exit_code_of_sys_exit_is_returned(code):
+    assert run_script(BEHAVIOUR, ["exit", str(code)]) == code
+
+
+def test_sys_exit_with_a_message_prints_it_and_returns_1(capsys):
+    assert run_script(BEHAVIOUR, ["exit-message", "stopped by the script"]) == 1
+    assert "stopped by the script" in capsys.readouterr().err
+
+
+def test_the_scripts_exception_is_shown_as_the_scripts_traceback(capsys):
+    assert run_script(BEHAVIOUR, ["raise"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):")
+    assert f'File "{BEHAVIOUR.resolve()}"' in err and "in fail" in err
+    assert err.rstrip().endswith("ValueError: the script's own error")
+    assert (
+        "runpy" not in err and "optimum_ipu/launcher" not in err
+    )  # the launcher's frames are not the user's
+
+
+def test_missing_script_is_one_line_naming_it(tmp_path):
+    with pytest.raises(LauncherError, match=r"nothing\.py: no such file; give the path of a Python script"):
+        run_script(tmp_path / "nothing.py", [])

@@ -1,0 +1,192 @@
+"""The compatibility shims: each replaces a removed API as documented, is noted once, and is removed afterwards."""
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+import transformers
+from fixtures import (
+    tiny_bert_config,
+    tiny_image_processor,
+    tiny_tokenizer,
+    tiny_vit_model_dir,
+    write_ipu_config,
+    write_sentence_pairs_csv,
+    write_tiny_imagefolder,
+)
+from transformers import BertForSequenceClassification
+
+from optimum_ipu.launcher import LauncherError, compatibility_shims, run_script
+from optimum_ipu.launcher._report import PREFIX
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def notes(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith(PREFIX)]
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bert")
+    tiny_tokenizer(directory)
+    BertForSequenceClassification(tiny_bert_config(num_labels=2)).save_pretrained(directory)
+    return directory
+
+
+def test_old_style_script_runs_and_its_metrics_equal_a_plain_computation(bert_dir, tmp_path, capsys):
+    """send_example_telemetry, use_auth_token=, load_metric and evaluate.load in one script of the 0.7 kind."""
+    validation = write_sentence_pairs_csv(tmp_path / "validation.csv", rows=8)
+    out = tmp_path / "out"
+    code = run_script(SCRIPTS / "old_text_classification.py", [
+        "--model_name_or_path", str(bert_dir), "--validation_file", str(validation),
+        "--ipu_config_name", str(write_ipu_config(tmp_path / "ipu")), "--output_dir", str(out),
+        "--per_device_eval_batch_size", "2", "--fp32", "--report_to", "none",
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    result = json.loads((out / "results.json").read_text())
+    labels = [int(line.rsplit(",", 1)[1]) for line in validation.read_text().splitlines()[1:]]
+    predicted = [max(range(2), key=row.__getitem__) for row in result["logits"]]
+    hits = [p == t for p, t in zip(predicted, labels)]
+    tp = sum(p == t == 1 for p, t in zip(predicted, labels))
+    fp, fn = (
+        sum(p == 1 != t for p, t in zip(predicted, labels)),
+        sum(t == 1 != p for p, t in zip(predicted, labels)),
+    )
+    assert result["metrics"]["eval_accuracy"] == sum(hits) / len(hits)
+    assert result["metrics"]["eval_mrpc_accuracy"] == sum(hits) / len(hits)
+    assert result["metrics"]["eval_mrpc_f1"] == pytest.approx(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    assert result["name"] == "__main__"
+    assert [n.split(":")[0] for n in notes(err)] == [
+        f"{PREFIX} send_example_telemetry() was removed in transformers v5",
+        f"{PREFIX} use_auth_token= was removed in transformers v5 and datasets 3",
+        f"{PREFIX} evaluate.load('accuracy')",
+        f"{PREFIX} datasets.load_metric() was removed in datasets 3",
+        f"{PREFIX} load_metric('glue', 'mrpc')",
+    ]  # each shim once, in the order the script used them
+
+
+def test_use_auth_token_is_passed_on_as_token(monkeypatch):
+    seen = {}
+    original = transformers.configuration_utils.PretrainedConfig.__dict__["from_pretrained"].__func__
+
+    def spy(cls, *args, **kwargs):
+        seen.update(kwargs)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(
+        transformers.configuration_utils.PretrainedConfig, "from_pretrained", classmethod(spy)
+    )
+    with compatibility_shims():
+        try:
+            transformers.BertConfig.from_pretrained("/nonexistent-folder-for-the-test", use_auth_token="hf_x")
+        except OSError:
+            pass
+    assert seen.get("token") == "hf_x" and "use_auth_token" not in seen
+
+
+def test_model_from_pretrained_with_use_auth_token_none_loads(bert_dir):
+    with pytest.raises(TypeError, match="use_auth_token"):  # what transformers v5 does without the shim
+        transformers.AutoModelForSequenceClassification.from_pretrained(bert_dir, use_auth_token=None)
+    with compatibility_shims():
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(bert_dir, use_auth_token=None)
+    assert model.config.num_labels == 2
+
+
+def test_image_script_task_template_feature_extractor_and_torchvision(tmp_path, capsys):
+    data = write_tiny_imagefolder(tmp_path / "images")
+    model = tiny_vit_model_dir(tmp_path / "vit")
+    tiny_image_processor(32).save_pretrained(model)
+    out = tmp_path / "out.json"
+    assert run_script(SCRIPTS / "image_task.py", [str(data), str(model), str(out)]) == 0, (
+        capsys.readouterr().err
+    )
+    result = json.loads(out.read_text())
+    assert result["columns"] == ["image", "labels"]  # datasets 2's template: label -> labels, others dropped
+    assert result["labels"] == ["cat", "dog"]
+    assert result["extractor"].startswith("ViTImageProcessor")
+    # the stand-in transforms give what the image processor gives (resize to 32 px, mean/std 0.5)
+    assert result["shape"] == [3, 32, 32] and result["dtype"] == "torch.float32"
+    assert result["max_difference_to_processor"] < 1e-6
+    err = capsys.readouterr().err
+    assert "kept 'image', 'label' as 'labels'" in err
+    assert "loaded ViTImageProcessorPil with AutoImageProcessor instead" in err
+
+
+def test_task_template_with_ambiguous_columns_is_one_line(tmp_path):
+    dataset = datasets.Dataset.from_dict({"a": ["x"], "b": ["y"], "label": [0]}).cast_column(
+        "label", datasets.ClassLabel(names=["no", "yes"])
+    )
+    path = tmp_path / "d.jsonl"
+    dataset.to_json(path)
+    with compatibility_shims():
+        with pytest.raises(
+            LauncherError, match=r"cannot tell which column is the 'text' column among \['a', 'b', 'label'\]"
+        ):
+            datasets.load_dataset("json", data_files=str(path), task="text-classification")
+
+
+def test_offline_hub_data_names_the_scripts_local_file_flags(capsys):
+    with pytest.raises(LauncherError) as error:
+        run_script(SCRIPTS / "behaviour.py", ["offline-data"])
+    message = str(error.value)
+    assert message.startswith("behaviour.py:")
+    assert "load_dataset('glue', 'mrpc') needs the Hugging Face Hub, which is offline here" in message
+    assert message.endswith("give the data as local files with the script's --train_file, --validation_file.")
+    assert "\n" not in message
+
+
+def test_a_metric_not_served_offline_is_one_line_naming_it(capsys):
+    pytest.importorskip("evaluate")
+    with pytest.raises(LauncherError) as error:
+        run_script(SCRIPTS / "behaviour.py", ["unknown-metric"])
+    message = str(error.value)
+    assert (
+        "evaluate.load('bleu') needs the Hugging Face Hub" in message
+        and "does not serve 'bleu' offline" in message
+    )
+    assert "evaluate.load('./bleu')" in message
+
+
+def test_send_example_telemetry_is_noted_once_and_sends_nothing(capsys):
+    with compatibility_shims():
+        from transformers.utils import send_example_telemetry
+
+        send_example_telemetry("x", object())
+        send_example_telemetry("x", object())
+    assert len(notes(capsys.readouterr().err)) == 1
+
+
+def snapshot() -> dict:
+    """Identity of everything the shims touch."""
+    from optimum_ipu.launcher.shims.transformers_api import _FROM_PRETRAINED_OWNERS, _owner
+
+    owners = {t: _owner(t) for t in _FROM_PRETRAINED_OWNERS}
+    hub = importlib.import_module("huggingface_hub")
+    evaluate = importlib.import_module("evaluate") if importlib.util.find_spec("evaluate") else None
+    return {
+        **{t: o.__dict__.get("from_pretrained") for t, o in owners.items() if o is not None},
+        "load_dataset": datasets.load_dataset,
+        "load_metric": getattr(datasets, "load_metric", None),
+        "evaluate.load": getattr(evaluate, "load", None),
+        "send_example_telemetry": getattr(
+            importlib.import_module("transformers.utils"), "send_example_telemetry", None
+        ),
+        "torchvision": sys.modules.get("torchvision"),
+        "IPython": sys.modules.get("IPython"),
+        "notebook_login": hub.__dict__.get("notebook_login"),
+    }
+
+
+def test_every_patch_is_removed_when_the_run_ends():
+    before = snapshot()
+    with compatibility_shims(notebook=True) as status:
+        during = snapshot()
+    assert snapshot() == before
+    installed = [name for name, skip in status.items() if skip is None]
+    assert {"send_example_telemetry", "use_auth_token", "load_dataset(task=...)"} <= set(installed)
+    assert during != before
