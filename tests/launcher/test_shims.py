@@ -190,3 +190,23 @@ def test_every_patch_is_removed_when_the_run_ends():
     installed = [name for name, skip in status.items() if skip is None]
     assert {"send_example_telemetry", "use_auth_token", "load_dataset(task=...)"} <= set(installed)
     assert during != before
+
+
+def test_a_shim_that_does_not_fit_the_installed_versions_is_one_note_and_the_run_goes_on(monkeypatch, capsys):
+    from optimum_ipu.launcher import shims
+    from optimum_ipu.launcher.shims._base import Shim, Skip
+
+    misfit = Shim(
+        "misfit", "an API", "nothing", lambda patches: Skip("transformers 9 moved it; remove the call", True)
+    )
+    absent = Shim("absent", "an API", "nothing", lambda patches: Skip("the API is still there"))
+    monkeypatch.setattr(shims, "SHIMS", (misfit, absent))
+    with shims.compatibility_shims() as status:
+        pass
+    assert status == {
+        "misfit": Skip("transformers 9 moved it; remove the call", True),
+        "absent": Skip("the API is still there"),
+    }
+    assert notes(capsys.readouterr().err) == [
+        f"{PREFIX} shim 'misfit' does not apply to the installed versions: transformers 9 moved it; remove the call."
+    ]
