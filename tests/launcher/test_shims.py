@@ -210,3 +210,14 @@ def test_a_shim_that_does_not_fit_the_installed_versions_is_one_note_and_the_run
     assert notes(capsys.readouterr().err) == [
         f"{PREFIX} shim 'misfit' does not apply to the installed versions: transformers 9 moved it; remove the call."
     ]
+
+
+def test_hub_metrics_turns_the_offline_copies_off(tmp_path):
+    pytest.importorskip("evaluate")
+    script = tmp_path / "metric.py"
+    script.write_text("import evaluate\nevaluate.load('accuracy')\n")
+    assert run_script(script, []) == 0
+    with pytest.raises(
+        LauncherError, match=r"--hub-metrics turned off optimum-ipu's offline copy of 'accuracy'"
+    ):
+        run_script(script, [], serve_metrics=False)

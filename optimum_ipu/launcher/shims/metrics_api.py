@@ -41,6 +41,11 @@ def _not_served(call: str, path: str, config_name: str | None, error: Exception)
     offline = any(os.environ.get(v, "") not in ("", "0") for v in ("HF_HUB_OFFLINE", "HF_EVALUATE_OFFLINE"))
     why = "which is offline here" if offline else f"which could not be reached ({type(error).__name__})"
     name = path.removeprefix("evaluate-metric/")
+    if name in SERVED_METRICS:  # served, but --hub-metrics asked for the Hub's copy
+        return LauncherError(
+            f"{_describe(call, path, config_name)} needs the Hugging Face Hub, {why}; --hub-metrics turned off "
+            f"optimum-ipu's offline copy of {name!r}: run without --hub-metrics to use it."
+        )
     return LauncherError(
         f"{_describe(call, path, config_name)} needs the Hugging Face Hub, {why}, and optimum-ipu does not serve "
         f"{name!r} offline (it serves {', '.join(SERVED_METRICS)}): load it once with the Hub reachable (evaluate "
