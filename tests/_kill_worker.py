@@ -4,8 +4,9 @@ Importing torch and transformers takes seconds; forking a process that has impor
 run a torch op takes milliseconds, so the test can kill 20+ training runs in well under a minute.
 Protocol, one JSON object per line: the test sends `{"output_dir", "max_steps"}`; this process forks
 a child that trains (resuming from the newest complete checkpoint when there is one) and answers
-`{"pid": ...}`; the child prints `{"training": pid}` once its first step starts; when the child has
-ended (finished or killed) this process answers `{"exit": status}`.
+`{"pid": ...}`; the child prints `{"training": pid}` once its first step starts (and, when the request
+has `"pause_in_save": true`, `{"saving": pid}` from inside its next checkpoint write, where it waits);
+when the child has ended (finished or killed) this process answers `{"exit": status}`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +41,26 @@ class _Started(TrainerCallback):
             _say({"training": os.getpid()})
 
 
-def train(output_dir: str, max_steps: int) -> None:
+def _pause_inside_the_next_save() -> None:
+    """Say `{"saving": pid}` from inside the next checkpoint write, then wait to be killed there.
+
+    The pause sits in the first `torch.save` into a checkpoint (the staging folder, as long as saves are
+    staged): the weights are written, the optimizer state is not, and nothing is renamed into place yet.
+    """
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if "checkpoint-" in str(f):
+            _say({"saving": os.getpid()})
+            time.sleep(60)
+        return real_save(obj, f, *args, **kwargs)
+
+    torch.save = save
+
+
+def train(output_dir: str, max_steps: int, pause_in_save: bool = False) -> None:
+    if pause_in_save:
+        _pause_inside_the_next_save()
     torch.set_num_threads(1)  # no OpenMP pool in a forked child
     torch.manual_seed(0)
     model = BertForQuestionAnswering(tiny_bert_config(num_hidden_layers=2))
@@ -65,7 +86,7 @@ def main() -> None:
         if pid == 0:
             status = 0
             try:
-                train(request["output_dir"], request["max_steps"])
+                train(request["output_dir"], request["max_steps"], request.get("pause_in_save", False))
             except BaseException:
                 traceback.print_exc()
                 status = 1

@@ -203,7 +203,7 @@ def _assert_latest_loads(out: Path) -> int:
 
 
 def test_kill_9_at_random_moments_never_leaves_an_incomplete_checkpoint(tmp_path):
-    """A run saving every step is killed 22 times at random moments; each time, resuming works."""
+    """A run saving every step is killed 22 times, 5 of them inside a checkpoint write; each time, resuming works."""
     out = tmp_path / "out"
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=os.pathsep.join(sys.path))
     log_path = tmp_path / "worker.log"
@@ -211,17 +211,25 @@ def test_kill_9_at_random_moments_never_leaves_an_incomplete_checkpoint(tmp_path
         worker = subprocess.Popen([sys.executable, str(TESTS / "_kill_worker.py")], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=log, text=True, env=env)  # fmt: skip
     rng = random.Random(14)
-    steps, killed_while_saving = [], 0
+    steps, killed_while_saving, deliberate = [], 0, 0
     try:
-        for _ in range(22):
-            worker.stdin.write(json.dumps({"output_dir": str(out), "max_steps": 10_000}) + "\n")
+        for kill in range(22):
+            in_save = kill % 4 == 3  # every 4th kill lands inside a checkpoint write, on purpose
+            request = {"output_dir": str(out), "max_steps": 10_000, "pause_in_save": in_save}
+            worker.stdin.write(json.dumps(request) + "\n")
             worker.stdin.flush()
             pid = _read(worker, "pid", log_path)["pid"]
             _read(worker, "training", log_path)
-            time.sleep(rng.uniform(0.0, 0.3))
+            if in_save:
+                _read(worker, "saving", log_path)
+            else:
+                time.sleep(rng.uniform(0.0, 0.3))
             os.kill(pid, signal.SIGKILL)
             _read(worker, "exit", log_path)
-            killed_while_saving += any(n.startswith(STAGING_PREFIX) for n in os.listdir(out))
+            staging = any(n.startswith(STAGING_PREFIX) for n in os.listdir(out))
+            assert staging or not in_save, "a kill inside a save left no staging folder"
+            deliberate += in_save
+            killed_while_saving += staging
             steps.append(_assert_latest_loads(out))
         worker.stdin.write(json.dumps({"output_dir": str(out), "max_steps": steps[-1] + 2}) + "\n")
         worker.stdin.flush()
@@ -232,6 +240,7 @@ def test_kill_9_at_random_moments_never_leaves_an_incomplete_checkpoint(tmp_path
         worker.wait(timeout=60)
     assert _assert_latest_loads(out) == steps[-1] + 2
     assert steps == sorted(steps) and steps[-1] > 0, steps  # every resume went on from where the last stopped
+    assert killed_while_saving >= deliberate == 5
     print(f"kill -9 x22: steps at each kill {steps}; {killed_while_saving} kills left a staging folder")
 
 

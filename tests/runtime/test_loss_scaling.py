@@ -1,0 +1,80 @@
+"""Automatic loss scaling follows PopART's rule, checked against sequences worked out by hand.
+
+PopART's automatic loss scaling looks at the gradients as the IPU stores them (fp16, still scaled by S,
+reduced over the micro-batches) after each update: if more than 1e-7 of their elements lie at or above
+1/8 of the fp16 maximum (65504 / 8 = 8188), S halves, otherwise it doubles; an overflow skips the
+update and halves S; S stays between 1 and 2**15. The numbers below sit just either side of each
+constant, so moving the bin edge, the fraction or a bound by a little changes the sequence.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optimum_ipu.runtime.loss_scaling import LossScaler
+
+EDGE = 65504 / 8  # 8188.0, the mean scaled gradient that counts as "near the top of fp16"
+
+
+def gradients_with(mean_value: float, micro_batches: int, elements: int = 10) -> list[torch.Tensor]:
+    """fp32 sums over `micro_batches` whose mean scaled gradient is `mean_value` in one element, 1 elsewhere."""
+    g = torch.full((elements,), float(micro_batches))
+    g[0] = mean_value * micro_batches
+    return [g]
+
+
+def test_the_scale_follows_a_hand_worked_sequence_around_the_bin_edge():
+    scaler = LossScaler(1024.0, auto=True)
+    steps = [  # (largest mean scaled gradient, expected scale after the update)
+        (EDGE * 0.999, 2048.0),  # just below 1/8 of fp16 max: head-room, double
+        (EDGE * 1.001, 1024.0),  # just above: crowded, halve
+        (EDGE * 0.999, 2048.0),
+        (float("inf"), 1024.0),  # overflow: update skipped, halve
+        (100.0, 2048.0),
+        (EDGE * 4, 1024.0),
+    ]
+    seen = []
+    for value, _ in steps:
+        scaler.unscale_(gradients_with(value, micro_batches=4), micro_batches=4)
+        seen.append(scaler.scale)
+    assert seen == [expected for _, expected in steps]
+    assert scaler.skipped_updates == 1
+
+
+@pytest.mark.parametrize(
+    "elements, halves",
+    [(9_000_000, True), (11_000_000, False)],  # one element above the edge: 1.11e-7 and 9.1e-8 of them
+    ids=["fraction-1.1e-7", "fraction-0.9e-7"],
+)
+def test_the_scale_halves_only_when_more_than_1e_minus_7_of_the_elements_are_above_the_edge(elements, halves):
+    scaler = LossScaler(1024.0, auto=True)
+    scaler.unscale_(gradients_with(EDGE * 2, micro_batches=1, elements=elements), micro_batches=1)
+    assert scaler.scale == (512.0 if halves else 2048.0)
+
+
+def test_the_scale_never_rises_above_2_to_the_15():
+    scaler = LossScaler(2.0**14, auto=True)
+    for _ in range(3):
+        scaler.unscale_(gradients_with(1.0, micro_batches=1), micro_batches=1)
+    assert scaler.scale == 2.0**15
+
+
+def test_the_scale_never_falls_below_1_on_overflows_or_crowded_gradients():
+    scaler = LossScaler(2.0, auto=True)
+    scaler.unscale_(gradients_with(float("nan"), micro_batches=1), micro_batches=1)
+    scaler.unscale_(gradients_with(float("inf"), micro_batches=1), micro_batches=1)
+    assert scaler.scale == 1.0
+    scaler.unscale_(gradients_with(EDGE * 2, micro_batches=1), micro_batches=1)
+    assert scaler.scale == 1.0
+    assert scaler.skipped_updates == 2
+
+
+def test_unscaling_gives_the_mean_true_gradient_and_its_norm():
+    """Sums of S x grad over 4 micro-batches at S = 256, worked by hand: the mean gradient is sum / (4 x 256)."""
+    scaler = LossScaler(256.0)
+    grads = [torch.tensor([1024.0, -2048.0]), torch.tensor([0.0, 3072.0])]  # mean true gradients 1, -2, 0, 3
+    norm = scaler.unscale_(grads, micro_batches=4)
+    assert grads[0].tolist() == [1.0, -2.0] and grads[1].tolist() == [0.0, 3.0]
+    assert norm == pytest.approx(14**0.5)
+    assert scaler.scale == 256.0  # static: unchanged

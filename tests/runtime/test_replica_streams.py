@@ -1,0 +1,78 @@
+"""Each replica draws its own dropout masks, the same ones run after run, whatever else runs.
+
+The masks are read off a dropout layer applied to ones (an element kept is 1 / (1 - p), dropped is 0),
+micro-batch by micro-batch in the order the executable runs them: device iteration, replica,
+accumulation step.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from optimum_ipu.runtime.executor import TrainingExecutable
+from optimum_ipu.runtime.loss_scaling import LossScaler
+from optimum_ipu.runtime.replicas import ReplicaStreams
+
+
+class DropoutProbe(nn.Module):
+    """A weight times dropout(ones): records each call's dropout mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(64))
+        self.dropout = nn.Dropout(0.5)
+        self.masks: list[torch.Tensor] = []
+
+    def forward(self, x):
+        kept = self.dropout(torch.ones_like(x)) != 0
+        self.masks.append(kept)
+        return (self.weight * x * kept).sum()
+
+
+def masks_by_replica(replicas: int, ga: int = 2, di: int = 1, seed: int = 0) -> list[list[torch.Tensor]]:
+    """masks[r] = replica r's masks over the call, in order."""
+    model = DropoutProbe()
+    config = SimpleNamespace(gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=di,
+                             output_mode="all")  # fmt: skip
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    executable = TrainingExecutable(model, config, lambda mb: model(mb["x"]), optimizer, LossScaler(),
+                                    ReplicaStreams(seed, replicas))  # fmt: skip
+    executable({"x": torch.ones(di * replicas * ga, 64)})
+    by_replica: list[list[torch.Tensor]] = [[] for _ in range(replicas)]
+    for i, mask in enumerate(model.masks):
+        by_replica[(i // ga) % replicas].append(mask)
+    return by_replica
+
+
+def test_replicas_draw_different_dropout_masks():
+    first, second = masks_by_replica(replicas=2)
+    for a, b in zip(first, second):
+        assert not torch.equal(a, b)
+        assert 0.3 < a.float().mean() < 0.7 and 0.3 < b.float().mean() < 0.7  # dropout 0.5 really drops
+
+
+def test_a_replicas_masks_repeat_run_to_run_and_depend_on_the_seed():
+    assert all(torch.equal(a, b) for a, b in zip(masks_by_replica(2)[1], masks_by_replica(2)[1]))
+    assert not torch.equal(masks_by_replica(2)[1][0], masks_by_replica(2, seed=1)[1][0])
+
+
+def test_a_replica_draws_the_same_masks_however_many_replicas_run_beside_it():
+    """Replica 1 of 2 and replica 1 of 4 see the same stream: a replica's randomness is its own."""
+    assert all(torch.equal(a, b) for a, b in zip(masks_by_replica(2)[1], masks_by_replica(4)[1]))
+
+
+def test_a_replicas_stream_goes_on_across_device_iterations_without_repeating():
+    two_iterations = masks_by_replica(replicas=2, di=2)[0]
+    assert not torch.equal(two_iterations[0], two_iterations[2])  # iteration 2 does not restart the stream
+
+
+def test_the_trainers_own_stream_does_not_depend_on_the_replicas():
+    torch.manual_seed(5)
+    masks_by_replica(replicas=1)
+    after_one = torch.rand(4)
+    torch.manual_seed(5)
+    masks_by_replica(replicas=4)
+    assert torch.equal(torch.rand(4), after_one)
