@@ -1,8 +1,10 @@
-"""What a valid `IPUConfig` is: its fields and defaults, the derived defaults, and the validation rules.
+"""What a valid `IPUConfig` is: its fields and defaults, its modes, the derived defaults, and the rules.
 
-Everything here works on a plain dict of values keyed by the JSON names (training values under the
-plain name, inference values under the `inference_` name), so the rules can be read and tested without
-the mode machinery of `IPUConfig`.
+Everything here works on plain values keyed by the JSON names (training values under the plain name,
+inference values under the `inference_` name), so the rules can be read and tested without the mode
+machinery of `IPUConfig`. Two levels of rules: `validate_value` checks one value on its own (its type
+and range; run on every assignment), `validate_values` checks every value and the rules that tie
+several attributes together (run on construction, `update()` and `validate()`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,19 @@ CONFIG_NAME = "ipu_config.json"
 
 
 class IPUConfigError(ValueError):
-    """An `IPUConfig` value, override or file that breaks a rule; the message names the attribute."""
+    """An `IPUConfig` value, override or file that breaks a rule; the message names the attribute.
+
+    Optimum Graphcore's `IncompatibleIPUConfigError` is this class, so `except` clauses written for
+    either name, or for `ValueError`, catch it.
+    """
+
+
+class IPUConfigTypeError(IPUConfigError, TypeError):
+    """An `IPUConfig` value of the wrong type (a string for a count, a dict for a list, ...).
+
+    Also a `TypeError`, which Optimum Graphcore raised for a value of the wrong type, so code that
+    catches either `TypeError` or `ValueError` keeps working.
+    """
 
 
 # Every attribute of `ipu_config.json` with its default, in the order `to_dict()` writes them.
@@ -55,9 +69,26 @@ FIELD_DEFAULTS: dict[str, Any] = {
 }
 FIELD_NAMES: tuple[str, ...] = tuple(FIELD_DEFAULTS)
 
+# The modes of a config, in Optimum Graphcore's words: `train()` selects the first, `eval()` the second.
+MODES: tuple[str, ...] = ("training", "inference")
+
 # Attributes with an `inference_` twin: in inference mode, reading the plain name gives the twin.
 MODE_MANAGED: tuple[str, ...] = tuple(
     name for name in FIELD_NAMES if not name.startswith("inference_") and f"inference_{name}" in FIELD_DEFAULTS
+)
+
+# The mode-managed attributes that decide placement. Optimum Graphcore's model code reads them as
+# `ipu_config._<name>` (e.g. `_layers_per_ipu`), which follows the mode; exactly these eight have the
+# underscore spelling there (not `replication_factor` or `device_iterations`, read per mode explicitly).
+PLACEMENT_MANAGED: tuple[str, ...] = (
+    "layers_per_ipu",
+    "ipus_per_replica",
+    "matmul_proportion",
+    "embedding_serialization_factor",
+    "serialized_embedding_splits_per_ipu",
+    "projection_serialization_factor",
+    "serialized_projection_splits_per_ipu",
+    "parallelize_kwargs",
 )
 
 # Attributes whose value is derived from others unless the user gave one.
@@ -74,9 +105,21 @@ DERIVABLE: frozenset[str] = frozenset(
     }
 )
 
+# Attributes that may be `None`: the derivable ones ("derive it") and these.
+NULLABLE: frozenset[str] = DERIVABLE | {
+    "seed",
+    "serialized_embedding_splits_per_ipu",
+    "serialized_projection_splits_per_ipu",
+}
+
 OUTPUT_MODES = ("all", "sum", "final", "default")
 DEFAULT_MATMUL_PROPORTION = 0.2
 _SERIALIZED = ("embedding", "projection")
+
+
+def attribute_for_mode(name: str, mode: str) -> str:
+    """The attribute `name` stands for in `mode`: its `inference_` twin in inference mode, else `name`."""
+    return f"inference_{name}" if mode == "inference" and name in MODE_MANAGED else name
 
 
 def close_matches(name: str, candidates: Iterable[str] = FIELD_NAMES) -> str:
@@ -143,6 +186,7 @@ def _all_wildcards(layers: list) -> bool:
     return bool(layers) and all(n == -1 for n in layers)
 
 
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -151,23 +195,117 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _fail(name: str, value: Any, rule: str) -> IPUConfigError:
-    return IPUConfigError(f"`IPUConfig` attribute `{name}` {rule}, got {value!r}.")
+def _fail(name: str, value: Any, rule: str, wrong_type: bool = False) -> IPUConfigError:
+    error = IPUConfigTypeError if wrong_type else IPUConfigError
+    return error(f"`IPUConfig` attribute `{name}` {rule}, got {value!r}.")
 
 
-def _check_count(values: Mapping[str, Any], name: str) -> None:
-    value = values[name]
+# ----- one value on its own ----------------------------------------------------------------------
+
+
+def _check_count(name: str, value: Any) -> None:
     if not _is_int(value) or value < 1:
-        raise _fail(name, value, "must be an integer >= 1")
+        raise _fail(name, value, "must be an integer >= 1", wrong_type=not _is_int(value))
 
 
-def _check_layer_entries(values: Mapping[str, Any], prefix: str) -> None:
-    name = f"{prefix}layers_per_ipu"
-    layers = values[name]
-    if not isinstance(layers, list) or not layers:
-        raise _fail(name, layers, "must be a non-empty list of layer counts (one per IPU; -1 is the wildcard)")
-    if not all(_is_int(n) and n >= -1 for n in layers):
+def _check_layers_per_ipu(name: str, layers: Any) -> None:
+    if not isinstance(layers, list) or not all(_is_int(n) for n in layers):
+        raise _fail(name, layers, "must be a list of layer counts, one integer per IPU (-1: wildcard)", True)
+    if not layers:
+        raise _fail(name, layers, "must be a non-empty list of layer counts, one per IPU (-1: wildcard)")
+    if not all(n >= -1 for n in layers):
         raise _fail(name, layers, "must hold integers >= -1 (-1 is the wildcard)")
+
+
+def _check_proportion(name: str, proportion: Any) -> None:
+    rule = "must be a number >= 0, or a non-empty list with one number >= 0 per IPU"
+    entries = proportion if isinstance(proportion, list) else [proportion]
+    if not all(_is_number(p) for p in entries):
+        raise _fail(name, proportion, rule, wrong_type=True)
+    if not entries or not all(p >= 0 for p in entries):
+        raise _fail(name, proportion, rule)
+
+
+def _check_splits(name: str, splits: Any) -> None:
+    rule = "must be None or a list of integers >= 0, one per IPU"
+    if not isinstance(splits, list) or not all(_is_int(n) for n in splits):
+        raise _fail(name, splits, rule, wrong_type=True)
+    if not all(n >= 0 for n in splits):
+        raise _fail(name, splits, rule)
+    used = [i for i, n in enumerate(splits) if n > 0]
+    if not used:
+        raise _fail(name, splits, "must place at least one split (its sum must be >= 1)")
+    if used != list(range(used[0], used[-1] + 1)):
+        raise _fail(name, splits, "must put its non-zero entries on consecutive IPUs")
+
+
+def _check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise _fail(name, value, "must be true or false", wrong_type=True)
+
+
+def _check_output_mode(name: str, value: Any) -> None:
+    if value not in OUTPUT_MODES:
+        rule = f"must be one of {', '.join(OUTPUT_MODES)}"
+        raise _fail(name, value, rule, wrong_type=not isinstance(value, str))
+
+
+def _check_seed(name: str, value: Any) -> None:
+    if not _is_int(value):
+        raise _fail(name, value, "must be None or an integer", wrong_type=True)
+
+
+def _check_cache_dir(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise _fail(name, value, 'must be a path ("" disables the cache)', wrong_type=True)
+
+
+def _check_kwargs(name: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise _fail(name, value, "must be a dict of keyword arguments for parallelize()", wrong_type=True)
+
+
+_CHECKS_BY_BASE_NAME = {
+    "layers_per_ipu": _check_layers_per_ipu,
+    "matmul_proportion": _check_proportion,
+    "serialized_embedding_splits_per_ipu": _check_splits,
+    "serialized_projection_splits_per_ipu": _check_splits,
+    "output_mode": _check_output_mode,
+    "seed": _check_seed,
+    "executable_cache_dir": _check_cache_dir,
+    "parallelize_kwargs": _check_kwargs,
+    **{
+        name: _check_count
+        for name in (
+            "replication_factor",
+            "gradient_accumulation_steps",
+            "ipus_per_replica",
+            "device_iterations",
+            "embedding_serialization_factor",
+            "projection_serialization_factor",
+        )
+    },
+    **{name: _check_flag for name in FIELD_NAMES if isinstance(FIELD_DEFAULTS[name], bool)},
+}
+
+
+def validate_value(name: str, value: Any) -> None:
+    """Check one attribute's value on its own: its type and its range, not how it fits the others.
+
+    `None` is accepted where it means "derive it" or "not set" (`NULLABLE`). This is what every
+    assignment runs; the rules between attributes wait for `validate_values`, because related
+    attributes are usually assigned one at a time.
+
+    Raises:
+        IPUConfigTypeError: for a value of the wrong type (also a `TypeError`).
+        IPUConfigError: for a value out of range; both name the attribute and the value.
+    """
+    if value is None and name in NULLABLE:
+        return
+    _CHECKS_BY_BASE_NAME[name.removeprefix("inference_")](name, value)
+
+
+# ----- rules between attributes ------------------------------------------------------------------
 
 
 def _check_layers(values: Mapping[str, Any], prefix: str) -> None:
@@ -183,78 +321,43 @@ def _check_layers(values: Mapping[str, Any], prefix: str) -> None:
 def _check_matmul(values: Mapping[str, Any], prefix: str) -> None:
     name, ipus_name = f"{prefix}matmul_proportion", f"{prefix}ipus_per_replica"
     proportion, ipus = values[name], values[ipus_name]
-    if isinstance(proportion, list):
-        if not proportion or not all(_is_number(p) and p >= 0 for p in proportion):
-            raise _fail(name, proportion, "must be a number >= 0 or a non-empty list of numbers >= 0")
-        if len(proportion) != ipus:
-            raise IPUConfigError(
-                f"`IPUConfig` attribute `{name}` has {len(proportion)} entries ({proportion}) but "
-                f"`{ipus_name}` is {ipus}: give one value per IPU, or a single number for every IPU."
-            )
-    elif not _is_number(proportion) or proportion < 0:
-        raise _fail(name, proportion, "must be a number >= 0 or a list with one number >= 0 per IPU")
+    if isinstance(proportion, list) and len(proportion) != ipus:
+        raise IPUConfigError(
+            f"`IPUConfig` attribute `{name}` has {len(proportion)} entries ({proportion}) but "
+            f"`{ipus_name}` is {ipus}: give one value per IPU, or a single number for every IPU."
+        )
 
 
 def _check_serialization(values: Mapping[str, Any], prefix: str, kind: str) -> None:
     factor_name = f"{prefix}{kind}_serialization_factor"
     splits_name = f"{prefix}serialized_{kind}_splits_per_ipu"
     ipus_name = f"{prefix}ipus_per_replica"
-    _check_count(values, factor_name)
     splits, ipus = values[splits_name], values[ipus_name]
     if splits is None:
         return
-    if not isinstance(splits, list) or not all(_is_int(n) and n >= 0 for n in splits):
-        raise _fail(splits_name, splits, "must be None or a list of integers >= 0, one per IPU")
+    if values[factor_name] > 1:  # first: dropping one of the two may settle the length too
+        raise IPUConfigError(
+            f"`IPUConfig` attributes `{factor_name}`={values[factor_name]} and `{splits_name}`={splits} "
+            f"are alternatives: set one of them (the factor to 1, or the splits to None)."
+        )
     if len(splits) != ipus:
         raise IPUConfigError(
             f"`IPUConfig` attribute `{splits_name}` has {len(splits)} entries ({splits}) but `{ipus_name}` is "
             f"{ipus}: give the number of splits on every IPU of the pipeline (0 where there are none)."
         )
-    used = [i for i, n in enumerate(splits) if n > 0]
-    if not used:
-        raise _fail(splits_name, splits, "must place at least one split (its sum must be >= 1)")
-    if used != list(range(used[0], used[-1] + 1)):
-        raise _fail(splits_name, splits, "must put its non-zero entries on consecutive IPUs")
-    if values[factor_name] > 1:
-        raise IPUConfigError(
-            f"`IPUConfig` attributes `{factor_name}`={values[factor_name]} and `{splits_name}`={splits} "
-            f"are alternatives: set one of them (the factor to 1, or the splits to None)."
-        )
 
 
 def validate_values(values: Mapping[str, Any]) -> None:
-    """Check every value and every cross-field rule, in both modes; raise `IPUConfigError` on the first break."""
-    for prefix in ("", "inference_"):  # first: the IPU counts are derived from these lists
-        _check_layer_entries(values, prefix)
-    for name in (
-        "replication_factor",
-        "inference_replication_factor",
-        "gradient_accumulation_steps",
-        "ipus_per_replica",
-        "inference_ipus_per_replica",
-        "device_iterations",
-        "inference_device_iterations",
-    ):
-        _check_count(values, name)
-    for name in (
-        "optimizer_state_offchip",
-        "replicated_tensor_sharding",
-        "enable_half_partials",
-        "recompute_checkpoint_every_layer",
-        "auto_loss_scaling",
-        "explicit_ir_inference",
-    ):
-        if not isinstance(values[name], bool):
-            raise _fail(name, values[name], "must be true or false")
-    if values["output_mode"] not in OUTPUT_MODES:
-        raise _fail("output_mode", values["output_mode"], f"must be one of {', '.join(OUTPUT_MODES)}")
-    if values["seed"] is not None and not _is_int(values["seed"]):
-        raise _fail("seed", values["seed"], "must be None or an integer")
-    if not isinstance(values["executable_cache_dir"], str):
-        raise _fail("executable_cache_dir", values["executable_cache_dir"], 'must be a path ("" disables the cache)')
-    for name in ("parallelize_kwargs", "inference_parallelize_kwargs"):
-        if not isinstance(values[name], dict):
-            raise _fail(name, values[name], "must be a dict of keyword arguments for parallelize()")
+    """Check every value, then every rule between attributes, in both modes; raise on the first break.
+
+    The mode is not involved: an error names the attribute of the mode it concerns (`layers_per_ipu`
+    or `inference_layers_per_ipu`), whichever mode the config is in.
+
+    Raises:
+        IPUConfigTypeError, IPUConfigError: as `validate_value`, or for two attributes that disagree.
+    """
+    for name in FIELD_NAMES:
+        validate_value(name, values[name])
     for prefix in ("", "inference_"):
         _check_layers(values, prefix)
         _check_matmul(values, prefix)

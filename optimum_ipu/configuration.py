@@ -15,7 +15,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from optimum_ipu._config_legacy import n_ipu_from_pod_type, normalize_config_dict
 from optimum_ipu._config_parsing import parse_overrides
@@ -25,9 +25,13 @@ from optimum_ipu._config_schema import (
     FIELD_DEFAULTS,
     FIELD_NAMES,
     MODE_MANAGED,
+    MODES,
+    PLACEMENT_MANAGED,
     IPUConfigError,
+    attribute_for_mode,
     close_matches,
     derive_defaults,
+    validate_value,
     validate_values,
 )
 
@@ -35,46 +39,51 @@ __all__ = ["CONFIG_NAME", "IPUConfig", "IPUConfigError", "n_ipu_from_pod_type"]
 
 logger = logging.getLogger(__name__)
 
-_MODES = ("training", "inference")
 # Public attributes that are not part of the JSON.
 _BOOKKEEPING = ("source", "source_path")
 
 
 class _ModeManaged:
-    """Reads `inference_<name>` instead of `<name>` while the config is in inference mode.
+    """Reads the attribute `field` stands for in the config's mode: `inference_<field>` in inference mode.
 
-    A data descriptor, so it wins over the instance dict, where the training value is kept under the
-    plain name (`vars(config)` and `to_dict()` show the raw values of both modes).
+    Installed under the plain name and, for the placement settings, under Optimum Graphcore's
+    `_<field>` spelling too. A data descriptor, so it wins over the instance dict, where the training
+    value is kept under the plain name (`vars(config)` and `to_dict()` show the raw values of both modes).
     """
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name, self.twin = name, f"inference_{name}"
+    def __init__(self, field: str) -> None:
+        self.field = field
 
     def __get__(self, obj: Any, objtype: type | None = None) -> Any:
         if obj is None:
             return self
-        values = obj.__dict__
-        return values[self.twin if values.get("_mode") == "inference" else self.name]
+        return obj.__dict__[attribute_for_mode(self.field, obj.__dict__.get("_mode"))]
 
     def __set__(self, obj: Any, value: Any) -> None:  # IPUConfig.__setattr__ handles assignment
-        obj.__setattr__(self.name, value)
+        obj.__setattr__(self.field, value)
 
 
 class IPUConfig:
     """An Optimum Graphcore IPU configuration: pipelining, replication, batching and memory settings.
 
     Attributes are those of `ipu_config.json` (see `FIELD_DEFAULTS` in `_config_schema` and the
-    project's semantics reference). The ones with an `inference_` twin (`layers_per_ipu`,
-    `ipus_per_replica`, `matmul_proportion`, `replication_factor`, `device_iterations`, the
-    serialization settings, `parallelize_kwargs`) read as the twin after `eval()`, so placing code reads
-    one name in both modes. Assigning a managed name in inference mode sets the twin, symmetrically.
-    `gradient_accumulation_steps` is not managed: it keeps its training value in inference mode, where
-    nothing reads it (`batch_size_factor(for_inference=True)` leaves it out).
+    project's semantics reference). A config has a mode, one of `IPUConfig.modes` ("training",
+    "inference"; `train()` / `eval()` or `config.mode = ...`). The attributes with an `inference_` twin
+    (`layers_per_ipu`, `ipus_per_replica`, `matmul_proportion`, `replication_factor`,
+    `device_iterations`, the serialization settings, `parallelize_kwargs`) read as the twin in
+    inference mode, under the plain name and, for the placement settings, under Optimum Graphcore's
+    `_<name>` spelling (`config.eval()._layers_per_ipu` is `inference_layers_per_ipu`). Assigning a
+    managed name in inference mode sets the twin, symmetrically. `gradient_accumulation_steps` is not
+    managed: nothing reads it in inference (`batch_size_factor(for_inference=True)` leaves it out).
 
-    Direct assignment stores a value as given; `update(**values)` also re-derives the dependent
-    defaults and validates, atomically. `source` / `source_path` say where a loaded config came from
-    ("local", "hub", "hub-cache" or "bundled"); they are not written to the JSON.
+    Every assignment checks the value's type and range at once, naming the attribute written
+    (`inference_layers_per_ipu` in inference mode). The rules between attributes (one
+    `matmul_proportion` per IPU, ...) run on construction, `update(**values)` (which also re-derives
+    the dependent defaults, atomically) and `validate()`. `source` / `source_path` say where a loaded
+    config came from ("local", "hub", "hub-cache" or "bundled"); they are not written to the JSON.
     """
+
+    modes: ClassVar[tuple[str, ...]] = MODES
 
     def __init__(
         self,
@@ -112,41 +121,70 @@ class IPUConfig:
     ) -> None:
         """Build a config; `None` on a derivable attribute derives it. Raises `IPUConfigError` if invalid."""
         given = dict(locals())
-        object.__setattr__(self, "_mode", "training")
-        object.__setattr__(self, "_explicit", set())
-        object.__setattr__(self, "source", None)
-        object.__setattr__(self, "source_path", None)
         given["layers_per_ipu"] = [-1] if layers_per_ipu is None else layers_per_ipu
         given["parallelize_kwargs"] = {} if parallelize_kwargs is None else parallelize_kwargs
         given["inference_parallelize_kwargs"] = {} if inference_parallelize_kwargs is None else inference_parallelize_kwargs
         for name in FIELD_NAMES:
-            setattr(self, name, copy.deepcopy(given[name]))
+            validate_value(name, given[name])
+        object.__setattr__(self, "_mode", "training")
+        object.__setattr__(self, "_explicit", {name for name in DERIVABLE if given[name] is not None})
+        object.__setattr__(self, "source", None)
+        object.__setattr__(self, "source_path", None)
+        self.__dict__.update({name: copy.deepcopy(given[name]) for name in FIELD_NAMES})
         self._refresh()
 
     # ----- modes ---------------------------------------------------------------------------------
 
     @property
     def mode(self) -> str:
-        """ "training" or "inference": which value the mode-managed attributes read."""
+        """ "training" or "inference": which value the mode-managed attributes read and write.
+
+        Setting it to anything else raises `IPUConfigError` (a `ValueError`); nothing is validated on
+        a switch, since construction and `update()` check both modes.
+        """
         return self._mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        if value not in self.modes:
+            raise IPUConfigError(
+                f"`IPUConfig.mode` must be one of {', '.join(map(repr, self.modes))}, got {value!r}. "
+                "Switch with `ipu_config.train()` or `ipu_config.eval()`."
+            )
+        object.__setattr__(self, "_mode", value)
 
     def train(self) -> IPUConfig:
         """Switch to training mode; returns self."""
-        object.__setattr__(self, "_mode", "training")
+        self.mode = "training"
         return self
 
     def eval(self) -> IPUConfig:
         """Switch to inference mode (managed attributes read their `inference_` twin); returns self."""
-        object.__setattr__(self, "_mode", "inference")
+        self.mode = "inference"
         return self
 
+    def _get_managed_attr_mode_name(self, attr: str) -> str:
+        """The attribute `attr` stands for in the current mode: `inference_<attr>` in inference mode.
+
+        Unchanged for an attribute without an `inference_` twin, or in training mode. Optimum
+        Graphcore's model code (and ours, in messages) uses it to name the attribute in use.
+        """
+        return attribute_for_mode(attr, self._mode)
+
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in MODE_MANAGED and self._mode == "inference":
-            name = f"inference_{name}"
+        if name == "mode":
+            object.__setattr__(self, name, value)  # the property checks it
+            return
+        if name.startswith("_") and name[1:] in PLACEMENT_MANAGED:  # Optimum Graphcore's `_layers_per_ipu`
+            name = name[1:]
         if name in FIELD_DEFAULTS:
-            if name in DERIVABLE:  # set to None, it goes back to being derived
-                (self._explicit.add if value is not None else self._explicit.discard)(name)
+            name = self._get_managed_attr_mode_name(name)
+            validate_value(name, value)
             self.__dict__[name] = value
+            if name in DERIVABLE:  # set to None, it goes back to being derived, at once
+                (self._explicit.add if value is not None else self._explicit.discard)(name)
+                if value is None:
+                    self.__dict__[name] = derive_defaults(self.to_dict(), self._explicit)[name]
         elif name in _BOOKKEEPING or name.startswith("_"):
             object.__setattr__(self, name, value)
         else:
@@ -160,11 +198,20 @@ class IPUConfig:
         self.__dict__.update(values)
 
     def validate(self) -> None:
-        """Check every value and cross-field rule of both modes (after direct assignments)."""
+        """Check every value and the rules between attributes, in both modes, whatever the current mode.
+
+        Assignment checks one value at a time; call this after assigning related attributes directly
+        (e.g. `layers_per_ipu` and then `ipus_per_replica`). The mode is left as it was, also on error.
+
+        Raises:
+            IPUConfigError: naming the attribute of the mode at fault (e.g. `inference_layers_per_ipu`).
+        """
         validate_values(self.to_dict())
 
     def update(self, **values: Any) -> IPUConfig:
         """Set attributes, re-derive the dependent defaults and validate; all or nothing. Returns self.
+
+        A mode-managed name sets the value of the current mode, as assignment does.
 
         Raises:
             IPUConfigError: for an unknown name or an invalid result (the config is left unchanged).
@@ -313,8 +360,8 @@ class IPUConfig:
             logger.warning(message)
         try:
             config = cls(**normalized.values)
-        except IPUConfigError as error:
-            raise IPUConfigError(f"IPU config {origin}: {error}") from None
+        except IPUConfigError as error:  # the same class, so a wrong type is still a TypeError
+            raise type(error)(f"IPU config {origin}: {error}") from None
         return config.update(**overrides) if overrides else config
 
     @classmethod
@@ -390,7 +437,7 @@ class IPUConfig:
 
 
 for _name in MODE_MANAGED:
-    _descriptor = _ModeManaged()
-    _descriptor.__set_name__(IPUConfig, _name)
-    setattr(IPUConfig, _name, _descriptor)
-del _name, _descriptor
+    setattr(IPUConfig, _name, _ModeManaged(_name))
+for _name in PLACEMENT_MANAGED:
+    setattr(IPUConfig, f"_{_name}", _ModeManaged(_name))
+del _name

@@ -256,6 +256,8 @@ def test_invalid_values_name_the_attribute_and_the_value(kwargs, attribute):
             r"`embedding_serialization_factor`=2 and `serialized_embedding_splits_per_ipu`=\[1, 1, 0, 0\] are alternatives",
         ),
         ({"inference_layers_per_ipu": [3, 3], "inference_serialized_projection_splits_per_ipu": [1]}, r"`inference_serialized_projection_splits_per_ipu` has 1"),
+        # both alternatives given is the first thing said, even when the splits' length is wrong too
+        ({"embedding_serialization_factor": 2, "serialized_embedding_splits_per_ipu": [1, 1]}, r"are alternatives"),
     ],
 )
 def test_cross_field_rules(kwargs, pattern):
@@ -273,11 +275,13 @@ def test_errors_are_value_errors():
     assert issubclass(IPUConfigError, ValueError)
 
 
-def test_validate_catches_direct_assignments():
+def test_validate_catches_direct_assignments_that_disagree():
     config = IPUConfig()
-    config.replication_factor = 0
-    with pytest.raises(IPUConfigError, match="replication_factor"):
+    config.layers_per_ipu = [2, 2]  # one value at a time is accepted: ipus_per_replica may come next
+    with pytest.raises(IPUConfigError, match=r"`layers_per_ipu` has 2 entries .* `ipus_per_replica` is 1"):
         config.validate()
+    config.ipus_per_replica = 2
+    config.validate()
 
 
 def test_update_is_all_or_nothing():

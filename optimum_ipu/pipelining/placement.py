@@ -9,9 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from optimum_ipu._config_schema import IPUConfigError
 
-class PlacementError(ValueError):
-    """A `layers_per_ipu` that cannot place the model's layers on the pipeline's IPUs."""
+
+class PlacementError(IPUConfigError):
+    """A `layers_per_ipu` that cannot place the model's layers on the pipeline's IPUs.
+
+    An `IPUConfigError` (Optimum Graphcore's `IncompatibleIPUConfigError`, a `ValueError`), the class
+    the original raised for a config that does not fit the model, so code catching it still does.
+    """
 
 
 def expand_layers_per_ipu(layers_per_ipu: Sequence[int], ipus_per_replica: int) -> list[int]:

@@ -10,6 +10,7 @@ from optimum.graphcore import (
     PipelinedBertForQuestionAnswering,
     PipelinedT5ForConditionalGeneration,
 )
+from optimum.graphcore.ipu_configuration import IncompatibleIPUConfigError
 from optimum.graphcore.modeling_utils import get_layer_ipu, to_pipelined
 from optimum_ipu.compat import NoEquivalentError
 
@@ -80,6 +81,19 @@ def test_get_layer_ipu_follows_the_layers_per_ipu_rule():
     assert get_layer_ipu(IPUConfig(layers_per_ipu=[1, 1], ipus_per_replica=2), [1, 1]) == [0, 1]
     with pytest.raises(ValueError, match="target_number_of_layers"):
         get_layer_ipu(IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2))
+
+
+def test_get_layer_ipu_reads_the_layers_of_the_config_mode():
+    config = IPUConfig(layers_per_ipu=[2, 2], inference_layers_per_ipu=[4])
+    assert get_layer_ipu(config, 4) == [0, 0, 1, 1]
+    assert get_layer_ipu(config.eval(), 4) == [0, 0, 0, 0]
+
+
+def test_layers_that_do_not_fit_the_model_raise_incompatible_ipu_config_error():
+    # Optimum Graphcore raised its IncompatibleIPUConfigError here; `except` clauses for it must still catch.
+    for count in (2, 4):
+        with pytest.raises(IncompatibleIPUConfigError, match=r"layers_per_ipu=\[1, 2\] places 3 layers"):
+            get_layer_ipu(IPUConfig(layers_per_ipu=[1, 2]), count)
 
 
 def test_pipelined_classes_build_from_transformers_models(tmp_path):
