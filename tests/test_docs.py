@@ -52,10 +52,8 @@ TEST_COMMAND = (
 )
 # Pages other branches add; README links to them before they land (remove a name once it exists).
 PENDING_PAGES = {
-    "docs/running-optimum-graphcore-code.md",
     "docs/poptorch.md",
     "docs/pipelines-and-collators.md",
-    "docs/ipu-configs-modes.md",
     "docs/bad-inputs.md",
 }
 
