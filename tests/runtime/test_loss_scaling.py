@@ -78,3 +78,62 @@ def test_unscaling_gives_the_mean_true_gradient_and_its_norm():
     assert grads[0].tolist() == [1.0, -2.0] and grads[1].tolist() == [0.0, 3.0]
     assert norm == pytest.approx(14**0.5)
     assert scaler.scale == 256.0  # static: unchanged
+
+
+def test_without_a_loss_scaling_argument_the_scale_is_1_and_a_scale_of_0_or_less_is_refused():
+    assert LossScaler().scale == 1.0 and not LossScaler().auto
+    for bad in (0.0, -64.0):
+        with pytest.raises(ValueError, match=rf"loss_scaling must be > 0, got {bad}; typical values are 64 to 32768"):
+            LossScaler(bad)
+
+
+def test_a_fraction_of_exactly_1e_minus_7_above_the_edge_is_not_more_than_it():
+    scaler = LossScaler(1024.0, auto=True)
+    scaler.unscale_(gradients_with(EDGE * 2, micro_batches=1, elements=10_000_000), micro_batches=1)
+    assert scaler.scale == 2048.0  # "more than 1e-7" of the elements: exactly 1e-7 leaves head-room
+
+
+def test_a_gradient_exactly_at_the_edge_counts_as_near_the_top():
+    scaler = LossScaler(1024.0, auto=True)
+    scaler.unscale_(gradients_with(EDGE, micro_batches=2), micro_batches=2)
+    assert scaler.scale == 512.0
+
+
+def test_with_an_update_period_the_scale_moves_every_period_clean_updates_and_an_overflow_restarts_the_count():
+    scaler = LossScaler(1024.0, auto=True, update_period=2)
+    seen = []
+    for value in (1.0, 1.0, 1.0, float("inf"), 1.0, 1.0):
+        scaler.unscale_(gradients_with(value, micro_batches=1), micro_batches=1)
+        seen.append((scaler.scale, scaler.clean_updates))
+    # doubles after 2 clean updates; an overflow halves at once and the next doubling needs 2 more
+    assert seen == [(1024.0, 1), (2048.0, 2), (2048.0, 3), (1024.0, 0), (1024.0, 1), (2048.0, 2)]
+
+
+def test_the_scaler_state_round_trips_through_a_checkpoint():
+    scaler = LossScaler(1024.0, auto=True)
+    for value in (1.0, float("inf"), 1.0):
+        scaler.unscale_(gradients_with(value, micro_batches=1), micro_batches=1)
+    state = scaler.state_dict()
+    assert state == {"scale": 2048.0, "clean_updates": 1, "skipped_updates": 1}  # 1024 -> 2048 -> 1024 -> 2048
+    restored = LossScaler(1.0, auto=True)
+    restored.load_state_dict(state)
+    assert restored.state_dict() == state
+    assert LossScaler().state_dict() == {"scale": 1.0, "clean_updates": 0, "skipped_updates": 0}
+
+
+def test_each_scale_change_and_each_skipped_update_is_logged_with_the_way_out(caplog):
+    caplog.set_level("INFO", logger="optimum_ipu.runtime.loss_scaling")
+    auto = LossScaler(1024.0, auto=True)
+    auto.unscale_(gradients_with(1.0, micro_batches=1), micro_batches=1)
+    auto.unscale_(gradients_with(float("inf"), micro_batches=1), micro_batches=1)
+    static = LossScaler(64.0)
+    static.unscale_(gradients_with(float("nan"), micro_batches=1), micro_batches=1)
+    static.unscale_(gradients_with(1.0, micro_batches=1), micro_batches=1)
+    assert caplog.messages == [
+        "Automatic loss scaling: scale 1024 -> 2048.",
+        "Gradient overflow: update skipped, loss scale 2048 -> 1024.",
+        "Gradient overflow with static loss scale 64: update skipped. Lower --loss_scaling or use --auto_loss_scaling.",
+    ]
+    capped = LossScaler(2.0**15, auto=True)
+    capped.unscale_(gradients_with(1.0, micro_batches=1), micro_batches=1)
+    assert len(caplog.messages) == 3  # no change, no line
