@@ -126,6 +126,9 @@ class DataTrainingArguments:
                 holds = ("images/ and Data_Entry_2017_v2020.csv" if flag == "chestxray_dir"
                          else "one sub-folder of images per class")
                 raise FileNotFoundError(f"--{flag} {path}: no such folder. Give the folder that holds {holds}.")
+        if self.skip_missing_images and not self.chestxray_dir:
+            logger.warning("--skip_missing_images has no effect without --chestxray_dir (only its CSV can list an "
+                           "image that is absent); --skip_bad_images skips unusable files of any source.")
         if self.train_val_split is not None and not 0 < self.train_val_split < 1:
             raise ValueError(f"--train_val_split is a share of the data, between 0 and 1; got {self.train_val_split}.")
         if self.random_crop_min_scale is not None and not 0 < self.random_crop_min_scale <= 1:
