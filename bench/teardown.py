@@ -31,7 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "distributed" / "_train_worker.py"
 TEARDOWN_ABORT = "terminate called without an active exception"
-REPLICAS = {"layers_per_ipu": [-1], "ipus_per_replica": 1, "replication_factor": 2, "gradient_accumulation_steps": 4}
+REPLICAS = {
+    "layers_per_ipu": [-1],
+    "ipus_per_replica": 1,
+    "replication_factor": 2,
+    "gradient_accumulation_steps": 4,
+}
 PIPELINE = {"layers_per_ipu": [2, 2], "ipus_per_replica": 2, "gradient_accumulation_steps": 4}
 
 
@@ -42,7 +47,11 @@ def launch(index: int, folder: Path, steps: int, ipu_config: dict) -> tuple[str,
     spec.write_text(json.dumps({"out": str(out), "steps": steps, "ipu_config": ipu_config}))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(WORKER), str(spec)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     seconds = time.perf_counter() - start
@@ -71,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             if tail:
                 print("  " + tail.replace("\n", "\n  "), flush=True)
     layout = "2 pipeline stages" if args.pipeline else "2 replica processes"
-    print(f"{args.launches} launches ({layout}, gloo): {counts['ok']} ok, {counts['teardown abort']} teardown "
-          f"aborts, {counts['other failure']} other failures")
+    print(
+        f"{args.launches} launches ({layout}, gloo): {counts['ok']} ok, {counts['teardown abort']} teardown "
+        f"aborts, {counts['other failure']} other failures"
+    )
     return 0 if counts["ok"] == args.launches else 1
 
 
