@@ -411,7 +411,10 @@ class IPUConfig:
         try:
             raw = json.loads(Path(found.path).read_text())
         except json.JSONDecodeError as error:
-            raise IPUConfigError(f"IPU config {origin} is not valid JSON: {error}") from None
+            raise IPUConfigError(
+                f"IPU config {origin} is not valid JSON: {error}. Fix the file there (keys and strings in double "
+                'quotes, no trailing commas, e.g. {"layers_per_ipu": [0, 4, 4, 4]}), or give another config.'
+            ) from None
         config = cls._from_raw(raw, origin, pod_type, n_ipu, strict, overrides)
         config.source, config.source_path = found.source, str(found.path)
         return config

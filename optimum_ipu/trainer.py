@@ -35,7 +35,7 @@ from optimum_ipu.checkpoints import AtomicCheckpoints
 from optimum_ipu.pipelining import to_pipelined
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, move_to, pad_by_repeating
 from optimum_ipu.runtime.compile_report import compile_inference, compile_training
-from optimum_ipu.runtime.distributed import build_process_replicas
+from optimum_ipu.runtime.distributed import build_process_replicas, hold_process_groups
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
 from optimum_ipu.runtime.loss_scaling import LossScaler
@@ -257,10 +257,23 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         )
         self._stages: PipelineStages | None = None
         self._process_state_stale = False  # see `_gather_process_state`
+        if self.process_replicas is not None:
+            hold_process_groups(self)
         if self.process_replicas is not None and self.process_replicas.layout.stages > 1:
             check_supported(self._pipelined)
         self.compile_report = None
         self.inference_report = None
+
+    def release_process_groups(self) -> None:
+        """At exit, drop the DistributedDataParallel wrapper transformers' Trainer made around the model.
+
+        It holds the default process group; `runtime.distributed` releases every holder so gloo's
+        threads end before the interpreter's finalization (see `_close_process_group` there).
+        """
+        self.model_wrapped = self.model
+        prepared = getattr(self.accelerator, "_models", None)  # accelerate keeps the models it prepared
+        if isinstance(prepared, list):
+            prepared[:] = [m for m in prepared if not isinstance(m, torch.nn.parallel.DistributedDataParallel)]
 
     # -- modes -------------------------------------------------------------------------------
 

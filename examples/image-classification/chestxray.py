@@ -30,6 +30,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from image_checks import fix_for, image_problem, listing, progress
+
 logger = logging.getLogger(__name__)
 
 FINDINGS = (
@@ -58,11 +60,6 @@ class XrayRecord:
     patient_id: str
     finding_labels: str
     labels: tuple[float, ...]
-
-
-def _listing(items: list[str]) -> str:
-    more = f" ... and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
-    return ", ".join(items[:_SHOWN]) + more
 
 
 def n_hot(finding_labels: str) -> list[float]:
@@ -129,59 +126,25 @@ def read_label_csv(path: str | os.PathLike) -> list[XrayRecord]:
         raise ValueError(f"{path}: {len(bad_labels)} row(s) with bad `Finding Labels`:\n  "
                          + "\n  ".join(bad_labels[:_SHOWN]) + ("\n  ..." if len(bad_labels) > _SHOWN else ""))
     if duplicates:
-        raise ValueError(f"{path} lists {len(duplicates)} image(s) twice: {_listing(duplicates)}; "
+        raise ValueError(f"{path} lists {len(duplicates)} image(s) twice: {listing(duplicates)}; "
                          "each `Image Index` must appear once.")
     if not records:
         raise ValueError(f"{path} has a header but no rows.")
     return records
 
 
-# Pixel formats that convert to RGB faithfully. 16-bit and float images would be clipped to white by
-# PIL's convert("RGB"), silently training on blank images, so they are refused by name.
-USABLE_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr")
-# What a complete file ends with: PNG's IEND chunk, JPEG's end-of-image marker.
-_FILE_ENDS = {"PNG": (b"IEND\xaeB`\x82",), "JPEG": (b"\xff\xd9", b"\xff\xd9\x00")}
-
-
-def image_problem(path: str | os.PathLike) -> str | None:
-    """Why an image file cannot be used (empty, not an image, truncated, unusable mode), or None.
-
-    Reads the header and the last bytes only, so checking the 112,120 ChestX-ray14 files stays cheap;
-    a PNG or JPEG without its end marker was cut off (an interrupted download or extraction).
-    """
-    from PIL import Image, UnidentifiedImageError
-
-    path = Path(path)
-    size = path.stat().st_size
-    if size == 0:
-        return "empty file"
-    try:
-        with Image.open(path) as image:
-            image_format, mode = image.format, image.mode
-    except (UnidentifiedImageError, OSError) as err:
-        return f"not an image: {type(err).__name__}"
-    ends = _FILE_ENDS.get(image_format)
-    if ends:
-        with path.open("rb") as handle:
-            handle.seek(max(0, size - 16))
-            tail = handle.read()
-        if not any(tail.rstrip(b"\x00").endswith(end.rstrip(b"\x00")) for end in ends):
-            return f"truncated {image_format}"
-    if mode not in USABLE_MODES:
-        return f"pixel mode {mode}, not 8-bit; convert it to 8-bit grayscale or RGB"
-    return None
-
-
-def check_images(records: list[XrayRecord], images_dir: str | os.PathLike,
-                 skip_missing: bool = False) -> list[XrayRecord]:
-    """Keep the records whose image exists and is usable (see `image_problem`); report the rest clearly.
+def check_images(records: list[XrayRecord], images_dir: str | os.PathLike, skip_missing: bool = False,
+                 skip_bad: bool = False, show_progress: bool = False) -> list[XrayRecord]:
+    """Keep the records whose image exists and is usable (see `image_checks.image_problem`); report the rest.
 
     Only the header and the last bytes of each image are read (cheap even for 112,120 files); an empty,
-    truncated or 16-bit file, or one that is not an image, fails.
+    truncated or 16-bit file, or one that is not an image, fails, naming every such file.
 
     Args:
         skip_missing: drop listed-but-absent images with a warning instead of failing (for a partial
-            download of the 12 ``images_*.tar.gz`` archives). Unreadable files always fail.
+            download of the 12 ``images_*.tar.gz`` archives).
+        skip_bad: drop unusable files with a warning (their count and names) instead of failing.
+        show_progress: a progress bar over the files (from `image_checks.PROGRESS_FROM` images).
     """
 
     images_dir = Path(images_dir)
@@ -192,22 +155,29 @@ def check_images(records: list[XrayRecord], images_dir: str | os.PathLike,
     missing = [r.image for r in records if r.image not in present]
     if missing and not skip_missing:
         raise FileNotFoundError(
-            f"{len(missing)} of {len(records)} images listed in the CSV are not in {images_dir}: {_listing(missing)}. "
+            f"{len(missing)} of {len(records)} images listed in the CSV are not in {images_dir}: {listing(missing)}. "
             "Extract all images_*.tar.gz archives there, or pass --skip_missing_images to train on the images present."
         )
     if missing:
         logger.warning("Skipping %d listed images not found in %s (--skip_missing_images).", len(missing), images_dir)
-    kept = [r for r in records if r.image in present]
-    unreadable = []
-    for record in kept:
+    kept, unreadable = [], []
+    for record in progress([r for r in records if r.image in present], len(records) - len(missing),
+                           "Checking the images", show_progress):
         problem = image_problem(images_dir / record.image)
         if problem:
             unreadable.append(f"{record.image} ({problem})")
+        else:
+            kept.append(record)
+    if unreadable and not skip_bad:
+        raise ValueError(f"{len(unreadable)} image(s) in {images_dir} cannot be trained on: {listing(unreadable)}. "
+                         f"{fix_for(unreadable)}, remove their rows from the CSV, or pass --skip_bad_images to "
+                         "train without them.")
     if unreadable:
-        raise ValueError(f"{len(unreadable)} image(s) in {images_dir} cannot be read as images: "
-                         f"{_listing(unreadable)}. Re-extract or re-download them, or remove their rows from the CSV.")
+        logger.warning("Skipping %d of %d images in %s that cannot be trained on (--skip_bad_images): %s",
+                       len(unreadable), len(records), images_dir, listing(unreadable))
     if not kept:
-        raise FileNotFoundError(f"None of the images listed in the CSV is in {images_dir}.")
+        raise FileNotFoundError(f"None of the {len(records)} images listed in the CSV is usable in {images_dir}; "
+                                "extract the images_*.tar.gz archives there.")
     return kept
 
 
@@ -262,7 +232,7 @@ def assign_splits(records: list[XrayRecord], data_dir: str | os.PathLike, valida
                        len(shared), sorted(shared)[:3])
     unlisted = [r.image for r in records if r.image not in train_val and r.image not in test]
     if unlisted:
-        logger.warning("%d images are in neither official list and are left out: %s", len(unlisted), _listing(unlisted))
+        logger.warning("%d images are in neither official list and are left out: %s", len(unlisted), listing(unlisted))
     split = split_by_patient([r for r in records if r.image in train_val], validation_fraction, seed)
     split.update({r.image: "test" for r in records if r.image in test})
     return split
@@ -288,11 +258,12 @@ def write_metadata(records: list[XrayRecord], split: dict[str, str], images_dir:
 
 
 def prepare_chestxray(data_dir: str | os.PathLike, validation_fraction: float = 0.05, seed: int = 0,
-                      skip_missing_images: bool = False) -> Path:
+                      skip_missing_images: bool = False, skip_bad_images: bool = False,
+                      show_progress: bool = False) -> Path:
     """Check the CSV and the images, split by patient and write ``images/metadata.jsonl``; return it."""
     data_dir = Path(data_dir)
     records = read_label_csv(data_dir / LABEL_FILE)
-    records = check_images(records, data_dir / "images", skip_missing=skip_missing_images)
+    records = check_images(records, data_dir / "images", skip_missing_images, skip_bad_images, show_progress)
     split = assign_splits(records, data_dir, validation_fraction, seed)
     counts = defaultdict(int)
     for name in split.values():
@@ -302,14 +273,17 @@ def prepare_chestxray(data_dir: str | os.PathLike, validation_fraction: float = 
 
 
 def load_chestxray(data_dir: str | os.PathLike, validation_fraction: float = 0.05, seed: int = 0,
-                   skip_missing_images: bool = False, cache_dir: str | None = None):
+                   skip_missing_images: bool = False, cache_dir: str | None = None, skip_bad_images: bool = False,
+                   show_progress: bool = False):
     """Prepare the folder and load it as a `DatasetDict` with ``train``, ``validation`` (and ``test``).
 
-    Columns: ``image`` (PIL), ``labels`` (14 floats), ``patient_id``, ``finding_labels``.
+    Columns: ``image`` (PIL), ``labels`` (14 floats), ``patient_id``, ``finding_labels``. The images
+    were checked (`check_images`), so no split holds a file that cannot be trained on.
     """
     import datasets
 
-    metadata = prepare_chestxray(data_dir, validation_fraction, seed, skip_missing_images)
+    metadata = prepare_chestxray(data_dir, validation_fraction, seed, skip_missing_images, skip_bad_images,
+                                 show_progress)
     everything = datasets.load_dataset("imagefolder", data_dir=str(metadata.parent), split="train",
                                        cache_dir=cache_dir)
     splits = list(everything["split"])

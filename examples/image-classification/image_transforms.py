@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from image_checks import EIGHT_BIT_FIX, HIGH_BIT_DEPTH_MODES, open_image
 from PIL import Image
-
-HIGH_BIT_DEPTH_MODES = ("I", "F", "I;16", "I;16L", "I;16B", "I;16N")
 
 
 @dataclass
@@ -55,15 +54,17 @@ class ImageTransform:
         left, top = self._rng.randint(0, width - w), self._rng.randint(0, height - h)
         return image.crop((left, top, left + w, top + h))
 
-    def pixel_values(self, image: Image.Image) -> np.ndarray:
+    def pixel_values(self, image: Image.Image | dict) -> np.ndarray:
         """One image → a float32 ``[3, height, width]`` array; 16-bit and float images are refused.
 
-        PIL's ``convert("RGB")`` clips 16-bit pixels to white, which would train on blank images.
+        ``image`` is a PIL image or an undecoded ``datasets.Image`` value (``{"bytes", "path"}``, see
+        `image_checks.open_image`). Every 8-bit mode becomes RGB (see `image_checks` for how); PIL's
+        ``convert("RGB")`` would clip 16-bit pixels to white, training on blank images.
         """
+        image = open_image(image)
         if image.mode in HIGH_BIT_DEPTH_MODES:
             name = getattr(image, "filename", "") or "an image of the data set"
-            raise ValueError(f"{name} has pixel mode {image.mode} (more than 8 bits per channel); convert the "
-                             "images to 8-bit grayscale or RGB before training.")
+            raise ValueError(f"{name} has pixel mode {image.mode} (more than 8 bits per channel); {EIGHT_BIT_FIX}.")
         image = image.convert("RGB")
         if self.random_crop_scale is not None:
             image = self._crop(image)

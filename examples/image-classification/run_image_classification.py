@@ -29,9 +29,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-import datasets
 import transformers
-from chestxray import FINDINGS, load_chestxray
+from image_data import LabelSpace, load_data, select_splits
 from image_metrics import accuracy, multilabel_roc_auc
 from image_transforms import ImageTransform, collate_images
 from plots import auc_bars, training_curves
@@ -99,6 +98,11 @@ class DataTrainingArguments:
     skip_missing_images: bool = field(
         default=False, metadata={"help": "ChestX-ray14: skip CSV rows whose image is absent instead of failing."}
     )
+    skip_bad_images: bool = field(
+        default=False,
+        metadata={"help": "Train without the images the check before training rejects (empty, truncated, not an "
+                  "image, 16-bit), logging their count and names, instead of failing."},
+    )
     image_column_name: str = field(default="image", metadata={"help": "Column holding the images."})
     label_column_name: str = field(default="label", metadata={"help": "Column holding class labels (single-label)."})
     random_crop_min_scale: float | None = field(
@@ -119,7 +123,12 @@ class DataTrainingArguments:
         for flag in ("chestxray_dir", "train_dir", "validation_dir"):
             path = getattr(self, flag)
             if path and not os.path.isdir(path):
-                raise FileNotFoundError(f"--{flag} {path}: no such folder.")
+                holds = ("images/ and Data_Entry_2017_v2020.csv" if flag == "chestxray_dir"
+                         else "one sub-folder of images per class")
+                raise FileNotFoundError(f"--{flag} {path}: no such folder. Give the folder that holds {holds}.")
+        if self.skip_missing_images and not self.chestxray_dir:
+            logger.warning("--skip_missing_images has no effect without --chestxray_dir (only its CSV can list an "
+                           "image that is absent); --skip_bad_images skips unusable files of any source.")
         if self.train_val_split is not None and not 0 < self.train_val_split < 1:
             raise ValueError(f"--train_val_split is a share of the data, between 0 and 1; got {self.train_val_split}.")
         if self.random_crop_min_scale is not None and not 0 < self.random_crop_min_scale <= 1:
@@ -130,15 +139,6 @@ class DataTrainingArguments:
                 raise ValueError(f"--{flag} must be >= 1, got {value}.")
 
 
-@dataclass
-class LabelSpace:
-    """The labels a data set has: names and whether several can be true at once."""
-
-    names: list[str]
-    multi_label: bool
-    label_column: str
-
-
 def parse_arguments(argv: list[str] | None = None):
     """Parse the command line (or one .json file of arguments) into the three argument dataclasses."""
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, IPUTrainingArguments))
@@ -146,37 +146,6 @@ def parse_arguments(argv: list[str] | None = None):
     if len(argv) == 1 and argv[0].endswith(".json"):
         return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
     return parser.parse_args_into_dataclasses(args=argv)
-
-
-def load_data(data_args: DataTrainingArguments, cache_dir: str | None, seed: int):
-    """The data set by split and its label space; a validation split is carved out when absent."""
-    if data_args.chestxray_dir:
-        fraction = data_args.train_val_split if data_args.train_val_split is not None else 0.05
-        data = load_chestxray(data_args.chestxray_dir, fraction, seed, data_args.skip_missing_images, cache_dir)
-        return data, LabelSpace(list(FINDINGS), True, "labels")
-    if data_args.dataset_name:
-        data = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir)
-    else:
-        data = datasets.DatasetDict({"train": datasets.load_dataset("imagefolder", data_dir=data_args.train_dir,
-                                                                    split="train", cache_dir=cache_dir)})
-        if data_args.validation_dir:
-            data["validation"] = datasets.load_dataset("imagefolder", data_dir=data_args.validation_dir,
-                                                       split="train", cache_dir=cache_dir)
-    if "validation" not in data and "train" in data:
-        fraction = data_args.train_val_split if data_args.train_val_split is not None else 0.15
-        parts = data["train"].train_test_split(test_size=fraction, seed=seed)
-        data["train"], data["validation"] = parts["train"], parts["test"]
-    column = data_args.label_column_name
-    first = next(iter(data.values()))
-    for needed in (data_args.image_column_name, column):
-        if needed not in first.column_names:
-            raise ValueError(f"The data set has no column {needed!r} (it has {first.column_names}); "
-                             "set --image_column_name / --label_column_name.")
-    feature = first.features[column]
-    if not isinstance(feature, datasets.ClassLabel):
-        raise ValueError(f"Column {column!r} is {feature}, not a class label; single-label training needs a "
-                         "ClassLabel column (an imagefolder gets one from its sub-folder names).")
-    return data, LabelSpace(list(feature.names), False, column)
 
 
 def from_pretrained(loader, name: str, what: str, **kwargs):
@@ -259,10 +228,6 @@ def make_compute_metrics(labels: LabelSpace):
     return compute_metrics
 
 
-def _truncate(dataset: datasets.Dataset, limit: int | None) -> datasets.Dataset:
-    return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
-
-
 def write_plots(trainer, metrics: dict[str, float], labels: LabelSpace, output_dir: str) -> list[str]:
     """Training curves, and per-finding AUC bars after a multi-label evaluation."""
     if not trainer.is_world_process_zero():
@@ -288,18 +253,19 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     training_args.remove_unused_columns = False
     set_seed(training_args.seed)
 
-    data, labels = load_data(data_args, model_args.cache_dir, training_args.seed)
+    show_progress = training_args.local_process_index == 0 and not training_args.disable_tqdm
+    data, labels = load_data(data_args, model_args.cache_dir, training_args.seed, show_progress)
+    splits = select_splits(data, labels, data_args, training_args, show_progress)  # before the model: fail fast
     model = build_model(model_args, labels)
     image_processor = build_image_processor(model_args, model.config)
     height_width = processor_size(image_processor)
     common = dict(mean=image_processor.image_mean, std=image_processor.image_std,
                   image_column=data_args.image_column_name, label_column=labels.label_column)
     crop = (data_args.random_crop_min_scale, 1.0) if data_args.random_crop_min_scale else None
-    train_set = _truncate(data["train"], data_args.max_train_samples) if training_args.do_train else None
-    eval_set = _truncate(data["validation"], data_args.max_eval_samples) if training_args.do_eval else None
+    train_set, eval_set, test_set = (splits.get(name) for name in ("train", "validation", "test"))
     if train_set is not None:
         train_set.set_transform(ImageTransform(height_width, random_crop_scale=crop, seed=training_args.seed, **common))
-    for split in (eval_set, data.get("test")):
+    for split in (eval_set, test_set):
         if split is not None:
             split.set_transform(ImageTransform(height_width, **common))
 
@@ -332,8 +298,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
         all_metrics.update(metrics)
-    if training_args.do_predict and "test" in data:
-        output = trainer.predict(data["test"], metric_key_prefix="test")
+    if test_set is not None:
+        output = trainer.predict(test_set, metric_key_prefix="test")
         trainer.log_metrics("test", output.metrics)
         trainer.save_metrics("test", output.metrics)
         all_metrics.update(output.metrics)

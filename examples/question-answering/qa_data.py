@@ -108,7 +108,8 @@ def _normalise_record(record: dict, index: int, source: str) -> dict:
     missing = {"context", "question"} - record.keys()
     if missing:
         raise ValueError(
-            f"{source}: record {index} lacks the column(s) {sorted(missing)}; every record needs "
+            f"{source}: record {index} lacks the column(s) {sorted(missing)} (it has {sorted(record)}); every "
+            "record needs "
             "`id`, `context`, `question` and (except in a test file) `answers` = "
             "{'text': [...], 'answer_start': [...]}."
         )
@@ -143,19 +144,47 @@ def find_misplaced_answers(records: Iterable[dict]) -> list[str]:
     return problems
 
 
+TEXT_COLUMNS = ("question", "context")
+"""The text a question-answering example is made of; neither may be empty."""
+
+
+def find_empty_text(ids: Iterable, columns: dict[str, Iterable]) -> list[tuple[int, str]]:
+    """``(row, description)`` of every record whose ``question`` or ``context`` is missing, not text, or blank.
+
+    ``columns`` maps a column name to its values, in the order of ``ids``.
+    """
+    problems = []
+    for row, (record_id, *values) in enumerate(zip(ids, *columns.values())):
+        for column, value in zip(columns, values):
+            if not isinstance(value, str) or not value.strip():
+                problems.append((row, f"id {record_id!r}: {column} is {value!r}"))
+    return problems
+
+
+def describe_problems(problems: list[str]) -> str:
+    """The first few problems, one a line, and how many more."""
+    shown = "\n  ".join(problems[:_MAX_REPORTED])
+    more = f"\n  ... and {len(problems) - _MAX_REPORTED} more" if len(problems) > _MAX_REPORTED else ""
+    return f"\n  {shown}{more}"
+
+
 def validate_qa_records(records: list[dict], source: str) -> None:
     """Raise a ``ValueError`` listing misplaced answers, with the fix, if there are any.
 
     The tokeniser maps answers to token positions by character offsets, so an answer that is not at
     its ``answer_start`` would silently train the model on the wrong span.
     """
+    empty = find_empty_text([r["id"] for r in records], {c: [r[c] for r in records] for c in TEXT_COLUMNS})
+    if empty:
+        raise ValueError(
+            f"{source}: {len(empty)} empty question or context text(s):{describe_problems([d for _, d in empty])}\nFix: every "
+            "record needs a non-empty `question` and `context` string; fill them in or delete those records."
+        )
     problems = find_misplaced_answers(records)
     if problems:
-        shown = "\n  ".join(problems[:_MAX_REPORTED])
-        more = f"\n  ... and {len(problems) - _MAX_REPORTED} more" if len(problems) > _MAX_REPORTED else ""
         raise ValueError(
-            f"{source}: {len(problems)} answer(s) do not occur in their context at answer_start:\n  "
-            f"{shown}{more}\nFix: `answer_start` must be the character offset of the answer text in "
+            f"{source}: {len(problems)} answer(s) do not occur in their context at answer_start:"
+            f"{describe_problems(problems)}\nFix: `answer_start` must be the character offset of the answer text in "
             "`context` (context[answer_start:answer_start + len(text)] == text). Correct the file, or "
             "regenerate synthetic data with make_synthetic_squad.py."
         )
@@ -165,7 +194,8 @@ def load_qa_file(path: str | os.PathLike) -> Dataset:
     """Read, flatten, validate and type one QA file as a `datasets.Dataset` (the Hub's squad columns)."""
     raw = read_qa_file(path)
     if not raw:
-        raise ValueError(f"{path} holds no questions.")
+        raise ValueError(f"{path} holds no questions (0 records); give a SQuAD-format file with at least one "
+                         "question (make_synthetic_squad.py writes one).")
     records = [_normalise_record(r, i, str(path)) for i, r in enumerate(raw)]
     validate_qa_records(records, str(path))
     return Dataset.from_list(records, features=QA_FEATURES)

@@ -26,7 +26,7 @@ from functools import partial
 
 import datasets
 import transformers
-from qa_data import load_qa_files
+from qa_data import TEXT_COLUMNS, describe_problems, find_empty_text, load_qa_files
 from qa_features import FeatureSettings, check_tokenizer, prepare_train_features, prepare_validation_features
 from squad_metric import compute as compute_squad_metric
 from trainer_qa import QuestionAnsweringIPUTrainer
@@ -126,30 +126,77 @@ def from_pretrained(loader, name: str, what: str, **kwargs):
                       "offline (HF_HUB_OFFLINE=1), a Hub id must already be in the Hugging Face cache.") from error
 
 
-def load_raw_datasets(data_args: DataTrainingArguments, model_args: ModelArguments) -> datasets.DatasetDict:
-    """The raw examples by split, from the Hub or local files, with the squad columns checked."""
+def split_source(data_args: DataTrainingArguments, split: str) -> str:
+    """Where a split comes from, as the user gave it: ``--train_file PATH`` or ``--dataset_name NAME``."""
     if data_args.dataset_name:
-        raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name,
-                                    cache_dir=model_args.cache_dir)
+        return f"the {split} split of --dataset_name {data_args.dataset_name}"
+    flag = {"train": "train_file", "validation": "validation_file", "test": "test_file"}[split]
+    return f"--{flag} {getattr(data_args, flag)}"
+
+
+def _hub_data_set(data_args: DataTrainingArguments, cache_dir: str | None) -> datasets.DatasetDict:
+    try:
+        return datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir)
+    except (ConnectionError, FileNotFoundError) as error:  # offline, or no such data set
+        raise OSError(f"Cannot load --dataset_name {data_args.dataset_name!r} ({error}). Give a Hub data set id "
+                      "(e.g. squad) or a local folder of data files; offline (HF_DATASETS_OFFLINE=1), a Hub data set "
+                      "must already be in the Hugging Face cache, or use --train_file/--validation_file.") from error
+
+
+def _drop_empty_text(dataset: datasets.Dataset, source: str) -> datasets.Dataset:
+    """A Hub data set cannot be edited: its records with an empty question or context are dropped, with a warning."""
+    empty = find_empty_text(dataset["id"], {column: dataset[column] for column in TEXT_COLUMNS})
+    if not empty:
+        return dataset
+    logger.warning("Dropping %d of %d records of %s with an empty question or context:%s", len(empty), len(dataset),
+                   source, describe_problems([d for _, d in empty]))
+    dropped = {row for row, _ in empty}
+    return dataset.select([row for row in range(len(dataset)) if row not in dropped])
+
+
+def load_raw_datasets(data_args: DataTrainingArguments, model_args: ModelArguments) -> datasets.DatasetDict:
+    """The raw examples by split, from the Hub or local files, with the squad columns checked.
+
+    Local files are checked record by record (`qa_data`); a Hub data set's records with an empty
+    question or context are dropped with a warning.
+    """
+    if data_args.dataset_name:
+        raw = _hub_data_set(data_args, model_args.cache_dir)
     else:
         raw = load_qa_files({"train": data_args.train_file, "validation": data_args.validation_file,
                              "test": data_args.test_file})
     for split, dataset in raw.items():
         missing = [c for c in REQUIRED_COLUMNS if c not in dataset.column_names]
         if missing:
-            raise ValueError(f"The {split} split lacks the column(s) {missing} (it has {dataset.column_names}); "
-                             "rename its columns to SQuAD's id/question/context/answers.")
+            raise ValueError(f"{split_source(data_args, split)} lacks the column(s) {missing} (it has "
+                             f"{dataset.column_names}); rename its columns to SQuAD's id/question/context/answers.")
+        if data_args.dataset_name:
+            raw[split] = _drop_empty_text(dataset, split_source(data_args, split))
     return raw
 
 
-def check_answerable(train: datasets.Dataset, version_2_with_negative: bool) -> None:
+def require_split(raw: datasets.DatasetDict, split: str, data_args: DataTrainingArguments) -> datasets.Dataset:
+    """The split a ``--do_*`` flag needs; a missing or empty one is an error naming the flag and the source."""
+    flag = {"train": "--do_train", "validation": "--do_eval", "test": "--do_predict"}[split]
+    file_flag = {"train": "--train_file", "validation": "--validation_file", "test": "--test_file"}[split]
+    if split not in raw:
+        raise ValueError(f"{flag} needs a {split} split: give {file_flag}, or a --dataset_name with a {split} split"
+                         f"{f' ({data_args.dataset_name} has {list(raw)})' if data_args.dataset_name else ''}.")
+    if len(raw[split]) == 0:
+        raise ValueError(f"{split_source(data_args, split)} is empty (0 questions); {flag} needs questions: give "
+                         f"another {file_flag} or data set, or drop {flag}.")
+    return raw[split]
+
+
+def check_answerable(train: datasets.Dataset, version_2_with_negative: bool, source: str = "the train split") -> None:
     """SQuAD v1 training data must answer every question; unanswerable ones need v2 mode."""
     if version_2_with_negative:
         return
-    unanswered = sum(1 for answers in train["answers"] if not answers["text"])
+    unanswered = [qid for qid, answers in zip(train["id"], train["answers"]) if not answers["text"]]
     if unanswered:
-        raise ValueError(f"{unanswered} training question(s) have no answer. For SQuAD v2-style data pass "
-                         "--version_2_with_negative; otherwise fix the data.")
+        raise ValueError(f"{source}: {len(unanswered)} of {len(train)} training question(s) have no answer "
+                         f"(answers text [], e.g. id {', '.join(map(repr, unanswered[:5]))}). For SQuAD v2-style "
+                         "data pass --version_2_with_negative; otherwise give every question its answer.")
 
 
 def _select(dataset: datasets.Dataset, limit: int | None) -> datasets.Dataset:
@@ -246,6 +293,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     set_seed(training_args.seed)
 
     raw = load_raw_datasets(data_args, model_args)
+    for split, wanted in (("train", training_args.do_train), ("validation", training_args.do_eval),
+                          ("test", training_args.do_predict)):  # fmt: skip
+        if wanted:  # every split the run reads, checked before the model loads
+            require_split(raw, split, data_args)
+    if training_args.do_train:
+        check_answerable(raw["train"], data_args.version_2_with_negative, split_source(data_args, "train"))
     hub = dict(cache_dir=model_args.cache_dir, revision=model_args.model_revision)
     config = from_pretrained(AutoConfig, model_args.config_name or model_args.model_name_or_path, "config", **hub)
     tokenizer = from_pretrained(AutoTokenizer, model_args.tokenizer_name or model_args.model_name_or_path,
@@ -258,14 +311,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     train_features = eval_examples = eval_features = None
     if training_args.do_train:
-        if "train" not in raw:
-            raise ValueError("--do_train needs a train split (--train_file or a --dataset_name with one).")
-        check_answerable(raw["train"], data_args.version_2_with_negative)
         _, train_features = build_features(raw, "train", tokenizer, data_args, training_args,
                                            data_args.max_train_samples)
     if training_args.do_eval:
-        if "validation" not in raw:
-            raise ValueError("--do_eval needs a validation split (--validation_file or a --dataset_name with one).")
         eval_examples, eval_features = build_features(raw, "validation", tokenizer, data_args, training_args,
                                                       data_args.max_eval_samples)
 
@@ -297,8 +345,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         trainer.save_metrics("eval", metrics)
         all_metrics.update(metrics)
     if training_args.do_predict:
-        if "test" not in raw:
-            raise ValueError("--do_predict needs a test split (--test_file or a --dataset_name with one).")
         predict_examples, predict_features = build_features(raw, "test", tokenizer, data_args, training_args,
                                                             data_args.max_predict_samples)
         output = trainer.predict(predict_features, predict_examples, metric_key_prefix="predict")

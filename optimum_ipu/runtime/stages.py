@@ -41,6 +41,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from optimum_ipu.pipelining.spec import base_model_path
+from optimum_ipu.runtime.distributed import hold_process_groups
 
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "distilbert", "vit")
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -263,6 +264,12 @@ class PipelineStages:
         self.device = device
         self._signature: tuple | None = None
         self._schedule = None
+        hold_process_groups(self)
+
+    def release_process_groups(self) -> None:
+        """Drop the group and the torch stage and schedule built on it (at exit: `runtime.distributed`)."""
+        self.group = None
+        self._schedule, self._signature = None, None
 
     # -- ownership ----------------------------------------------------------------------------
 

@@ -3,11 +3,16 @@
 `python _train_worker.py spec.json`: the spec names the IPU layout, the optimizer, precision, steps
 and where to write. Every process writes its flattened weights after every update
 (`rank{k}_step{n}.pt`) and after training (`rank{k}_final.pt`), so a test can compare processes
-with each other and with a one-process run.
+with each other and with a one-process run. With `"report_threads": true` each process writes the
+gloo threads still alive after the project's exit handler (`rank{k}_threads.json`); with
+`"keep_trainer": true` the trainer stays referenced until the interpreter exits, as in a script
+that builds it at module level; with `"group_in_a_cycle": true` an object the project does not know
+holds the default group from a reference cycle (garbage once `main` returns).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -44,10 +49,26 @@ class OverflowTrainer(IPUTrainer):
         return loss
 
 
+KEPT: list = []  # trainers kept alive until exit ("keep_trainer")
+
+
+def report_threads_at_exit(out: Path) -> None:
+    """Registered before the trainer, so it runs after the project's handler (atexit is last in, first out)."""
+    from optimum_ipu.runtime.distributed import gloo_threads
+
+    def report():
+        rank = os.environ.get("RANK", "0")
+        (out / f"rank{rank}_threads.json").write_text(json.dumps(gloo_threads()))
+
+    atexit.register(report)
+
+
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
+    if spec.get("report_threads"):
+        report_threads_at_exit(out)
     torch.manual_seed(0)
     dropout = spec.get("dropout", 0.0)
     model = BertForQuestionAnswering(
@@ -70,6 +91,13 @@ def main(spec_path: str) -> None:
     trainer = trainer_class(model, ipu_config, args, train_dataset=PatternQA(spec.get("samples", 64)),
                             eval_dataset=PatternQA(16, seed=1) if spec.get("eval_steps") else None)  # fmt: skip
     trainer.add_callback(SaveWeights(out, args.process_index))
+    if spec.get("keep_trainer"):
+        KEPT.append(trainer)
+    if spec.get("group_in_a_cycle"):
+        import torch.distributed as dist
+
+        holder: dict = {"group": dist.group.WORLD}
+        holder["self"] = holder
     trainer.train(resume_from_checkpoint=spec.get("resume_from"))
     # After train() every process holds the whole model (stage processes update only their own stage
     # between saves, so their per-step files hold the other stages' weights as of the last gather).

@@ -35,8 +35,11 @@ def run(tmp_path: Path, name: str, processes: int, **spec) -> Path:
                                 timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
         if result.returncode == 0:
             return out
-        # A known, rare gloo abort while a process exits after a finished run (README, "Not done yet"):
-        # retried once, and only when rank 0 had finished; any other failure fails the test.
+        # The rare gloo abort while a process exits after a finished run ("terminate called without an
+        # active exception", about 1 in 75 launches before `_close_process_group` ended gloo's threads
+        # before the interpreter's finalization; see test_no_gloo_thread_is_left_... and
+        # bench/teardown.py). Kept, retried once and only when rank 0 had finished, until a 300-launch
+        # bench run confirms the fix; any other failure fails the test.
         teardown = TEARDOWN_ABORT in result.stderr and (out / "summary.json").exists()
         if not (teardown and attempt == 1):
             raise AssertionError(f"{name} failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
@@ -122,6 +125,20 @@ def test_a_world_size_that_does_not_divide_the_replicas_is_an_error_before_any_w
     assert result.returncode != 0
     assert "replication_factor=2 is not a multiple of the world size 3" in result.stderr
     assert not list((tmp_path / "out").glob("rank*_step*.pt"))
+
+
+@pytest.mark.parametrize("keep_trainer", [False, True], ids=["trainer-garbage-at-exit", "trainer-kept-to-the-end"])
+def test_no_gloo_thread_is_left_when_the_interpreter_finalizes(tmp_path, keep_trainer):
+    """The teardown abort's cause: gloo's threads outlived destroy_process_group into the finalization.
+
+    The exit handler must end them (destroying the groups) while the interpreter is whole, whether
+    the trainer is garbage by then (a script's main(), here with an unknown object holding a group
+    from a reference cycle) or still referenced (a module-level trainer).
+    """
+    out = run(tmp_path, "threads", 2, ipu_config=REPLICAS_2_GA_4, steps=1, report_threads=True,
+              keep_trainer=keep_trainer, group_in_a_cycle=not keep_trainer)  # fmt: skip
+    for rank in (0, 1):
+        assert json.loads((out / f"rank{rank}_threads.json").read_text()) == [], f"rank {rank}"
 
 
 def test_process_layout():

@@ -96,9 +96,11 @@ def test_missing_and_unreadable_images_fail_with_the_fix(tmp_path):
     records = read_label_csv(path)
     with pytest.raises(FileNotFoundError, match=r"1 of 3 images .* gone.png.*--skip_missing_images"):
         check_images(records, images)
-    with pytest.raises(ValueError, match=r"cannot be read as images: broken.png"):
+    with pytest.raises(ValueError, match=r"cannot be trained on: broken.png \(not an image.*--skip_bad_images"):
         check_images(records, images, skip_missing=True)
     kept = check_images(records[:2], images, skip_missing=True)
+    assert [r.image for r in kept] == ["a.png"]
+    kept = check_images(records, images, skip_missing=True, skip_bad=True)
     assert [r.image for r in kept] == ["a.png"]
 
 

@@ -134,3 +134,20 @@ def test_unanswerable_training_questions_need_the_v2_flag(tmp_path, assets):
 def test_no_data_source_is_an_error():
     with pytest.raises(ValueError, match="--dataset_name .* or --train_file"):
         run_qa.parse_arguments(["--model_name_or_path", "m", "--output_dir", "o"])
+
+
+def test_a_hub_data_set_loses_only_its_records_with_empty_text_with_a_warning(tmp_path, caplog):
+    # A Hub data set cannot be edited, so its blank records are dropped (local files are an error instead).
+    records = [{"id": f"q{n}", "context": "alice lives in paris", "question": "where?",
+                "answers": {"text": ["paris"], "answer_start": [15]}} for n in range(5)]  # fmt: skip
+    records[1]["context"], records[3]["question"] = "", "   "
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    model_args, data_args, _ = run_qa.parse_arguments(["--model_name_or_path", "m", "--output_dir", "o",
+                                                       "--dataset_name", str(folder), "--cache_dir", str(tmp_path / "c")])  # fmt: skip
+    with caplog.at_level("WARNING", logger="run_qa"):
+        raw = run_qa.load_raw_datasets(data_args, model_args)
+    assert raw["train"]["id"] == ["q0", "q2", "q4"]
+    warning = " ".join(r.getMessage() for r in caplog.records)
+    assert "Dropping 2 of 5 records" in warning and "id 'q1': context is ''" in warning and "id 'q3'" in warning
