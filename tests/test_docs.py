@@ -54,7 +54,6 @@ TEST_COMMAND = (
 PENDING_PAGES = {
     "docs/poptorch.md",
     "docs/pipelines-and-collators.md",
-    "docs/bad-inputs.md",
 }
 
 
