@@ -22,9 +22,7 @@ from typing import Literal
 import torch
 from transformers import TrainingArguments
 
-from optimum_ipu._config_legacy import n_ipu_from_pod_type
-from optimum_ipu._config_parsing import split_overrides
-from optimum_ipu.configuration import IPUConfig
+from optimum_ipu.configuration import IPUConfig, load_ipu_config, total_ipus
 
 __all__ = ["IPUTrainingArguments", "resolve_ipu_config"]
 
@@ -170,17 +168,7 @@ class IPUTrainingArguments(TrainingArguments):
             self.use_cpu = True
 
     def _check_pods(self) -> None:
-        if self.n_ipu is not None and (isinstance(self.n_ipu, bool) or int(self.n_ipu) < 1):
-            raise ValueError(f"--n_ipu must be an integer >= 1, got {self.n_ipu!r}.")
-        if self.pod_type is None:
-            return
-        pod_ipus = n_ipu_from_pod_type(self.pod_type)
-        if self.n_ipu is not None and self.n_ipu != pod_ipus:
-            raise ValueError(
-                f"--pod_type {self.pod_type} means {pod_ipus} IPUs but --n_ipu is {self.n_ipu}: give one of "
-                "them, or make them agree."
-            )
-        self.n_ipu = pod_ipus
+        self.n_ipu = total_ipus(self.pod_type, self.n_ipu)
 
     def _check_numbers(self) -> None:
         """Reject values that would only fail at the first step (or never, training on nonsense)."""
@@ -261,14 +249,9 @@ def resolve_ipu_config(
             `ipus_per_replica`.
         FileNotFoundError: when no config can be found under that name.
     """
-    if ipu_config is not None:
-        config = ipu_config.copy().train()
-    else:
-        name = args.ipu_config_name or model_name_or_path
-        if name is None:
-            raise ValueError("No IPU config: pass --ipu_config_name (a Hub id or a path) or a model name.")
-        config = IPUConfig.from_pretrained(name, pod_type=args.pod_type, n_ipu=args.n_ipu)
-
+    name = ipu_config if ipu_config is not None else (args.ipu_config_name or model_name_or_path)
+    if name is None:
+        raise ValueError("No IPU config: pass --ipu_config_name (a Hub id or a path) or a model name.")
     changes: dict = {"seed": args.seed}
     if args.ipu_gradient_accumulation_steps is not None:
         changes["gradient_accumulation_steps"] = args.ipu_gradient_accumulation_steps
@@ -276,19 +259,14 @@ def resolve_ipu_config(
         changes["recompute_checkpoint_every_layer"] = True
     if args.auto_loss_scaling:
         changes["auto_loss_scaling"] = True
-    config.update(**changes)
-
-    overridden: set[str] = set()
-    if args.ipu_config_overrides:
-        overridden = {item.partition("=")[0].strip() for item in split_overrides(args.ipu_config_overrides)}
-        config.update_from_string(args.ipu_config_overrides)
-
-    if args.n_ipu:
-        kept = {k: v for k, v in config.to_dict().items() if k in overridden and k.endswith("replication_factor")}
-        config.for_n_ipu(args.n_ipu)
-        if kept:
-            config.update(**kept)
-            logger.warning("--ipu_config_overrides sets %s; n_ipu=%d does not change it.", kept, args.n_ipu)
+    config = load_ipu_config(
+        name,
+        n_ipu=args.n_ipu,
+        pod_type=args.pod_type,
+        changes=changes,
+        overrides=args.ipu_config_overrides,
+        mode="training",
+    )
 
     if config.replicated_tensor_sharding and config.replication_factor == 1:
         logger.warning("replicated_tensor_sharding has no effect with replication_factor=1 (one replica).")

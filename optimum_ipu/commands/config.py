@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from optimum_ipu.configuration import IPUConfig, IPUConfigError, n_ipu_from_pod_type
+from optimum_ipu.configuration import IPUConfig, IPUConfigError, load_ipu_config, total_ipus
 
 _SOURCES = {
     "local": "local file",
@@ -40,20 +40,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace) -> IPUConfig:
-    n_ipu = args.n_ipu
-    if args.pod_type is not None:
-        pod_ipus = n_ipu_from_pod_type(args.pod_type)
-        if n_ipu is not None and n_ipu != pod_ipus:
-            raise IPUConfigError(f"--pod-type {args.pod_type} means {pod_ipus} IPUs but --n-ipu is {n_ipu}.")
-        n_ipu = pod_ipus
-    config = IPUConfig.from_pretrained(
-        args.name_or_path, revision=args.revision, pod_type=args.pod_type, n_ipu=n_ipu, strict=args.strict
-    )
-    if args.overrides:
-        config.update_from_string(args.overrides)
-    if n_ipu:
-        config.for_n_ipu(n_ipu)
-    return config
+    n_ipu = total_ipus(args.pod_type, args.n_ipu, flags=("--pod-type", "--n-ipu"))
+    return load_ipu_config(
+        args.name_or_path, n_ipu=n_ipu, pod_type=args.pod_type, overrides=args.overrides,
+        revision=args.revision, strict=args.strict,
+    )  # fmt: skip
 
 
 def format_report(config: IPUConfig, micro_batch: int = 1) -> str:

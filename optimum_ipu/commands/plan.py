@@ -19,20 +19,9 @@ import json
 import sys
 from pathlib import Path
 
+from optimum_ipu.configuration import load_ipu_config
 from optimum_ipu.costmodel.presets import PRESETS, TASKS, resolve_model
 from optimum_ipu.costmodel.profiling import model_profile
-
-
-def load_ipu_config(name: str, n_ipu: int | None, overrides: str | None, training: bool):
-    """The IPU config in the requested mode, with overrides and the pod size applied."""
-    from optimum_ipu.configuration import IPUConfig
-
-    config = IPUConfig.from_pretrained(name)
-    if overrides:
-        config.update_from_string(overrides)
-    if n_ipu:
-        config.for_n_ipu(n_ipu)
-    return config.train() if training else config.eval()
 
 
 def _total_ipus(args: argparse.Namespace) -> int | None:
@@ -56,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
         if args.micro_batch < 1:
             raise ValueError(f"--micro-batch must be >= 1, got {args.micro_batch}.")
         source = resolve_model(args.model, args.task)
-        ipu_config = load_ipu_config(args.ipu_config, _total_ipus(args), args.overrides, training)
+        ipu_config = load_ipu_config(
+            args.ipu_config, n_ipu=_total_ipus(args), overrides=args.overrides,
+            mode="training" if training else "inference",
+        )  # fmt: skip
         workload = Workload.from_ipu_config(
             ipu_config,
             micro_batch_size=args.micro_batch,

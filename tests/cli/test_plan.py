@@ -147,3 +147,15 @@ def test_local_config_folder_uses_its_architecture_unless_a_task_is_given(tmp_pa
         capsys, *argv, "--overrides", "layers_per_ipu=[2 2]", "--hardware", "bow", "--inference"
     )
     assert code == 0 and "Bow IPU" in out and "Sharded inference" in out
+
+
+@pytest.mark.parametrize("ipus", [["--n-ipu", "16"], ["--pod", "pod16"]])
+def test_the_ipu_count_picks_the_pod_keyed_values_of_an_old_config(capsys, tmp_path, ipus):
+    # The same loader as IPUTrainingArguments: a 0.x config's {"pod16": ..., "default": ...} entries
+    # are resolved for the IPUs asked for, not for the default.
+    (tmp_path / "ipu_config.json").write_text(
+        '{"layers_per_ipu": [0, 4, 4, 4], "ipus_per_replica": 4,'
+        ' "gradient_accumulation_steps": {"pod16": 64, "default": 8}}'
+    )
+    code, out, _ = _run(capsys, "plan", "bert-base-uncased", "--ipu-config", str(tmp_path), *ipus)
+    assert code in (0, 1) and "micro-batch 1 x GA 64 x replicas 4" in out
