@@ -7,6 +7,7 @@ simulated and what has no effect here: docs/poptorch.md.
 """
 
 from optimum_ipu.poptorch import enums, ops, optim
+from optimum_ipu.poptorch._annotations import BeginBlock, Block, BlockFunction, removeBlocks
 from optimum_ipu.poptorch._dataloader import AsynchronousDataAccessor, DataLoader
 from optimum_ipu.poptorch._logging import Error, RecoverableError, UnrecoverableError, logger, setLogLevel
 from optimum_ipu.poptorch._poplar_executor import PoplarExecutor, inferenceModel, trainingModel
@@ -33,7 +34,15 @@ from optimum_ipu.poptorch.enums import (
     SharingStrategy,
     SyncPattern,
 )
-from optimum_ipu.poptorch.ops import identity_loss, ipu_print_tensor, nop, set_available_memory
+from optimum_ipu.poptorch.ops import (
+    custom_op,
+    identity_loss,
+    ipu_print_tensor,
+    nop,
+    recomputationCheckpoint,
+    serializedMatMul,
+    set_available_memory,
+)
 from optimum_ipu.poptorch.options import Options, TensorLocationSettings
 
 __version__ = "3.4.0+optimum_ipu"
@@ -41,6 +50,9 @@ __version__ = "3.4.0+optimum_ipu"
 __all__ = [
     "AsynchronousDataAccessor",
     "AutoStage",
+    "BeginBlock",
+    "Block",
+    "BlockFunction",
     "CommGroupType",
     "ConnectionType",
     "DataLoader",
@@ -66,6 +78,7 @@ __all__ = [
     "SyncPattern",
     "TensorLocationSettings",
     "UnrecoverableError",
+    "custom_op",
     "enums",
     "identity_loss",
     "inferenceModel",
@@ -74,6 +87,9 @@ __all__ = [
     "nop",
     "ops",
     "optim",
+    "recomputationCheckpoint",
+    "removeBlocks",
+    "serializedMatMul",
     "set_available_memory",
     "setLogLevel",
     "trainingModel",

@@ -24,8 +24,11 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch import _outputs
+from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._logging import Error, logger
-from optimum_ipu.poptorch.enums import CommGroupType, OutputMode, ReductionType
+from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
+from optimum_ipu.poptorch.enums import AutoStage, CommGroupType, OutputMode, ReductionType
+from optimum_ipu.poptorch.optim import _IPUMixin
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.batches import move_to
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
@@ -203,6 +206,18 @@ class PoplarExecutor:
         seed = self._options._values.get("random_seed", torch.initial_seed())
         self._streams = self._streams or ReplicaStreams(seed, r)
         opt = self._optimizer
+        if any(p.dtype == torch.float16 for p in self._user_model.parameters()) and not hasattr(
+            opt, "rounding_seed"
+        ):
+            if not isinstance(opt, _IPUMixin):  # PopTorch runs its own optimizer: fp32 update of fp16 weights
+                opt.__class__ = type(type(opt).__name__, (_IPUMixin, type(opt)), {})
+                opt._ipu_init(None, None)
+        rounding = bool(self._options._Popart._values.get("enableStochasticRounding", False))
+        if isinstance(opt, _IPUMixin):
+            opt.stochastic_rounding = rounding
+        for group in opt.param_groups:
+            if "stochastic_rounding" in group:
+                group["stochastic_rounding"] = rounding
         max_norm = getattr(opt, "max_grad_norm", float("inf"))
         config = types.SimpleNamespace(device_iterations=di, replication_factor=r, gradient_accumulation_steps=ga,
                                        output_mode="all")  # fmt: skip
@@ -216,10 +231,83 @@ class PoplarExecutor:
         )  # fmt: skip
 
     # -- PopTorch's API ------------------------------------------------------------------------------
+    def _trace_ipus(self, leaves: list[Any], spec) -> list[int]:
+        """The IPUs the forward visits, in order: one micro-batch through the model, in eval mode, no grad."""
+        di, ga, _, fed = self._counts()
+        micro = [
+            leaf[: max(1, leaf.shape[0] // (di * ga * fed))]
+            if isinstance(leaf, torch.Tensor) and leaf.dim()
+            else leaf
+            for leaf in leaves
+        ]
+        args, kwargs = pytree.tree_unflatten(micro, spec)
+        modes = [(m, m.training) for m in self._user_model.modules()]
+        try:
+            with recording_ipus() as trace, torch.no_grad(), torch.random.fork_rng(devices=[]):
+                self._user_model.eval()
+                first = next(self._user_model.parameters())
+                args, kwargs = pytree.tree_map(  # as the executable feeds it: on the model's device and dtype
+                    lambda t: t.to(first.device, first.dtype if t.is_floating_point() else t.dtype)
+                    if isinstance(t, torch.Tensor) else t,
+                    (args, kwargs),
+                )  # fmt: skip
+                self._user_model(*args, **kwargs)
+        finally:
+            for module, was_training in modes:
+                module.training = was_training
+        return [ipu for _, ipu in trace]
+
+    def _check_placement(self, ipus: list[int]) -> None:
+        """PopTorch's compile checks on the blocks' IPUs (PopART's wording)."""
+        strategy = self._options.execution_strategy
+        merged = [ipu for i, ipu in enumerate(ipus) if i == 0 or ipu != ipus[i - 1]]
+        stage_ipus = [s._ipu for s in strategy.stages if s._ipu is not None]
+        used = max(ipus + stage_ipus) + 1
+        if strategy.stages:
+            stages = len(strategy.stages)
+        elif strategy.auto_stage == AutoStage.AutoIncrement:
+            stages = len(merged)
+        else:
+            stages = len(set(merged))
+        self.num_ipus, self.num_stages = used, stages
+        total = used * self._options.replication_factor
+        if total > 64:
+            raise Error(
+                f"Too many IPUs requested ({total}). Experiments that need more than 64 IPUs require distributed execution."
+            )
+        rounded = 1 << (total - 1).bit_length()
+        if rounded != total:
+            common = ", because PopTorch must reserve a power of 2 or maximum of 64 IPUs per process"
+            if not self._options.auto_round_num_ipus:
+                raise Error(
+                    f"The model specifies the use of {total} IPUs, however PopTorch must reserve a minimum of {rounded} "
+                    f"in order to allow the model to run{common}. Please reconfigure your model to use a different "
+                    "number of IPUs or set poptorch.Options().autoRoundNumIPUs(True)."
+                )
+            logger.warning("Reserving %d IPUs when the model specifices the use of only %d%s. %d will be reserved but "
+                           "not used.", rounded, total, common, rounded - total)  # fmt: skip
+        pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution)
+        if not pipelined or stages < 2:
+            return
+        if self._training:
+            pipeline = 2 * stages - 1
+            if self._options.Training.gradient_accumulation < pipeline:
+                raise Error(
+                    "poptorch.Options().Training.gradientAccumulation must be greater than or equal to the number of "
+                    f"pipeline stages ({pipeline}) when using poptorch.PipelinedExecution. Please note that a model "
+                    f"with {stages} pipeline stages in PopTorch will have an additional {stages - 1} stages when training."
+                )
+        elif self._options.device_iterations < stages:
+            raise Error(
+                "poptorch.Options().deviceIterations must be greater than or equal to the number of pipeline stages "
+                f"({stages}) when using PopTorch.PipelinedExecution."
+            )
+
     def compile(self, *args: Any, **kwargs: Any) -> None:
-        """Compile for inputs shaped like `args`/`kwargs` (checks the batch and builds the executable)."""
-        leaves, _ = pytree.tree_flatten((args, kwargs))
+        """Compile for inputs shaped like `args`/`kwargs`: the batch and placement checks, then the executable."""
+        leaves, spec = pytree.tree_flatten((args, kwargs))
         self._check_batch(leaves)
+        self._check_placement(self._trace_ipus(leaves, spec))
         self._build()
         self._attached = True
         self._loss_index = None

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from optimum_ipu.poptorch._logging import no_effect
+from optimum_ipu.poptorch._logging import Error, no_effect
 from optimum_ipu.poptorch._outputs import IDENTITY_LOSS
 
-__all__ = ["identity_loss", "ipu_print_tensor", "nop", "set_available_memory"]
+__all__ = [
+    "custom_op",
+    "identity_loss",
+    "ipu_print_tensor",
+    "nop",
+    "recomputationCheckpoint",
+    "serializedMatMul",
+    "set_available_memory",
+]
 
 
 def identity_loss(x: torch.Tensor, reduction: str = "none") -> torch.Tensor:
@@ -47,3 +55,30 @@ def ipu_print_tensor(
     if print_gradient and tensor.requires_grad:
         tensor.register_hook(lambda g: print(f"{title or 'tensor'} gradient: {g}"))
     return tensor
+
+
+def recomputationCheckpoint(*tensors: torch.Tensor):
+    """Keep these tensors for backward instead of recomputing them (returns them unchanged).
+
+    On the simulated IPU every activation is kept, so a checkpoint changes neither values nor
+    gradients; the cost model reads checkpoints when it estimates the memory a stage needs.
+    """
+    no_effect("poptorch.recomputationCheckpoint", "activations are kept for backward; values are unchanged.")
+    return tensors[0] if len(tensors) == 1 else tensors
+
+
+def serializedMatMul(
+    lhs: torch.Tensor, rhs: torch.Tensor, mode, factor: int = 0, keep_precision: bool = False
+):
+    """A matmul the IPU splits into `factor` pieces to save memory: the same product here."""
+    no_effect("poptorch.serializedMatMul", "the product is computed whole; the value is the same.")
+    return torch.matmul(lhs, rhs)
+
+
+def custom_op(inputs, name: str, domain: str, domain_version: int, example_outputs, attributes=None):
+    """PopTorch's custom op runs a Poplar codelet on the IPU: there is no IPU code to run here."""
+    raise Error(
+        f"poptorch.custom_op({name!r}, domain {domain!r}) runs a Poplar/PopART custom operation compiled for the "
+        "IPU; the simulated IPU cannot run IPU code. Write the op in PyTorch (a torch.autograd.Function) and call "
+        "it instead."
+    )

@@ -57,7 +57,7 @@ def test_training_model_equals_the_plain_loop_over_the_same_micro_batches(di, ga
     torch.manual_seed(0)
     ipu_model = Regressor()
     ref_model = copy.deepcopy(ipu_model)
-    opts = poptorch.Options().deviceIterations(di).replicationFactor(r)
+    opts = poptorch.Options().deviceIterations(di).replicationFactor(r).autoRoundNumIPUs(r == 3)
     opts.Training.gradientAccumulation(ga).accumulationAndReplicationReductionType(reduction)
     opts.outputMode(poptorch.OutputMode.All)
     training = poptorch.trainingModel(
