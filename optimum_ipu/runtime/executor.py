@@ -52,6 +52,8 @@ class TrainingExecutable:
         replicas: which replicas run here and how they reduce (`LocalReplicas` by default).
         stages: this process's `PipelineStages` when each pipeline stage is a process: a replica's
             accumulation micro-batches then run through the stages concurrently.
+        reduction: "mean" (PopTorch's default: the update uses the mean gradient over accumulation
+            steps and replicas) or "sum" (their sum: PopTorch's `ReductionType.Sum`).
     """
 
     def __init__(
@@ -67,7 +69,10 @@ class TrainingExecutable:
         fp16_compute: str = "emulated",
         replicas=None,
         stages=None,
+        reduction: str = "mean",
     ):
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
         if ipu_config.output_mode not in OUTPUT_MODES:
             raise ValueError(f"output_mode must be one of {OUTPUT_MODES}, got {ipu_config.output_mode!r}.")
         self.model = model
@@ -79,6 +84,7 @@ class TrainingExecutable:
         self.fp16_compute = fp16_compute
         self.replicas = replicas or LocalReplicas()
         self.stages = stages
+        self.reduction = reduction
         self.device_iterations = ipu_config.device_iterations
         self.replication_factor = ipu_config.replication_factor
         self.gradient_accumulation_steps = ipu_config.gradient_accumulation_steps
@@ -120,12 +126,13 @@ class TrainingExecutable:
                             loss = self.loss_fn(micro_batches[first + g])
                             self.loss_scaler.scale_loss(loss).backward()
                             losses[d, r, g] = loss.detach().float()
-            self._update(replicas * ga)
+            self._update(replicas * ga if self.reduction == "mean" else 1)
         self.last_losses = self.replicas.gather_losses(losses)
         return self._losses_to_return(self.last_losses)
 
     def _update(self, micro_batches: int) -> None:
-        """Reduce, unscale, check, clip and apply one update; leave no gradient behind."""
+        """Reduce, unscale (dividing by `micro_batches` too), check, clip and apply one update; leave no
+        gradient behind."""
         pairs = self.gradients.gradients()
         params, grads = (list(t) for t in zip(*pairs)) if pairs else ([], [])
         self.replicas.sum_(grads)

@@ -1,0 +1,96 @@
+"""PopTorch's API on the simulated IPU: `import poptorch` programs run unchanged on a CPU or GPU.
+
+A second front end on the runtime that runs IPUTrainer (see `optimum_ipu/runtime/`): `Options`,
+`DataLoader`, `trainingModel`/`inferenceModel`, blocks and stages, `poptorch.optim`. The top-level
+`poptorch` package shipped with optimum-ipu is this module under PopTorch's name. What runs, what is
+simulated and what has no effect here: docs/poptorch.md.
+"""
+
+from optimum_ipu.poptorch import enums, ops, optim
+from optimum_ipu.poptorch._annotations import BeginBlock, Block, BlockFunction, removeBlocks
+from optimum_ipu.poptorch._dataloader import AsynchronousDataAccessor, DataLoader
+from optimum_ipu.poptorch._logging import Error, RecoverableError, UnrecoverableError, logger, setLogLevel
+from optimum_ipu.poptorch._poplar_executor import PoplarExecutor, inferenceModel, trainingModel
+from optimum_ipu.poptorch.blocks import (
+    ParallelPhasedExecution,
+    Phase,
+    PipelinedExecution,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Stage,
+)
+from optimum_ipu.poptorch.enums import (
+    AutoStage,
+    CommGroupType,
+    ConnectionType,
+    DataLoaderMode,
+    HalfFloatCastingBehavior,
+    Liveness,
+    MatMulSerializationMode,
+    MeanReductionStrategy,
+    OutputMode,
+    OverlapMode,
+    ReductionType,
+    SharingStrategy,
+    SyncPattern,
+)
+from optimum_ipu.poptorch.ops import (
+    custom_op,
+    identity_loss,
+    ipu_print_tensor,
+    nop,
+    recomputationCheckpoint,
+    serializedMatMul,
+    set_available_memory,
+)
+from optimum_ipu.poptorch.options import Options, TensorLocationSettings
+
+__version__ = "3.4.0+optimum_ipu"
+
+__all__ = [
+    "AsynchronousDataAccessor",
+    "AutoStage",
+    "BeginBlock",
+    "Block",
+    "BlockFunction",
+    "CommGroupType",
+    "ConnectionType",
+    "DataLoader",
+    "DataLoaderMode",
+    "Error",
+    "HalfFloatCastingBehavior",
+    "Liveness",
+    "MatMulSerializationMode",
+    "MeanReductionStrategy",
+    "Options",
+    "OutputMode",
+    "OverlapMode",
+    "ParallelPhasedExecution",
+    "Phase",
+    "PipelinedExecution",
+    "PoplarExecutor",
+    "RecoverableError",
+    "ReductionType",
+    "SerialPhasedExecution",
+    "ShardedExecution",
+    "SharingStrategy",
+    "Stage",
+    "SyncPattern",
+    "TensorLocationSettings",
+    "UnrecoverableError",
+    "custom_op",
+    "enums",
+    "identity_loss",
+    "inferenceModel",
+    "ipu_print_tensor",
+    "logger",
+    "nop",
+    "ops",
+    "optim",
+    "recomputationCheckpoint",
+    "removeBlocks",
+    "serializedMatMul",
+    "set_available_memory",
+    "setLogLevel",
+    "trainingModel",
+]

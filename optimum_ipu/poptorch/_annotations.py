@@ -1,0 +1,108 @@
+"""Placement annotations: `BeginBlock`, `Block`, `BlockFunction`, `removeBlocks`, and the IPU sequence they give.
+
+On the IPU these split the traced graph into blocks on IPUs. The simulated IPU runs the module as it
+is (pipelined, sharded and one-device execution compute the same values), so the annotations only
+record, while a compile-time trace runs, the order in which the forward visits IPUs: the wrapper's
+compile checks (gradient accumulation against pipeline stages, IPU counts) read it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+from torch import nn
+
+from optimum_ipu.poptorch._logging import Error
+
+__all__ = ["BeginBlock", "Block", "BlockFunction", "recording_ipus", "removeBlocks"]
+
+_BLOCK_ATTR = "_poptorch_block"
+_trace: list[tuple[str | None, int]] | None = None
+_auto_id = False
+_auto_count = 0
+
+
+def _enter(user_id: str | None, ipu_id: int | None) -> None:
+    global _auto_count
+    if user_id is None and _auto_id:
+        user_id = str(_auto_count)
+        _auto_count += 1
+    if _trace is not None:
+        last_ipu = _trace[-1][1] if _trace else 0
+        _trace.append((user_id, last_ipu if ipu_id is None else int(ipu_id)))
+
+
+@contextlib.contextmanager
+def recording_ipus() -> Iterator[list[tuple[str | None, int]]]:
+    """While active, every block the forward enters is appended as (user id, IPU id)."""
+    global _trace
+    previous, _trace = _trace, [(None, 0)]  # the first layers default to IPU 0
+    try:
+        yield _trace
+    finally:
+        _trace = previous
+
+
+class Block(contextlib.ContextDecorator):
+    """`with poptorch.Block(user_id, ipu_id):` the layers called inside run on IPU `ipu_id`."""
+
+    def __init__(self, user_id: str | None = None, ipu_id: int | None = None):
+        self.user_id, self.ipu_id = user_id, ipu_id
+
+    @staticmethod
+    def useAutoId() -> None:
+        """Give blocks without a user id consecutive ids ("0", "1", ...)."""
+        global _auto_id, _auto_count
+        _auto_id, _auto_count = True, 0
+
+    @staticmethod
+    def start(user_id: str | None = None, ipu_id: int | None = None) -> None:
+        _enter(user_id, ipu_id)
+
+    def __enter__(self) -> Block:
+        _enter(self.user_id, self.ipu_id)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def _pre_hook(module: nn.Module, _args) -> None:
+    user_id, ipu_id = getattr(module, _BLOCK_ATTR)
+    _enter(user_id, ipu_id)
+
+
+def BeginBlock(layer: nn.Module, user_id: str | None = None, ipu_id: int | None = None) -> nn.Module:
+    """Start a new block at `layer` (on IPU `ipu_id`); the layers after it stay in the block."""
+    if not isinstance(layer, nn.Module):
+        raise Error(f"BeginBlock takes a torch.nn.Module, got {type(layer).__name__}.")
+    if hasattr(layer, _BLOCK_ATTR):
+        raise Error("module has already been assigned to a block.")
+    object.__setattr__(layer, _BLOCK_ATTR, (user_id, ipu_id))
+    object.__setattr__(layer, "_poptorch_block_hook", layer.register_forward_pre_hook(_pre_hook))
+    return layer
+
+
+def BlockFunction(user_id: str | None = None, ipu_id: int | None = None):
+    """Decorator: the function's ops run in block `user_id` on IPU `ipu_id`."""
+
+    def decorate(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            with Block(user_id, ipu_id):
+                return func(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def removeBlocks(module: nn.Module) -> None:
+    """Remove every `BeginBlock` annotation from `module` and its sub-modules."""
+    for m in module.modules():
+        if hasattr(m, _BLOCK_ATTR):
+            m._poptorch_block_hook.remove()
+            object.__delattr__(m, "_poptorch_block_hook")
+            object.__delattr__(m, _BLOCK_ATTR)

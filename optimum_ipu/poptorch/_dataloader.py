@@ -1,0 +1,135 @@
+"""`poptorch.DataLoader`: a torch DataLoader whose batches are whole host calls (combined batches).
+
+A combined batch is batch_size x deviceIterations x (replicationFactor / input group size) x
+gradientAccumulation samples; PopTorch's default is `drop_last=True`. `DataLoaderMode.Async` and
+`AsyncRebatched` load ahead in worker processes (torch's own workers, at least one) so the next
+combined batch is ready while the model runs, as `AsynchronousDataAccessor` does on PopTorch.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from optimum_ipu.poptorch._logging import logger
+from optimum_ipu.poptorch.enums import DataLoaderMode
+from optimum_ipu.poptorch.options import Options
+
+__all__ = ["AsynchronousDataAccessor", "DataLoader"]
+
+
+def combined_batch_factor(options: Options) -> int:
+    """Micro-batches per host call that read distinct data: DI x (replicas / input group size) x GA."""
+    return (
+        options.device_iterations
+        * (options.replication_factor // options.input_group_size)
+        * options.Training.gradient_accumulation
+    )
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """PopTorch's DataLoader: `batch_size` is the micro-batch; each item is a combined batch.
+
+    Args:
+        options: the `poptorch.Options` of the model the batches are for.
+        dataset: a map-style or iterable dataset.
+        batch_size: the micro-batch size (samples per replica per step), or None for unbatched items.
+        shuffle, num_workers, drop_last (default True), persistent_workers: as torch's DataLoader.
+        mode: `DataLoaderMode.Sync` (default), `Async` or `AsyncRebatched` (load ahead in workers).
+        async_options, rebatched_worker_size: accepted for PopTorch compatibility.
+        **kwargs: passed to `torch.utils.data.DataLoader`.
+    """
+
+    def __init__(
+        self,
+        options: Options,
+        dataset,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        num_workers: int = 0,
+        drop_last: bool = True,
+        persistent_workers: bool | None = None,
+        auto_distributed_partitioning: bool = True,
+        mode: DataLoaderMode = DataLoaderMode.Sync,
+        async_options: dict | None = None,
+        rebatched_worker_size: int | None = None,
+        **kwargs: Any,
+    ):
+        if not isinstance(options, Options):
+            raise TypeError(
+                f"poptorch.DataLoader's first argument is a poptorch.Options, got {type(options).__name__}: "
+                "call poptorch.DataLoader(options, dataset, batch_size=...)."
+            )
+        self._options = options
+        self._mode = DataLoaderMode(mode)
+        factor = combined_batch_factor(options)
+        self._combined_batch_size = None if batch_size is None else batch_size * factor
+        if self._combined_batch_size is not None and drop_last is False and hasattr(dataset, "__len__"):
+            if len(dataset) % self._combined_batch_size:
+                logger.warning(
+                    "The number of elements in the dataset (%d) is not divisible by the combined batch size "
+                    "(%d = batch_size %d x %d): the last, smaller combined batch will fail the model's batch check "
+                    "unless it divides evenly. Use drop_last=True (PopTorch's default).",
+                    len(dataset), self._combined_batch_size, batch_size, factor,
+                )  # fmt: skip
+        if self._mode != DataLoaderMode.Sync and num_workers == 0:
+            num_workers = 1  # an asynchronous loader loads in a worker process
+        if persistent_workers is None:
+            persistent_workers = num_workers > 0
+        super().__init__(
+            dataset, batch_size=self._combined_batch_size, shuffle=bool(shuffle), num_workers=num_workers,
+            drop_last=drop_last, persistent_workers=persistent_workers, **kwargs,
+        )  # fmt: skip
+
+    @property
+    def combinedBatchSize(self) -> int | None:
+        """Samples per item: batch_size x DI x (replicas / group size) x GA."""
+        return self._combined_batch_size
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    def terminate(self) -> None:
+        """Stop the workers (torch stops them when the iterator ends; nothing else to do)."""
+
+
+class AsynchronousDataAccessor:
+    """Loads the next items of `dataset` (a DataLoader or any iterable) ahead, in a background thread.
+
+    PopTorch's accessor runs the loader in a worker process; a `poptorch.DataLoader` with
+    `mode=DataLoaderMode.Async` already loads in worker processes, so this accessor only overlaps the
+    hand-over with the model's run.
+    """
+
+    def __init__(self, dataset, buffer_size: int = 3, **_: Any):
+        self._dataset = dataset
+        self._buffer_size = max(1, int(buffer_size))
+
+    def __len__(self) -> int:
+        return len(self._dataset)
+
+    def terminate(self) -> None:
+        """Nothing to stop: the thread ends with the iteration."""
+
+    def __iter__(self) -> Iterator[Any]:
+        items: queue.Queue = queue.Queue(self._buffer_size)
+        end = object()
+
+        def load():
+            try:
+                for item in self._dataset:
+                    items.put(item)
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                items.put(e)
+            items.put(end)
+
+        threading.Thread(target=load, daemon=True).start()
+        while (item := items.get()) is not end:
+            if isinstance(item, BaseException):
+                raise item
+            yield item

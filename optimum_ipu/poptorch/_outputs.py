@@ -1,0 +1,121 @@
+"""What a PopTorch call returns: the loss found among a model's outputs, and outputs per `OutputMode`.
+
+A call runs M = device iterations x gradient accumulation x replicas micro-batches. PopTorch (PopART's
+anchors) orders them [device iteration][accumulation step][replica] and returns, for every output of
+`forward`, the micro-batches the output mode selects, concatenated along dim 0; a 0-dim output (a
+loss) becomes a vector, or stays 0-dim when one micro-batch is selected:
+
+- All: every micro-batch (M results);
+- Final: the last micro-batch of each replica (R results);
+- Sum: per replica, the sum over device iterations and accumulation steps (R results);
+- EveryN(N): every micro-batch of device iterations N-1, 2N-1, ... (DI/N x GA x R results).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from optimum_ipu.poptorch._logging import Error
+from optimum_ipu.poptorch.enums import OutputMode
+
+IDENTITY_LOSS = "_poptorch_identity_loss"
+
+NO_LOSS = "Couldn't find a loss in graph!"
+MULTIPLE_LOSSES = (
+    "Multiple independent losses found in graph. Graph must have one final loss. Wrap final graph loss in "
+    "poptorch.identity_loss."
+)
+
+
+def _reaches(start: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether `target` was used to compute `start` (a walk of `start`'s autograd graph)."""
+    goal, seen, todo = target.grad_fn, set(), [start.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        if node is goal:
+            return True
+        seen.add(node)
+        todo.extend(next_fn for next_fn, _ in node.next_functions)
+    return False
+
+
+def find_loss(output: Any) -> int:
+    """The index, among `output`'s flattened leaves, of the loss a training call backpropagates.
+
+    The loss is an output wrapped in `identity_loss`, else a 0-dim output that requires grad; when
+    several qualify, the one computed from all the others (a total of partial losses) is the loss.
+    """
+    leaves = pytree.tree_leaves(output)
+    tensors = [(i, t) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad]
+    candidates = [(i, t) for i, t in tensors if getattr(t, IDENTITY_LOSS, None)]
+    if not candidates:
+        candidates = [(i, t) for i, t in tensors if t.dim() == 0]
+    if not candidates:
+        raise Error(NO_LOSS)
+    finals = [(i, t) for i, t in candidates if all(u is t or _reaches(t, u) for _, u in candidates)]
+    if len(finals) != 1:
+        raise Error(MULTIPLE_LOSSES)
+    return finals[0][0]
+
+
+def loss_for_backward(loss: torch.Tensor) -> torch.Tensor:
+    """A scalar to call backward on: `identity_loss(x, reduction="none")` sends a gradient of ones."""
+    return loss if loss.dim() == 0 else loss.sum()
+
+
+def _combine(items: list[Any]) -> Any:
+    """Concatenate per-micro-batch outputs along dim 0 (0-dim ones stacked) as PopTorch returns them."""
+    first = items[0]
+    if isinstance(first, torch.Tensor):
+        if len(items) == 1:
+            return first
+        return torch.stack(items) if first.dim() == 0 else torch.cat(items, dim=0)
+    return first
+
+
+def _sum(items: list[Any]) -> Any:
+    first = items[0]
+    if isinstance(first, torch.Tensor):
+        return torch.stack(items).sum(dim=0) if len(items) > 1 else first
+    return first
+
+
+def select_outputs(
+    outputs: list[Any],
+    device_iterations: int,
+    accumulation: int,
+    replicas: int,
+    mode: OutputMode,
+    period: int,
+) -> Any:
+    """PopTorch's return value from per-micro-batch `outputs` in [device iteration][accumulation][replica] order."""
+    di, ga, r = device_iterations, accumulation, replicas
+
+    def at(d: int, g: int, k: int) -> Any:
+        return outputs[(d * ga + g) * r + k]
+
+    if mode == OutputMode.All:
+        chosen = outputs
+    elif mode == OutputMode.Final:
+        chosen = [at(di - 1, ga - 1, k) for k in range(r)]
+    elif mode == OutputMode.EveryN:
+        chosen = [at(d, g, k) for d in range(period - 1, di, period) for g in range(ga) for k in range(r)]
+    elif mode == OutputMode.Sum:
+        chosen = []
+        for k in range(r):
+            per_replica = [at(d, g, k) for d in range(di) for g in range(ga)]
+            flat = [pytree.tree_flatten(o)[0] for o in per_replica]
+            spec = pytree.tree_flatten(per_replica[0])[1]
+            chosen.append(pytree.tree_unflatten([_sum(list(column)) for column in zip(*flat)], spec))
+    else:
+        raise ValueError(f"unresolved output mode {mode!r}")
+    if not chosen:
+        raise Error(f"OutputMode.EveryN with period {period} selects nothing of {di} device iterations.")
+    flat = [pytree.tree_flatten(o)[0] for o in chosen]
+    spec = pytree.tree_flatten(chosen[0])[1]
+    return pytree.tree_unflatten([_combine(list(column)) for column in zip(*flat)], spec)

@@ -1,0 +1,447 @@
+"""`trainingModel` / `inferenceModel`: PopTorch's wrapped model, run by optimum-ipu's runtime executables.
+
+A call takes PopTorch's combined batch ([device iteration][accumulation step][replica][micro-batch]
+on dim 0 of every input), reorders it to the runtime's layout ([device iteration][replica]
+[accumulation step][micro-batch], the one IPUTrainer feeds) and hands it to the same
+`TrainingExecutable` / `InferenceExecutable` IPUTrainer uses: one host call, one optimizer step per
+device iteration, gradients reduced over accumulation steps and replicas (Mean or Sum). The outputs of
+every micro-batch are recorded on the way and returned as PopTorch's `OutputMode` says
+(`_outputs.select_outputs`). The loss returned is the forward's value, before loss scaling.
+
+Weights are the user's own tensors, so a training model and an inference model of one module see each
+other's weights at once (PopTorch copies them lazily; the result is the same), and
+`copyWeightsToHost/ToDevice` have nothing to copy.
+"""
+
+from __future__ import annotations
+
+import types
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from optimum_ipu.poptorch import _outputs
+from optimum_ipu.poptorch._annotations import recording_ipus
+from optimum_ipu.poptorch._logging import Error, logger
+from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
+from optimum_ipu.poptorch.enums import AutoStage, CommGroupType, OutputMode, ReductionType
+from optimum_ipu.poptorch.optim import _IPUMixin
+from optimum_ipu.poptorch.options import Options
+from optimum_ipu.runtime.batches import move_to
+from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
+from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
+from optimum_ipu.runtime.loss_scaling import LossScaler
+from optimum_ipu.runtime.replicas import ReplicaStreams
+
+__all__ = ["PoplarExecutor", "inferenceModel", "trainingModel"]
+
+NOT_COMPILED = "Model has not been compiled or has been destroyed."
+GA_INFERENCE = (
+    "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its default value (1) "
+    "when running a poptorch.inferenceModel(). Use poptorch.Options().deviceIterations to process a sufficient "
+    "number of batches each run for pipelined execution instead."
+)
+
+_training_wrappers: weakref.WeakKeyDictionary[nn.Module, PoplarExecutor] = weakref.WeakKeyDictionary()
+
+
+def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+
+
+class _MicroBatchModel(nn.Module):
+    """The user's module as the inference executable calls it: a micro-batch dict in, output recorded."""
+
+    def __init__(self, wrapper: PoplarExecutor):
+        super().__init__()
+        self.model = wrapper._user_model
+        self._wrapper = weakref.ref(wrapper)
+
+    def forward(self, **micro: Any) -> None:
+        wrapper = self._wrapper()
+        wrapper._recorded.append(wrapper._run_user_model(micro))
+
+
+class PoplarExecutor:
+    """A model wrapped by `trainingModel` or `inferenceModel`; call it like the module it wraps."""
+
+    def __init__(self, model: nn.Module, options: Options | None, training: bool, optimizer=None):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"poptorch wraps a torch.nn.Module, got {type(model).__name__}.")
+        options = options if options is not None else Options()
+        if not isinstance(options, Options):
+            raise TypeError(f"options must be a poptorch.Options, got {type(options).__name__}.")
+        options._freeze()
+        self._options = options.clone()
+        self._options._freeze()
+        self._user_model = model
+        self._training = training
+        if training:
+            if model in _training_wrappers:
+                raise RuntimeError(
+                    "Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() on the "
+                    "model to unwrap before wrapping again."
+                )
+            _training_wrappers[model] = self
+            if optimizer is None:
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        else:
+            if optimizer is not None:
+                raise ValueError(
+                    "An optimizer is given to poptorch.inferenceModel: inference updates no weights."
+                )
+            if self._options.Training.gradient_accumulation != 1:
+                raise Error(GA_INFERENCE)
+        self._optimizer = optimizer
+        self._hyperparameters = _hyperparameters(optimizer) if optimizer is not None else None
+        self._executable: TrainingExecutable | InferenceExecutable | None = None
+        self._attached = False
+        self._recorded: list[Any] = []
+        self._spec: pytree.TreeSpec | None = None
+        self._loss_index: int | None = None
+        self._streams: ReplicaStreams | None = None
+        self._micro_model = _MicroBatchModel(self)
+
+    # -- the module it wraps ---------------------------------------------------------------------
+    @property
+    def model(self) -> nn.Module:
+        return self._user_model
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    @property
+    def training(self) -> bool:
+        return self._training
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._user_model, name)
+
+    def __repr__(self) -> str:
+        kind = "trainingModel" if self._training else "inferenceModel"
+        return f"poptorch.{kind}({self._user_model!r})"
+
+    # -- the batch arithmetic --------------------------------------------------------------------
+    def _counts(self) -> tuple[int, int, int, int]:
+        """(device iterations, accumulation steps, replicas, replicas fed distinct data)."""
+        o = self._options
+        ga = o.Training.gradient_accumulation if self._training else 1
+        return o.device_iterations, ga, o.replication_factor, o.replication_factor // o.input_group_size
+
+    def _check_batch(self, leaves: list[Any]) -> None:
+        o = self._options
+        di, ga, _, fed = self._counts()
+        per_call = di * fed * ga
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] % per_call:
+                raise AssertionError(
+                    f"Invalid batch dimension: In the input {list(leaf.shape)}, the batch dimension "
+                    f"({leaf.shape[0]}) must be a multiple of Options.deviceIterations({di}) * "
+                    f"(Options.replicationFactor({o.replication_factor}) / "
+                    f"Options.inputReplicaGrouping.input_group_size({o.input_group_size})) * "
+                    f"Options.Training.gradientAccumulation({ga}) = {per_call} because it is used to calculate "
+                    "the batch size which will be executed on the device in any given iteration. For a full "
+                    "explanation see the batching semantics page of the documentation."
+                )
+
+    def _to_runtime_layout(self, leaf: Any) -> Any:
+        """PopTorch's [DI][GA][R/g][mb] -> the runtime's [DI][R][GA][mb], each group's data to each replica."""
+        if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
+            return leaf
+        di, ga, r, fed = self._counts()
+        if fed != r:
+            x = leaf.reshape(di, ga, fed, -1, *leaf.shape[1:])
+            group = self._options.input_group_size
+            if self._options.input_cgt == CommGroupType.Orthogonal:
+                index = torch.arange(r, device=leaf.device) % fed
+            else:
+                index = torch.arange(r, device=leaf.device) // group
+            leaf = x.index_select(2, index).reshape(-1, *leaf.shape[1:])
+        if ga > 1 and r > 1:
+            x = leaf.reshape(di, ga, r, -1, *leaf.shape[1:])
+            leaf = x.transpose(1, 2).reshape(-1, *leaf.shape[1:])
+        return leaf
+
+    def _output_mode(self) -> tuple[OutputMode, int]:
+        mode = self._options.output_mode
+        if mode == OutputMode.Default:
+            mode = OutputMode.Final if self._training else OutputMode.All
+        return mode, self._options.output_return_period
+
+    # -- running the user's module ----------------------------------------------------------------
+    def _run_user_model(self, micro: dict[str, Any]) -> Any:
+        leaves = [micro[str(i)] for i in range(len(micro))]
+        args, kwargs = pytree.tree_unflatten(leaves, self._spec)
+        return self._user_model(*args, **kwargs)
+
+    def _training_loss(self, micro: dict[str, Any]) -> torch.Tensor:
+        output = self._run_user_model(micro)
+        leaves = pytree.tree_leaves(output)
+        if self._loss_index is None:
+            self._loss_index = _outputs.find_loss(output)
+        loss = leaves[self._loss_index]
+        self._recorded.append(
+            pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, output)
+        )
+        return _outputs.loss_for_backward(loss)
+
+    def _fp16_compute(self) -> str:
+        first = next(self._user_model.parameters(), None)
+        device = first.device if first is not None else "cpu"
+        return resolve_fp16_compute(None, device)
+
+    def _build(self) -> None:
+        if next(self._user_model.parameters(), None) is None:
+            raise Error("The model has no parameters: there is nothing for the IPU to run.")
+        di, ga, r, _ = self._counts()
+        if not self._training:
+            self._executable = InferenceExecutable(self._micro_model, 1, self._fp16_compute())
+            return
+        seed = self._options._values.get("random_seed", torch.initial_seed())
+        self._streams = self._streams or ReplicaStreams(seed, r)
+        opt = self._optimizer
+        if any(p.dtype == torch.float16 for p in self._user_model.parameters()) and not hasattr(
+            opt, "rounding_seed"
+        ):
+            if not isinstance(opt, _IPUMixin):  # PopTorch runs its own optimizer: fp32 update of fp16 weights
+                opt.__class__ = type(type(opt).__name__, (_IPUMixin, type(opt)), {})
+                opt._ipu_init(None, None)
+        rounding = bool(self._options._Popart._values.get("enableStochasticRounding", False))
+        if isinstance(opt, _IPUMixin):
+            opt.stochastic_rounding = rounding
+        for group in opt.param_groups:
+            if "stochastic_rounding" in group:
+                group["stochastic_rounding"] = rounding
+        max_norm = getattr(opt, "max_grad_norm", float("inf"))
+        config = types.SimpleNamespace(device_iterations=di, replication_factor=r, gradient_accumulation_steps=ga,
+                                       output_mode="all")  # fmt: skip
+        reduction = self._options.Training.accumulation_and_replication_reduction_type
+        self._executable = TrainingExecutable(
+            self._user_model, config, loss_fn=self._training_loss, optimizer=opt,
+            loss_scaler=LossScaler(float(getattr(opt, "loss_scaling", 1.0) or 1.0),
+                                   auto=self._options.Training.automatic_loss_scaling),
+            streams=self._streams, max_grad_norm=0.0 if max_norm == float("inf") else float(max_norm),
+            fp16_compute=self._fp16_compute(), reduction="sum" if reduction == ReductionType.Sum else "mean",
+        )  # fmt: skip
+
+    # -- PopTorch's API ------------------------------------------------------------------------------
+    def _trace_ipus(self, leaves: list[Any], spec) -> list[int]:
+        """The IPUs the forward visits, in order: one micro-batch through the model, in eval mode, no grad."""
+        di, ga, _, fed = self._counts()
+        micro = [
+            leaf[: max(1, leaf.shape[0] // (di * ga * fed))]
+            if isinstance(leaf, torch.Tensor) and leaf.dim()
+            else leaf
+            for leaf in leaves
+        ]
+        args, kwargs = pytree.tree_unflatten(micro, spec)
+        modes = [(m, m.training) for m in self._user_model.modules()]
+        try:
+            with recording_ipus() as trace, torch.no_grad(), torch.random.fork_rng(devices=[]):
+                self._user_model.eval()
+                first = next(self._user_model.parameters())
+                args, kwargs = pytree.tree_map(  # as the executable feeds it: on the model's device and dtype
+                    lambda t: t.to(first.device, first.dtype if t.is_floating_point() else t.dtype)
+                    if isinstance(t, torch.Tensor) else t,
+                    (args, kwargs),
+                )  # fmt: skip
+                self._user_model(*args, **kwargs)
+        finally:
+            for module, was_training in modes:
+                module.training = was_training
+        return [ipu for _, ipu in trace]
+
+    def _check_placement(self, ipus: list[int]) -> None:
+        """PopTorch's compile checks on the blocks' IPUs (PopART's wording)."""
+        strategy = self._options.execution_strategy
+        merged = [ipu for i, ipu in enumerate(ipus) if i == 0 or ipu != ipus[i - 1]]
+        stage_ipus = [s._ipu for s in strategy.stages if s._ipu is not None]
+        used = max(ipus + stage_ipus) + 1
+        if strategy.stages:
+            stages = len(strategy.stages)
+        elif strategy.auto_stage == AutoStage.AutoIncrement:
+            stages = len(merged)
+        else:
+            stages = len(set(merged))
+        self.num_ipus, self.num_stages = used, stages
+        total = used * self._options.replication_factor
+        if total > 64:
+            raise Error(
+                f"Too many IPUs requested ({total}). Experiments that need more than 64 IPUs require distributed execution."
+            )
+        rounded = 1 << (total - 1).bit_length()
+        if rounded != total:
+            common = ", because PopTorch must reserve a power of 2 or maximum of 64 IPUs per process"
+            if not self._options.auto_round_num_ipus:
+                raise Error(
+                    f"The model specifies the use of {total} IPUs, however PopTorch must reserve a minimum of {rounded} "
+                    f"in order to allow the model to run{common}. Please reconfigure your model to use a different "
+                    "number of IPUs or set poptorch.Options().autoRoundNumIPUs(True)."
+                )
+            logger.warning("Reserving %d IPUs when the model specifices the use of only %d%s. %d will be reserved but "
+                           "not used.", rounded, total, common, rounded - total)  # fmt: skip
+        pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution)
+        if not pipelined or stages < 2:
+            return
+        if self._training:
+            pipeline = 2 * stages - 1
+            if self._options.Training.gradient_accumulation < pipeline:
+                raise Error(
+                    "poptorch.Options().Training.gradientAccumulation must be greater than or equal to the number of "
+                    f"pipeline stages ({pipeline}) when using poptorch.PipelinedExecution. Please note that a model "
+                    f"with {stages} pipeline stages in PopTorch will have an additional {stages - 1} stages when training."
+                )
+        elif self._options.device_iterations < stages:
+            raise Error(
+                "poptorch.Options().deviceIterations must be greater than or equal to the number of pipeline stages "
+                f"({stages}) when using PopTorch.PipelinedExecution."
+            )
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Compile for inputs shaped like `args`/`kwargs`: the batch and placement checks, then the executable."""
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        self._check_batch(leaves)
+        self._check_placement(self._trace_ipus(leaves, spec))
+        self._build()
+        self._attached = True
+        self._loss_index = None
+
+    def isCompiled(self) -> bool:
+        return self._executable is not None
+
+    def isAttachedToDevice(self) -> bool:
+        return self._attached
+
+    def detachFromDevice(self) -> None:
+        """Release the (simulated) IPUs; the next call attaches again."""
+        if self._executable is None:
+            raise Error(NOT_COMPILED)
+        if not self._attached:
+            raise Error("Device is not attached")
+        self._attached = False
+
+    def attachToDevice(self) -> None:
+        if self._executable is None:
+            raise Error(NOT_COMPILED)
+        if self._attached:
+            raise Error("Device is already attached")
+        self._attached = True
+
+    def copyWeightsToHost(self) -> None:
+        """Nothing to copy: the host module's tensors are the ones the simulated IPU updates."""
+
+    def copyWeightsToDevice(self) -> None:
+        """Nothing to copy: the simulated IPU reads the host module's tensors."""
+
+    def copyWeightsToHostIfNeeded(self) -> bool:
+        return False
+
+    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Use `optimizer`'s current hyper-parameters from the next call on (PopTorch reads them only here)."""
+        if not self._training:
+            raise Error("setOptimizer is only for a poptorch.trainingModel.")
+        self._optimizer = optimizer
+        self._hyperparameters = _hyperparameters(optimizer)
+        if isinstance(self._executable, TrainingExecutable):
+            self._executable.optimizer = optimizer
+            self._executable.max_grad_norm = _max_norm(optimizer)
+
+    def getOptimizer(self) -> torch.optim.Optimizer | None:
+        return self._optimizer
+
+    def destroy(self) -> None:
+        """Free the executable (and the module, for wrapping again); a later call compiles again."""
+        self._executable = None
+        self._attached = False
+        if self._training and _training_wrappers.get(self._user_model) is self:
+            del _training_wrappers[self._user_model]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, self._spec = pytree.tree_flatten((args, kwargs))
+        if self._executable is None:
+            self.compile(*args, **kwargs)
+        elif not self._attached:
+            self._attached = True
+        self._check_batch(leaves)
+        first = next(self._user_model.parameters())
+        batch = {
+            str(i): move_to(self._to_runtime_layout(leaf), first.device) for i, leaf in enumerate(leaves)
+        }
+        modes = [(m, m.training) for m in self._user_model.modules()]
+        self._recorded = []
+        try:
+            if self._training:
+                with self._optimizer_as_set():
+                    self._executable(batch)
+                runtime_order = self._recorded
+                di, ga, r, _ = self._counts()
+                recorded = [
+                    runtime_order[(d * r + k) * ga + g]
+                    for d in range(di)
+                    for g in range(ga)
+                    for k in range(r)
+                ]
+            else:
+                di, _, r, _ = self._counts()
+                size = next(
+                    (leaf.shape[0] for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.dim() > 0),
+                    di * r,
+                )
+                self._executable.micro_batch_size = max(1, size // (di * r))
+                self._executable(batch)
+                recorded = self._recorded
+        finally:
+            self._recorded = []
+            for module, was_training in modes:
+                module.training = was_training
+        di, ga, r, _ = self._counts()
+        mode, period = self._output_mode()
+        return _outputs.select_outputs(recorded, di, ga, r, mode, period)
+
+    def _optimizer_as_set(self):
+        """PopTorch uses the hyper-parameters of the last `setOptimizer` (or wrap) until the next one."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def swapped():
+            groups = self._optimizer.param_groups
+            current = _hyperparameters(self._optimizer)
+            if current != self._hyperparameters:
+                logger.warning(
+                    "The optimizer's hyper-parameters changed since it was given to the model; as on PopTorch "
+                    "the model keeps the old ones until you call model.setOptimizer(optimizer)."
+                )
+            for group, values in zip(groups, self._hyperparameters):
+                group.update(values)
+            try:
+                yield
+            finally:
+                for group, values in zip(groups, current):
+                    group.update(values)
+
+        return swapped()
+
+
+def _max_norm(optimizer) -> float:
+    value = getattr(optimizer, "max_grad_norm", float("inf"))
+    return 0.0 if value == float("inf") else float(value)
+
+
+def trainingModel(model: nn.Module, options: Options | None = None, optimizer=None) -> PoplarExecutor:
+    """Wrap `model` (whose forward returns a loss, alone or among its outputs) for training.
+
+    Each call runs deviceIterations x gradientAccumulation x replicas micro-batches and updates the
+    weights once per device iteration; without an optimizer, SGD with lr 0.01 (PopTorch's default).
+    """
+    return PoplarExecutor(model, options, training=True, optimizer=optimizer)
+
+
+def inferenceModel(model: nn.Module, options: Options | None = None) -> PoplarExecutor:
+    """Wrap `model` for inference: each call runs deviceIterations x replicas micro-batches."""
+    return PoplarExecutor(model, options, training=False)

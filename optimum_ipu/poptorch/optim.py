@@ -1,0 +1,193 @@
+"""`poptorch.optim`: SGD, Adam, AdamW, LAMB and RMSprop with PopTorch's extra arguments.
+
+Each is torch's optimizer (LAMB: the runtime's) plus what PopTorch adds: `loss_scaling` (the loss is
+multiplied before backward, the gradients divided before the update: the runtime's `LossScaler`),
+`max_grad_norm` (global-norm clipping before the update), `accum_type` and the momentum types
+(fp32 or fp16), `velocity_scaling`. On fp16 parameters (`model.half()`) the update is computed in
+fp32 from the runtime's fp32 gradient sums and written back to fp16, with stochastic rounding when
+`opts.Precision.enableStochasticRounding(True)`; the optimizer state is fp32 unless an accumulation
+type says fp16. torch optimizers passed as they are work too, on fp32 models.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from optimum_ipu.runtime.optimizers import LAMB as _RuntimeLAMB
+from optimum_ipu.runtime.rounding import write_back
+
+__all__ = ["LAMB", "SGD", "Adam", "AdamW", "RMSprop", "VariableAttributes"]
+
+_ACCUM_TYPES = (torch.float32, torch.float16)
+
+
+def _check_accum(**types: Any) -> None:
+    for name, dtype in types.items():
+        if dtype is not None and dtype not in _ACCUM_TYPES:
+            raise AssertionError(
+                f"Accumulation types must be either torch.float32 or torch.float16 ({name}={dtype})."
+            )
+
+
+class VariableAttributes:
+    """Which optimizer attributes may change after compile (`setOptimizer`); all may change here."""
+
+    def __init__(self, variable: list[str] | None = None, all_attributes: list[str] | None = None):
+        self._variable = set(variable or [])
+        self._all = set(all_attributes or [])
+
+    def isConstant(self, attr: str) -> bool:
+        return attr in self._all and attr not in self._variable
+
+    def markAsConstant(self, attr: str) -> None:
+        self._variable.discard(attr)
+
+    def markAsVariable(self, attr: str) -> None:
+        self._variable.add(attr)
+
+
+class _IPUMixin:
+    """PopTorch's extra arguments, and `step(gradients=...)` for fp16 parameters."""
+
+    stochastic_rounding = False
+
+    def _ipu_init(self, loss_scaling, max_grad_norm, accum_type=None, **accum_types) -> None:
+        if loss_scaling is not None and not loss_scaling > 0:
+            raise ValueError(f"loss_scaling must be > 0, got {loss_scaling}.")
+        _check_accum(accum_type=accum_type, **accum_types)
+        self.loss_scaling = float(loss_scaling) if loss_scaling is not None else 1.0
+        self.max_grad_norm = float(max_grad_norm) if max_grad_norm is not None else math.inf
+        self.accum_type = accum_type or torch.float32
+        self.accum_types = {k: v for k, v in accum_types.items() if v is not None}
+        self.variable_attrs = VariableAttributes()
+        self._rounding = torch.Generator().manual_seed(0)
+
+    @torch.no_grad()
+    def step(self, closure=None, gradients: dict | None = None):
+        """One update; `gradients` maps fp16 parameters to their fp32 gradients (the runtime's sums)."""
+        if not gradients:
+            return super().step(closure)
+        halves = [p for g in self.param_groups for p in g["params"] if p in gradients]
+        stored = {p: p.data for p in halves}
+        for p in halves:  # the update runs on fp32 working copies
+            p.data = p.data.float()
+            p.grad = gradients[p]
+        try:
+            loss = super().step(closure)
+        finally:
+            for p in halves:
+                value, p.data = p.data, stored[p]
+                p.grad = None
+                write_back(
+                    p, value, self.stochastic_rounding, self._rounding if p.device.type == "cpu" else None
+                )
+        self._store_state_as(torch.float16 if self.accum_type == torch.float16 else None, halves)
+        return loss
+
+    def _store_state_as(self, dtype, params) -> None:
+        if dtype is None:
+            return
+        for p in params:
+            for key, value in self.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
+                    self.state[p][key] = value.to(dtype)
+
+
+class SGD(_IPUMixin, torch.optim.SGD):
+    """torch SGD plus `loss_scaling`, `velocity_scaling`, `max_grad_norm`, `accum_type`, `velocity_accum_type`."""
+
+    def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False, foreach=None,
+                 differentiable: bool = False, loss_scaling: float | None = None, velocity_scaling: float | None = None,
+                 use_combined_accum: bool | None = None, max_grad_norm: float | None = None,
+                 accum_type: torch.dtype | None = None, velocity_accum_type: torch.dtype | None = None):  # fmt: skip
+        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                         nesterov=nesterov, maximize=maximize, foreach=foreach, differentiable=differentiable)  # fmt: skip
+        self._ipu_init(loss_scaling, max_grad_norm, accum_type, velocity_accum_type=velocity_accum_type)
+        # velocity_scaling scales the stored velocity on the IPU and is divided out again: same update.
+        self.velocity_scaling = float(velocity_scaling) if velocity_scaling is not None else 1.0
+
+
+class Adam(_IPUMixin, torch.optim.Adam):
+    """torch Adam plus `loss_scaling`, `max_grad_norm`, `accum_type` and the moment accumulation types."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 amsgrad: bool = False, foreach=None, maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False, fused=None, loss_scaling: float | None = None,
+                 accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
+                 second_order_momentum_accum_type: torch.dtype | None = None,
+                 max_grad_norm: float | None = None):  # fmt: skip
+        if amsgrad:
+            raise ValueError(
+                "Only non-amsgrad Adam optimizers are supported on the IPU (amsgrad=True given)."
+            )
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
+                         maximize=maximize)  # fmt: skip
+        self._ipu_init(loss_scaling, max_grad_norm, accum_type,
+                       first_order_momentum_accum_type=first_order_momentum_accum_type,
+                       second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
+
+
+class AdamW(_IPUMixin, torch.optim.AdamW):
+    """torch AdamW plus `loss_scaling`, `max_grad_norm`, `bias_correction`, accumulation types."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
+                 amsgrad: bool = False, foreach=None, maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False, fused=None, loss_scaling: float | None = None,
+                 bias_correction: bool = True, accum_type: torch.dtype | None = None,
+                 first_order_momentum_accum_type: torch.dtype | None = None,
+                 second_order_momentum_accum_type: torch.dtype | None = None,
+                 max_grad_norm: float | None = None):  # fmt: skip
+        if amsgrad:
+            raise ValueError(
+                "Only non-amsgrad AdamW optimizers are supported on the IPU (amsgrad=True given)."
+            )
+        if not bias_correction:
+            raise NotImplementedError(
+                "poptorch.optim.AdamW(bias_correction=False) is not simulated yet: leave it True, or use "
+                "poptorch.optim.LAMB(bias_correction=False)."
+            )
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
+                         maximize=maximize)  # fmt: skip
+        self.bias_correction = bias_correction
+        self._ipu_init(loss_scaling, max_grad_norm, accum_type,
+                       first_order_momentum_accum_type=first_order_momentum_accum_type,
+                       second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
+
+
+class RMSprop(_IPUMixin, torch.optim.RMSprop):
+    """torch RMSprop plus `loss_scaling`, `max_grad_norm` and accumulation types."""
+
+    def __init__(self, params, lr: float = 0.01, alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0,
+                 momentum: float = 0.0, centered: bool = False, foreach=None, maximize: bool = False,
+                 differentiable: bool = False, loss_scaling: float | None = None,
+                 accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
+                 second_order_momentum_accum_type: torch.dtype | None = None,
+                 max_grad_norm: float | None = None):  # fmt: skip
+        super().__init__(params, lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                         centered=centered, foreach=foreach, maximize=maximize)  # fmt: skip
+        self._ipu_init(loss_scaling, max_grad_norm, accum_type,
+                       first_order_momentum_accum_type=first_order_momentum_accum_type,
+                       second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
+
+
+class LAMB(_RuntimeLAMB):
+    """LAMB (You et al.): the runtime's implementation, with PopTorch's arguments."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
+                 bias_correction: bool = True, loss_scaling: float | None = None, max_weight_norm: float | None = None,
+                 accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
+                 second_order_momentum_accum_type: torch.dtype | None = None,
+                 max_grad_norm: float | None = None):  # fmt: skip
+        _check_accum(accum_type=accum_type, first_order_momentum_accum_type=first_order_momentum_accum_type,
+                     second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         max_weight_norm=max_weight_norm if max_weight_norm is not None else 65500.0,
+                         accum_type=first_order_momentum_accum_type or torch.float32)  # fmt: skip
+        self.bias_correction = bias_correction
+        self.loss_scaling = float(loss_scaling) if loss_scaling is not None else 1.0
+        self.max_grad_norm = float(max_grad_norm) if max_grad_norm is not None else math.inf
+        self.variable_attrs = VariableAttributes()

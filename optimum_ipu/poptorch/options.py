@@ -1,0 +1,531 @@
+"""`poptorch.Options`: PopTorch's builder API for how a wrapped model is compiled and run.
+
+Every setter of PopTorch 3.4 exists and returns its object, so chained calls work. The options that
+change the arithmetic (device iterations, replicas, gradient accumulation and its reduction, output
+mode, seed, execution strategy) are read by the wrappers; the options that tune a real IPU's
+compiler or memory (`TensorLocations`, partials type, caching, IPU Model, PopART settings, ...) are
+recorded (the cost model reads some of them) and, the first time they are set, a log line says that
+they change nothing here. An `Options` passed to a wrapper is frozen: change a `clone()` instead.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from optimum_ipu.poptorch import enums
+from optimum_ipu.poptorch._logging import no_effect
+from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution, _ExecutionStrategy
+
+__all__ = ["Options", "TensorLocationSettings"]
+
+
+class _OptionsDict:
+    """Named values with attribute access (`opts.device_iterations`), frozen once given to a wrapper."""
+
+    def __init__(self, **defaults: Any):
+        object.__setattr__(self, "_is_frozen", False)
+        object.__setattr__(self, "_values", dict(defaults))
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("_values", {})
+        if name in values:
+            return values[name]
+        raise AttributeError(f"{type(self).__name__} has no option or attribute {name!r}.")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self.checkIsFrozen()
+        object.__setattr__(self, name, value)
+
+    def checkIsFrozen(self) -> None:
+        if self.__dict__.get("_is_frozen"):
+            raise AttributeError("Can't modify frozen Options")
+
+    def set(self, **values: Any) -> None:
+        self.checkIsFrozen()
+        self._values.update(values)
+
+    def exists(self, name: str) -> bool:
+        return name in self._values
+
+    def _set_frozen(self, frozen: bool) -> None:
+        object.__setattr__(self, "_is_frozen", frozen)
+        for value in self.__dict__.values():
+            if isinstance(value, _OptionsDict):
+                value._set_frozen(frozen)
+
+    def _freeze(self) -> None:
+        self._set_frozen(True)
+
+    def _unfreeze(self) -> None:
+        self._set_frozen(False)
+
+    def toDict(self) -> dict[str, Any]:
+        out = dict(self._values)
+        for key, value in self.__dict__.items():
+            if isinstance(value, _OptionsDict):
+                out.update({f"{key.strip('_')}.{k}": v for k, v in value.toDict().items()})
+        return out
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    return value
+
+
+class _PopartOptions(_OptionsDict):
+    """Raw PopART session options (`opts._Popart.set(key, value)`): recorded, no effect here."""
+
+    def set(self, key: str, value: Any) -> _PopartOptions:  # type: ignore[override]
+        self.checkIsFrozen()
+        self._values[key] = value
+        if key not in ("enableStochasticRounding", "partialsTypeMatMuls", "convolutionOptions"):
+            no_effect(f"opts._Popart.set({key!r})", "PopART session options tune a real IPU's compiler.")
+        return self
+
+    def setEngineOptions(self, engine_options: dict) -> _PopartOptions:
+        no_effect("opts._Popart.setEngineOptions", "Poplar engine options tune a real IPU's compiler.")
+        return self.set("engineOptions", dict(engine_options))
+
+    def setPatterns(self, patterns: dict, level: int = 2) -> _PopartOptions:
+        no_effect("opts._Popart.setPatterns", "PopART graph patterns tune a real IPU's compiler.")
+        return self.set("patterns", dict(patterns))
+
+
+class _PrecisionOptions(_OptionsDict):
+    """`opts.Precision`: fp16 numerics."""
+
+    def __init__(self, popart: _PopartOptions):
+        super().__init__(half_float_casting=enums.HalfFloatCastingBehavior.Default,
+                         running_statistics_always_float=True)  # fmt: skip
+        object.__setattr__(self, "_popart", popart)
+
+    def enableStochasticRounding(self, enabled: bool) -> _PrecisionOptions:
+        """Round fp16 weight updates stochastically (done by the fp16 optimizers of `poptorch.optim`)."""
+        self._popart.set("enableStochasticRounding", bool(enabled))
+        return self
+
+    def setPartialsType(self, dtype: torch.dtype) -> _PrecisionOptions:
+        """Matmul/conv partials type; the simulated IPU always accumulates in fp32 (at least as accurate)."""
+        if dtype not in (torch.float, torch.half):
+            raise ValueError(f"setPartialsType takes torch.float or torch.half, got {dtype}.")
+        if dtype == torch.half:
+            no_effect("Precision.setPartialsType(torch.half)", "matmul partials are accumulated in fp32.")
+        self._popart.set("partialsTypeMatMuls", "half" if dtype == torch.half else "float")
+        return self
+
+    def enableFloatingPointExceptions(self, enabled: bool) -> _PrecisionOptions:
+        no_effect("Precision.enableFloatingPointExceptions", "no IPU floating-point traps to enable.")
+        self.set(floating_point_exceptions=bool(enabled))
+        return self
+
+    def halfFloatCasting(self, behaviour: enums.HalfFloatCastingBehavior) -> _PrecisionOptions:
+        no_effect("Precision.halfFloatCasting", "PyTorch's rule (upcast to fp32) is the one that runs.")
+        self.set(half_float_casting=behaviour)
+        return self
+
+    def runningStatisticsAlwaysFloat(self, value: bool) -> _PrecisionOptions:
+        no_effect("Precision.runningStatisticsAlwaysFloat", "running statistics keep the buffers' own dtype.")
+        self.set(running_statistics_always_float=bool(value))
+        return self
+
+
+class _TrainingOptions(_OptionsDict):
+    """`opts.Training`: gradient accumulation and how gradients are reduced."""
+
+    def __init__(self, popart: _PopartOptions):
+        super().__init__(gradient_accumulation=1,
+                         accumulation_and_replication_reduction_type=enums.ReductionType.Mean,
+                         mean_accumulation_and_replication_reduction_strategy=enums.MeanReductionStrategy.Post,
+                         automatic_loss_scaling=False)  # fmt: skip
+        object.__setattr__(self, "_popart", popart)
+
+    def gradientAccumulation(self, gradient_accumulation: int) -> _TrainingOptions:
+        """Micro-batches whose gradients are accumulated before each weight update."""
+        self.set(gradient_accumulation=_positive_int("gradientAccumulation", gradient_accumulation))
+        return self
+
+    def accumulationAndReplicationReductionType(
+        self, reduction_type: enums.ReductionType
+    ) -> _TrainingOptions:
+        """Mean (default) or Sum of the gradients over accumulation steps and replicas."""
+        if reduction_type not in (enums.ReductionType.Mean, enums.ReductionType.Sum):
+            raise ValueError(
+                "accumulationAndReplicationReductionType must be set to poptorch.ReductionType.Mean or "
+                f"poptorch.ReductionType.Sum, got {reduction_type!r}."
+            )
+        self.set(accumulation_and_replication_reduction_type=enums.ReductionType(reduction_type))
+        return self
+
+    def setMeanAccumulationAndReplicationReductionStrategy(self, strategy) -> _TrainingOptions:
+        """Running / Post: the gradients are summed in fp32 and divided once here, so every strategy agrees."""
+        no_effect("Training.setMeanAccumulationAndReplicationReductionStrategy",
+                  "gradients are summed in fp32 and divided once, which no strategy changes.")  # fmt: skip
+        self.set(mean_accumulation_and_replication_reduction_strategy=enums.MeanReductionStrategy(strategy))
+        return self
+
+    def setAutomaticLossScaling(self, enabled: bool) -> _TrainingOptions:
+        """Adapt the loss scale as PopART's automatic loss scaling does (the optimizer's value starts it)."""
+        self.set(automatic_loss_scaling=bool(enabled))
+        return self
+
+    def setConvolutionDithering(self, enabled: bool) -> _TrainingOptions:
+        no_effect("Training.setConvolutionDithering", "convolution tile layout is not simulated.")
+        self.set(convolution_dithering=bool(enabled))
+        return self
+
+
+class _DistributedOptions(_OptionsDict):
+    """`opts.Distributed`: which process of a multi-process run this is (read from torchrun's variables)."""
+
+    def __init__(self):
+        import os
+
+        super().__init__(num_distributed_processes=int(os.environ.get("WORLD_SIZE", 1)),
+                         distributed_process_id=int(os.environ.get("RANK", 0)))  # fmt: skip
+
+    def disable(self) -> _DistributedOptions:
+        self.set(num_distributed_processes=1, distributed_process_id=0)
+        return self
+
+    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> _DistributedOptions:
+        import os
+
+        return self.configureProcessId(
+            int(os.environ.get(var_process_id, 0)), int(os.environ.get(var_num_processes, 1))
+        )
+
+    def configureProcessId(self, process_id: int, num_processes: int) -> _DistributedOptions:
+        if not 0 <= process_id < num_processes:
+            raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}.")
+        self.set(num_distributed_processes=num_processes, distributed_process_id=process_id)
+        return self
+
+    @property
+    def processId(self) -> int:
+        return self._values["distributed_process_id"]
+
+    @property
+    def numProcesses(self) -> int:
+        return self._values["num_distributed_processes"]
+
+
+class TensorLocationSettings(_OptionsDict):
+    """Where one kind of tensor lives (on chip, streaming memory, sharded over replicas): recorded only."""
+
+    def __init__(self):
+        super().__init__()
+
+    def _record(self, name: str, value: Any) -> TensorLocationSettings:
+        no_effect("TensorLocationSettings", "tensor placement is recorded for the cost model, not simulated.")
+        self.set(**{name: value})
+        return self
+
+    def minElementsForOffChip(self, min_elements: int):
+        return self._record("minElementsForOffChip", min_elements)
+
+    def minElementsForReplicatedTensorSharding(self, min_elements: int):
+        return self._record("minElementsForReplicatedTensorSharding", min_elements)
+
+    def useOnChipStorage(self, use: bool = True):
+        return self._record("onChip", bool(use))
+
+    def useReplicatedTensorSharding(self, use: bool = True):
+        return self._record("useReplicatedTensorSharding", bool(use))
+
+    def useIOTilesToLoad(self, use: bool = True):
+        return self._record("useIOTilesToLoad", bool(use))
+
+    def useIOTilesToStore(self, use: bool = True):
+        return self._record("useIOTilesToStore", bool(use))
+
+
+class _TensorLocationOptions(_OptionsDict):
+    """`opts.TensorLocations`: placement of activations, weights, optimizer state and accumulators."""
+
+    def numIOTiles(self, num_tiles: int) -> _TensorLocationOptions:
+        no_effect("TensorLocations.numIOTiles", "I/O tiles are not simulated.")
+        self.set(num_io_tiles=int(num_tiles))
+        return self
+
+    def _location(self, kind: str, location: TensorLocationSettings) -> _TensorLocationOptions:
+        if not isinstance(location, TensorLocationSettings):
+            raise TypeError(
+                f"set{kind}Location takes a poptorch.TensorLocationSettings, got {type(location).__name__}."
+            )
+        self.set(**{f"location_{kind.lower()}": location.toDict()})
+        return self
+
+    def setActivationLocation(self, location: TensorLocationSettings):
+        return self._location("Activation", location)
+
+    def setWeightLocation(self, location: TensorLocationSettings):
+        return self._location("Weight", location)
+
+    def setOptimizerLocation(self, location: TensorLocationSettings):
+        return self._location("Optimizer", location)
+
+    def setAccumulatorLocation(self, location: TensorLocationSettings):
+        return self._location("Accumulator", location)
+
+
+class _JitOptions(_OptionsDict):
+    def __init__(self):
+        super().__init__(trace_model=True)
+
+    def traceModel(self, trace_model: bool) -> _JitOptions:
+        no_effect("Jit.traceModel", "the model runs eagerly as PyTorch code; nothing is traced or scripted.")
+        self.set(trace_model=bool(trace_model))
+        return self
+
+
+class Options(_OptionsDict):
+    """Everything that controls how `trainingModel` / `inferenceModel` compile and run a model.
+
+    >>> opts = Options().deviceIterations(4)
+    >>> _ = opts.Training.gradientAccumulation(2)
+    >>> opts.device_iterations, opts.Training.gradient_accumulation
+    (4, 2)
+    """
+
+    def __init__(self) -> None:
+        popart = _PopartOptions()
+        super().__init__(replication_factor=1, input_group_size=1, input_cgt=enums.CommGroupType.Consecutive,
+                         broadcast_buffers=True, device_iterations=1, auto_round_num_ipus=False,
+                         output_mode=enums.OutputMode.Default, output_return_period=1,
+                         available_memory_proportion={}, executable_cache_dir="", use_ipu_model=False)  # fmt: skip
+        object.__setattr__(self, "_popart", popart)
+        object.__setattr__(self, "_precision", _PrecisionOptions(popart))
+        object.__setattr__(self, "_training", _TrainingOptions(popart))
+        object.__setattr__(self, "_distributed", _DistributedOptions())
+        object.__setattr__(self, "_tensor_locations", _TensorLocationOptions())
+        object.__setattr__(self, "_jit", _JitOptions())
+        object.__setattr__(self, "_execution_strategy", PipelinedExecution())
+
+    # -- sub-objects ---------------------------------------------------------------------------
+    @property
+    def Training(self) -> _TrainingOptions:
+        return self._training
+
+    @property
+    def Precision(self) -> _PrecisionOptions:
+        return self._precision
+
+    @property
+    def Distributed(self) -> _DistributedOptions:
+        return self._distributed
+
+    @property
+    def TensorLocations(self) -> _TensorLocationOptions:
+        return self._tensor_locations
+
+    @property
+    def Jit(self) -> _JitOptions:
+        return self._jit
+
+    @property
+    def _Popart(self) -> _PopartOptions:
+        return self._popart
+
+    # -- the batch arithmetic --------------------------------------------------------------------
+    def deviceIterations(self, device_iterations: int) -> Options:
+        """Iterations the device runs per host call (one weight update each in training)."""
+        self.set(device_iterations=_positive_int("deviceIterations", device_iterations))
+        return self
+
+    def replicationFactor(self, replication_factor: int) -> Options:
+        """Data-parallel replicas of the model (each on its own set of IPUs)."""
+        self.set(replication_factor=_positive_int("replicationFactor", replication_factor))
+        return self
+
+    def inputReplicaGrouping(self, input_group_size: int, input_group_type: enums.CommGroupType) -> Options:
+        """Replicas of a group receive the same input; the data per call shrinks by the group size."""
+        if input_group_type == enums.CommGroupType.All:
+            raise ValueError("input_group_type cannot be All")
+        r = self.replication_factor
+        if input_group_size > r:
+            raise ValueError(
+                f"input_group_size cannot be larger than replication factor ({input_group_size} > {r})."
+            )
+        if r % input_group_size:
+            raise ValueError(
+                f"input_group_size must be a factor of replication factor ({input_group_size}, {r})."
+            )
+        self.set(input_group_size=int(input_group_size), input_cgt=input_group_type)
+        return self
+
+    def outputMode(self, output_mode: enums.OutputMode, output_return_period: int | None = None) -> Options:
+        """Which micro-batches' outputs a call returns (All, Final, Sum, EveryN with a period, Default)."""
+        if not isinstance(output_mode, enums.OutputMode):
+            raise TypeError(f"outputMode takes a poptorch.OutputMode, got {output_mode!r}.")
+        if output_mode == enums.OutputMode.EveryN and not (output_return_period and output_return_period > 0):
+            raise AssertionError("EveryN anchor must have output_return_period set to valid positive integer")
+        self.set(output_mode=output_mode, output_return_period=output_return_period or 1)
+        return self
+
+    def defaultOutputMode(self) -> bool:
+        return self.output_mode == enums.OutputMode.Default
+
+    def randomSeed(self, random_seed: int) -> Options:
+        """Seed the device's random streams (and, as PopTorch does, torch's host generator)."""
+        if not isinstance(random_seed, int):
+            raise TypeError(f"randomSeed takes an int, got {random_seed!r}.")
+        torch.manual_seed(random_seed)
+        self.set(random_seed=random_seed)
+        return self
+
+    def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:
+        self.set(broadcast_buffers=bool(broadcast_buffers))
+        return self
+
+    def setExecutionStrategy(self, strategy: _ExecutionStrategy) -> Options:
+        """PipelinedExecution (default), ShardedExecution, or a phased strategy."""
+        if not isinstance(strategy, _ExecutionStrategy):
+            raise TypeError(f"setExecutionStrategy takes an execution strategy object, got {strategy!r}.")
+        self.checkIsFrozen()
+        object.__setattr__(self, "_execution_strategy", strategy)
+        return self
+
+    def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> Options:
+        """Round the IPUs requested up to a power of two instead of failing."""
+        self.set(auto_round_num_ipus=bool(auto_round_num_ipus))
+        return self
+
+    # -- recorded for the cost model, or no effect here -------------------------------------------
+    def setAvailableMemoryProportion(self, available_memory_proportion: dict[str, float]) -> Options:
+        """Per-IPU share of tile memory for matmul/conv temporaries ({"IPU0": 0.3, ...}): read by the cost model."""
+        for key, value in available_memory_proportion.items():
+            if not key.startswith("IPU") or not 0 < float(value) <= 1:
+                raise ValueError(
+                    f"setAvailableMemoryProportion takes {{'IPU<n>': proportion in (0, 1]}}, got {key}: {value}."
+                )
+        no_effect(
+            "setAvailableMemoryProportion", "it is recorded for the cost model; the arithmetic is unchanged."
+        )
+        self.set(available_memory_proportion=dict(available_memory_proportion))
+        return self
+
+    def _record(self, name: str, why: str, **values: Any) -> Options:
+        no_effect(name, why)
+        self.set(**values)
+        return self
+
+    def enableExecutableCaching(self, path: str) -> Options:
+        return self._record("enableExecutableCaching", "nothing is compiled, so there is nothing to cache.",
+                            executable_cache_dir=str(path))  # fmt: skip
+
+    def useIpuModel(self, use_model: bool) -> Options:
+        return self._record(
+            "useIpuModel", "the whole IPU is simulated already.", use_ipu_model=bool(use_model)
+        )
+
+    def useIpuId(self, ipu_id: int) -> Options:
+        return self._record("useIpuId", "there are no physical IPUs to choose.", ipu_id=int(ipu_id))
+
+    def useOfflineIpuTarget(self, ipu_version: int = 2) -> Options:
+        return self._record(
+            "useOfflineIpuTarget", "nothing is compiled for a device.", ipu_version=int(ipu_version)
+        )
+
+    def connectionType(self, connection_type: enums.ConnectionType) -> Options:
+        return self._record("connectionType", "no IPUs are attached.", connection_type=connection_type)
+
+    def syncPattern(self, sync_pattern: enums.SyncPattern) -> Options:
+        return self._record("syncPattern", "IPU synchronisation is not simulated.", sync_pattern=sync_pattern)
+
+    def logDir(self, log_dir: str) -> Options:
+        return self._record("logDir", "no compiler logs are written.", log_dir=str(log_dir))
+
+    def maxRepeatLogs(self, max_lines: int | None) -> Options:
+        return self._record("maxRepeatLogs", "no compiler logs are written.", max_repeat_logs=max_lines)
+
+    def modelName(self, name: str) -> Options:
+        self.set(model_name=str(name))
+        return self
+
+    def enableStableNorm(self, enabled: bool) -> Options:
+        return self._record("enableStableNorm", "norms use PyTorch's kernels.", stable_norm=bool(enabled))
+
+    def enableSyntheticData(self, enabled: bool) -> Options:
+        return self._record("enableSyntheticData", "host I/O is not simulated.", synthetic_data=bool(enabled))
+
+    def logCycleCount(self, log_cycle_count: bool) -> Options:
+        return self._record("logCycleCount", "cycles are estimated by the cost model, not counted.",
+                            log_cycle_count=bool(log_cycle_count))  # fmt: skip
+
+    def enableProfiling(self, profile_dir: str | None = None) -> Options:
+        return self._record("enableProfiling", "no Poplar profile exists; see the compile report.",
+                            profile_dir=profile_dir or "")  # fmt: skip
+
+    def showCompilationProgressBar(self, show: bool = True) -> Options:
+        return self._record("showCompilationProgressBar", "nothing is compiled.", progress_bar=bool(show))
+
+    def relaxOptimizerAttributesChecks(self, relax: bool = True) -> Options:
+        self.set(relax_optimizer_attributes_checks=bool(relax))
+        return self
+
+    def disableModuleNamescope(self) -> Options:
+        return self._record("disableModuleNamescope", "no graph names are generated.", module_namescope=False)
+
+    def updatableNamedBuffers(self, buffers: list[str]) -> Options:
+        self.set(updatable_named_buffers=list(buffers))
+        return self
+
+    def sourceLocationExcludes(self, excludes: list[str]) -> Options:
+        return self._record(
+            "sourceLocationExcludes", "no graph debug info is generated.", source_excludes=list(excludes)
+        )
+
+    def appendToLocationExcludes(self, *excludes: str) -> Options:
+        return self._record(
+            "appendToLocationExcludes", "no graph debug info is generated.", source_excludes=list(excludes)
+        )
+
+    def anchorTensor(self, short_name: str, long_name: str, output_mode=None, output_return_period: int = 1):
+        raise NotImplementedError(
+            f"anchorTensor({short_name!r}, {long_name!r}): PopART tensor names do not exist on the simulated IPU. "
+            "Return the tensor from forward() instead."
+        )
+
+    def loadFromFile(self, filepath: str) -> Options:
+        """Apply `name(value)` lines (e.g. `deviceIterations(4)`, `Training.gradientAccumulation(2)`)."""
+        with open(filepath) as f:
+            for number, line in enumerate(f, 1):
+                line = line.split("#")[0].strip()
+                if not line:
+                    continue
+                target: Any = self
+                name, _, arg = line.partition("(")
+                *path, method = name.strip().split(".")
+                for part in path:
+                    target = getattr(target, part)
+                try:
+                    value = eval(
+                        arg.rstrip(")"), {"torch": torch, **{e: getattr(enums, e) for e in enums.__all__}}
+                    )  # noqa: S307
+                except Exception as e:  # noqa: BLE001
+                    raise ValueError(f"{filepath}:{number}: cannot read the value of {line!r}: {e}") from e
+                getattr(target, method)(*value) if isinstance(value, tuple) else getattr(target, method)(
+                    value
+                )
+        return self
+
+    def clone(self) -> Options:
+        """An unfrozen deep copy (to change options of a model already wrapped, or for a second model)."""
+        copied = copy.deepcopy(self)
+        copied._unfreeze()
+        return copied
+
+    # -- read-only views the wrappers use ----------------------------------------------------------
+    @property
+    def execution_strategy(self) -> _ExecutionStrategy:
+        return self._execution_strategy
+
+    def _is_sharded(self) -> bool:
+        return isinstance(self._execution_strategy, ShardedExecution)

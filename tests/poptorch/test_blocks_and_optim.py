@@ -1,0 +1,157 @@
+"""Blocks and PopTorch's placement checks; poptorch.optim's extra arguments; model.half() training."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import poptorch
+
+
+class Four(nn.Module):
+    """Four layers; forward returns (output, loss)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x, x.pow(2).mean()
+
+
+def on_ipus(model, ipus):
+    for layer, ipu in zip(model.layers, ipus):
+        if ipu is not None:
+            poptorch.BeginBlock(layer, ipu_id=ipu)
+    return model
+
+
+def test_pipelined_training_needs_gradient_accumulation_2n_minus_1():
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(5)
+    with pytest.raises(poptorch.Error, match=r"gradientAccumulation must be greater than or equal to the number of "
+                       r"pipeline stages \(7\) when using poptorch.PipelinedExecution. Please note that a model with 4 "
+                       r"pipeline stages in PopTorch will have an additional 3 stages when training."):  # fmt: skip
+        poptorch.trainingModel(on_ipus(Four(), [0, 1, 2, 3]), opts)(torch.randn(5 * 2, 4))
+    ok = poptorch.Options()
+    ok.Training.gradientAccumulation(7)
+    model = poptorch.trainingModel(on_ipus(Four(), [0, 1, 2, 3]), ok)
+    model(torch.randn(7 * 2, 4))
+    assert (model.num_ipus, model.num_stages) == (4, 4)
+
+
+def test_sharded_training_has_no_accumulation_constraint_and_equals_one_device():
+    torch.manual_seed(0)
+    plain = Four()
+    sharded = on_ipus(copy.deepcopy(plain), [0, 1, 2, 3])
+    opts = poptorch.Options().setExecutionStrategy(poptorch.ShardedExecution())
+    x = torch.randn(4, 4)
+    poptorch.trainingModel(sharded, opts)(x)
+    poptorch.trainingModel(plain)(x)
+    for p, q in zip(plain.parameters(), sharded.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_pipelined_inference_needs_device_iterations_n():
+    with pytest.raises(poptorch.Error, match=r"deviceIterations must be greater than or equal to the number of "
+                       r"pipeline stages \(2\) when using PopTorch.PipelinedExecution."):  # fmt: skip
+        poptorch.inferenceModel(on_ipus(Four(), [0, None, 1, None]))(torch.randn(3, 4))
+    out, _ = poptorch.inferenceModel(
+        on_ipus(Four(), [0, None, 1, None]), poptorch.Options().deviceIterations(2)
+    )(torch.randn(4, 4))
+    assert out.shape == (4, 4)
+
+
+def test_ipu_count_must_be_a_power_of_two_unless_auto_rounded():
+    model = on_ipus(Four(), [0, 1, 2, None])
+    opts = poptorch.Options().setExecutionStrategy(poptorch.ShardedExecution())
+    with pytest.raises(poptorch.Error, match="The model specifies the use of 3 IPUs, however PopTorch must reserve a "
+                       "minimum of 4 in order to allow the model to run"):  # fmt: skip
+        poptorch.inferenceModel(model, opts)(torch.randn(2, 4))
+    poptorch.inferenceModel(model, opts.clone().autoRoundNumIPUs(True))(torch.randn(2, 4))
+    with pytest.raises(poptorch.Error, match=r"Too many IPUs requested \(128\)"):
+        poptorch.inferenceModel(Four(), poptorch.Options().replicationFactor(128))(torch.randn(128, 4))
+
+
+def test_block_context_auto_increment_and_remove_blocks():
+    class WithBlocks(Four):
+        def forward(self, x):
+            with poptorch.Block("a", ipu_id=0):
+                x = self.layers[0](x)
+            with poptorch.Block("b", ipu_id=1):
+                x = self.layers[1](x)
+            with poptorch.Block("c", ipu_id=0):
+                x = self.layers[2](x)
+            return x, x.pow(2).mean()
+
+    opts = poptorch.Options().setExecutionStrategy(
+        poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement)
+    )
+    opts.Training.gradientAccumulation(5)
+    model = poptorch.trainingModel(WithBlocks(), opts)
+    model(torch.randn(10, 4))
+    assert model.num_stages == 3
+    layer = nn.Linear(2, 2)
+    poptorch.BeginBlock(layer, "x", 1)
+    with pytest.raises(poptorch.Error, match="module has already been assigned to a block."):
+        poptorch.BeginBlock(layer, "y", 2)
+    poptorch.removeBlocks(layer)
+    poptorch.BeginBlock(layer, "y", 2)
+
+
+def test_poptorch_optim_sgd_loss_scaling_and_clipping_equal_plain_pytorch():
+    torch.manual_seed(0)
+    model, ref = Four(), None
+    ref = copy.deepcopy(model)
+    opt = poptorch.optim.SGD(
+        model.parameters(), lr=0.1, momentum=0.9, loss_scaling=1024.0, max_grad_norm=0.01
+    )
+    x = torch.randn(4, 4)
+    _, loss = poptorch.trainingModel(model, optimizer=opt)(x)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    ref_loss = ref(x)[1]
+    ref_loss.backward()
+    torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.01)
+    ref_opt.step()
+    torch.testing.assert_close(loss, ref_loss.detach())
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+
+
+def test_accumulation_types_must_be_fp16_or_fp32():
+    with pytest.raises(
+        AssertionError, match="Accumulation types must be either torch.float32 or torch.float16"
+    ):
+        poptorch.optim.Adam(Four().parameters(), accum_type=torch.bfloat16)
+
+
+@pytest.mark.parametrize("optimizer", ["torch", "poptorch"])
+def test_half_model_trains_through_the_fp16_path(optimizer):
+    torch.manual_seed(0)
+    model = Four().half()
+    params = model.parameters()
+    opt = (
+        torch.optim.SGD(params, lr=0.5)
+        if optimizer == "torch"
+        else poptorch.optim.SGD(params, lr=0.5, loss_scaling=128)
+    )
+    opts = poptorch.Options().deviceIterations(4)
+    opts.Precision.enableStochasticRounding(True)
+    training = poptorch.trainingModel(model, opts, optimizer=opt)
+    x = torch.randn(16, 4)
+    opts_all = [float(training(x)[1]) for _ in range(5)]
+    assert all(p.dtype == torch.float16 and p.isfinite().all() for p in model.parameters())
+    assert opts_all[-1] < opts_all[0]
+
+
+def test_custom_op_is_a_clear_error():
+    with pytest.raises(poptorch.Error, match="custom_op\\('LeakyRelu', domain 'custom.ops'\\) runs a Poplar"):
+        poptorch.custom_op([torch.randn(2)], "LeakyRelu", "custom.ops", 1, example_outputs=[torch.randn(2)])
+
+
+def test_recomputation_checkpoint_and_nop_keep_values():
+    x = torch.randn(3, requires_grad=True)
+    assert poptorch.recomputationCheckpoint(x) is x and poptorch.nop(x) is x

@@ -1,0 +1,136 @@
+"""The wrapped model's life cycle and PopTorch's errors: compile, attach/detach, destroy, losses, batches."""
+
+import pytest
+import torch
+from torch import nn
+
+import poptorch
+
+
+class WithLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+
+    def forward(self, x, y=None):
+        out = self.linear(x)
+        return out if y is None else (out, nn.functional.cross_entropy(out, y))
+
+
+def batch(n=4):
+    return torch.randn(n, 3), torch.randint(0, 2, (n,))
+
+
+def test_compile_on_first_call_or_compile():
+    model = poptorch.trainingModel(WithLoss())
+    assert not model.isCompiled()
+    model.compile(*batch())
+    assert model.isCompiled() and model.isAttachedToDevice()
+
+
+def test_detach_and_attach_give_poptorchs_errors():
+    model = poptorch.trainingModel(WithLoss())
+    with pytest.raises(poptorch.Error, match="Model has not been compiled or has been destroyed."):
+        model.detachFromDevice()
+    model(*batch())
+    model.detachFromDevice()
+    with pytest.raises(poptorch.Error, match="Device is not attached"):
+        model.detachFromDevice()
+    model.attachToDevice()
+    with pytest.raises(poptorch.Error, match="Device is already attached"):
+        model.attachToDevice()
+    model.detachFromDevice()
+    model(*batch())  # a call attaches again
+    assert model.isAttachedToDevice()
+
+
+def test_wrapping_twice_needs_destroy():
+    module = WithLoss()
+    first = poptorch.trainingModel(module)
+    with pytest.raises(
+        RuntimeError, match="already been wrapped in 'poptorch.trainingModel'. Call model.destroy()"
+    ):
+        poptorch.trainingModel(module)
+    first.destroy()
+    assert not first.isCompiled()
+    poptorch.trainingModel(module)(*batch())
+
+
+def test_inference_with_gradient_accumulation_is_refused_at_wrap_time():
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(2)
+    with pytest.raises(
+        poptorch.Error, match=r"gradientAccumulation to 1 or leave it as its default value \(1\)"
+    ):
+        poptorch.inferenceModel(nn.Linear(3, 2), opts)
+
+
+def test_invalid_batch_dimension_uses_poptorchs_message():
+    opts = poptorch.Options().deviceIterations(2).replicationFactor(2)
+    opts.Training.gradientAccumulation(3)
+    with pytest.raises(AssertionError, match=r"Invalid batch dimension: In the input \[10, 3\], the batch dimension "
+                       r"\(10\) must be a multiple of Options.deviceIterations\(2\) \* \(Options.replicationFactor\(2\) / "
+                       r"Options.inputReplicaGrouping.input_group_size\(1\)\) \* Options.Training.gradientAccumulation\(3\) = 12"):  # fmt: skip
+        poptorch.trainingModel(WithLoss(), opts)(*batch(10))
+
+
+def test_no_loss_and_several_independent_losses():
+    with pytest.raises(poptorch.Error, match="Couldn't find a loss in graph!"):
+        poptorch.trainingModel(nn.Linear(3, 2))(torch.randn(4, 3))
+
+    class TwoLosses(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 1), nn.Linear(3, 1)
+
+        def forward(self, x):
+            return self.a(x).mean(), self.b(x).mean()
+
+    with pytest.raises(poptorch.Error, match="Multiple independent losses found in graph"):
+        poptorch.trainingModel(TwoLosses())(torch.randn(4, 3))
+
+
+def test_the_final_loss_is_the_one_computed_from_the_others():
+    class Parts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(3, 1)
+
+        def forward(self, x):
+            first, second = self.a(x).mean(), self.a(x).pow(2).mean()
+            return first, second, first + second
+
+    opts = poptorch.Options().outputMode(poptorch.OutputMode.All)
+    first, second, total = poptorch.trainingModel(Parts(), opts)(torch.randn(4, 3))
+    torch.testing.assert_close(total, first + second)
+
+
+def test_identity_loss_marks_the_loss_and_reduces():
+    class Custom(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(3, 2)
+
+        def forward(self, x):
+            out = self.a(x)
+            return out.sum(), poptorch.identity_loss(out.abs(), reduction="mean")
+
+    total, loss = poptorch.trainingModel(Custom())(torch.randn(4, 3))
+    assert loss.shape == () and loss > 0
+    x = torch.randn(2, 3)
+    assert torch.equal(poptorch.identity_loss(x, reduction="sum"), x.sum())
+    with pytest.raises(ValueError, match='reduction must be "sum", "mean" or "none"'):
+        poptorch.identity_loss(x, reduction="max")
+
+
+def test_the_users_module_keeps_its_train_or_eval_mode():
+    module = WithLoss().eval()
+    poptorch.trainingModel(module)(*batch())
+    assert not module.training
+
+
+def test_wrapper_reads_through_to_the_module():
+    module = WithLoss()
+    model = poptorch.trainingModel(module)
+    assert model.linear is module.linear and model.model is module
+    assert list(model.parameters()) == list(module.parameters())
