@@ -103,10 +103,8 @@ _PIPELINES = {
 }
 _DATA = {
     "pad_on_batch_axis": "optimum_ipu.compat.data:pad_on_batch_axis",
-    "DataCollatorForLanguageModelingWithMaxTokensMasked": Missing(
-        "it capped the masked tokens per sequence to keep the IPU graph's shapes static, which a simulated "
-        "IPU does not need",
-        "`transformers.DataCollatorForLanguageModeling`",
+    "DataCollatorForLanguageModelingWithMaxTokensMasked": (
+        "optimum_ipu.compat.data:DataCollatorForLanguageModelingWithMaxTokensMasked"
     ),
 }
 _VERSION = {"__version__": "optimum_ipu.compat.versions:OPTIMUM_GRAPHCORE_API_VERSION"}
