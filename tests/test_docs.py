@@ -53,7 +53,6 @@ TEST_COMMAND = (
 # Pages other branches add; README links to them before they land (remove a name once it exists).
 PENDING_PAGES = {
     "docs/poptorch.md",
-    "docs/pipelines-and-collators.md",
 }
 
 
