@@ -386,13 +386,18 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
     # -- training ----------------------------------------------------------------------------
 
     def _compile_for_training(self) -> None:
-        loader = self.get_train_dataloader()
-        sample = next(iter(loader))
-        compiled = compile_training(
-            self._pipelined, self.ipu_config, sample_batch=cast_floating(sample, self._model_dtype),
-            micro_batch_size=self.args.per_device_train_batch_size, hardware=self.hardware,
-            optimizer_name="lamb" if self.args.lamb else "adamw", fp32=self.args.fp32, fp16_compute=self.fp16_compute,
-        )  # fmt: skip
+        # Compiling draws a sample batch through the data collator (and may run the model): random
+        # state is put back afterwards, so that a seeded run (e.g. a masked-LM collator's masks) is
+        # the same as with transformers' Trainer, which compiles nothing.
+        with _random_state_kept(self.data_collator):
+            loader = self.get_train_dataloader()
+            sample = next(iter(loader))
+            compiled = compile_training(
+                self._pipelined, self.ipu_config, sample_batch=cast_floating(sample, self._model_dtype),
+                micro_batch_size=self.args.per_device_train_batch_size, hardware=self.hardware,
+                optimizer_name="lamb" if self.args.lamb else "adamw", fp32=self.args.fp32,
+                fp16_compute=self.fp16_compute,
+            )  # fmt: skip
         self.compile_report = compiled.report
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
@@ -567,3 +572,40 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         if estimate is not None and math.isfinite(estimate):
             logs = {**logs, "ipu_estimated_samples_per_second": round(float(estimate), 2)}
         super().log(logs, start_time)
+
+
+@contextlib.contextmanager
+def _random_state_kept(collator: Any):
+    """Restore torch's, numpy's and Python's global random state, and `collator.generator`, on exit."""
+    import random
+
+    import numpy as np
+
+    while hasattr(collator, "__wrapped__") and not hasattr(collator, "generator"):  # pad_on_batch_axis(...)
+        collator = collator.__wrapped__
+    generator = getattr(collator, "generator", None)  # transformers' collators make it on first use
+    saved_generator = (
+        generator.get_state()
+        if isinstance(generator, torch.Generator)
+        else generator.bit_generator.state
+        if isinstance(generator, np.random.Generator)
+        else None
+    )
+    cuda = (
+        torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    )
+    saved = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(saved[0])
+        np.random.set_state(saved[1])
+        random.setstate(saved[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        if generator is None and getattr(collator, "generator", None) is not None:
+            collator.generator = None  # made while compiling: made again, from its seed, by the first batch
+        elif isinstance(generator, torch.Generator):
+            generator.set_state(saved_generator)
+        elif isinstance(generator, np.random.Generator):
+            generator.bit_generator.state = saved_generator

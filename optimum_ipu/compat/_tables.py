@@ -16,9 +16,10 @@ _SEQ2SEQ = Missing(
     "DistilBERT, GPT-2, ViT, or any model with a list of layers via `force_to_pipelined=True`)",
 )
 _OTHER_PIPELINE = Missing(
-    "only the question-answering and image-classification pipelines run on the simulated IPU",
-    '`optimum.graphcore.pipeline("question-answering" or "image-classification", model=..., ipu_config=...)`, '
-    "or transformers' `pipeline(task)` on CPU/GPU for other tasks",
+    "speech and sequence-to-sequence pipelines (speech recognition, summarization, translation, text2text) "
+    "need encoder-decoder pipelining or on-device generation, which are not simulated",
+    "`optimum.graphcore.pipeline(task, ...)` for the tasks it lists (`list_tasks()`), or transformers' "
+    "`pipeline(task)` on CPU/GPU for these",
 )
 _GENERATION = Missing(
     "text generation on the IPU (the on-device decoding loop, a KV cache in IPU memory) is not simulated",
@@ -88,12 +89,18 @@ _PIPELINES = {
         "PopTorch executors do not exist on the simulated IPU",
         "`optimum.graphcore.pipeline(task, model=..., ipu_config=...)`, which builds the IPU executable itself",
     ),
+    "TASK_ALIASES": "optimum_ipu.compat.pipelines:TASK_ALIASES",
     **{
-        name: _OTHER_PIPELINE
+        name: f"optimum_ipu.compat.pipelines:{name}"
         for name in (
             "IPUFillMaskPipeline",
             "IPUTokenClassificationPipeline",
             "IPUZeroShotClassificationPipeline",
+        )  # fmt: skip
+    },
+    **{
+        name: _OTHER_PIPELINE
+        for name in (
             "IPUAutomaticSpeechRecognitionPipeline",
             "IPUSummarizationPipeline",
             "IPUText2TextGenerationPipeline",
@@ -103,10 +110,8 @@ _PIPELINES = {
 }
 _DATA = {
     "pad_on_batch_axis": "optimum_ipu.compat.data:pad_on_batch_axis",
-    "DataCollatorForLanguageModelingWithMaxTokensMasked": Missing(
-        "it capped the masked tokens per sequence to keep the IPU graph's shapes static, which a simulated "
-        "IPU does not need",
-        "`transformers.DataCollatorForLanguageModeling`",
+    "DataCollatorForLanguageModelingWithMaxTokensMasked": (
+        "optimum_ipu.compat.data:DataCollatorForLanguageModelingWithMaxTokensMasked"
     ),
 }
 _VERSION = {"__version__": "optimum_ipu.compat.versions:OPTIMUM_GRAPHCORE_API_VERSION"}
@@ -120,8 +125,8 @@ TABLES: dict[str, dict[str, str | Missing]] = {
         "IPUSeq2SeqTrainer": _SEQ2SEQ,
         "IPUSeq2SeqTrainingArguments": _SEQ2SEQ,
         "pipeline": _PIPELINES["pipeline"],
-        "IPUFillMaskPipeline": _OTHER_PIPELINE,
-        "IPUTokenClassificationPipeline": _OTHER_PIPELINE,
+        "IPUFillMaskPipeline": _PIPELINES["IPUFillMaskPipeline"],
+        "IPUTokenClassificationPipeline": _PIPELINES["IPUTokenClassificationPipeline"],
         **{name: f"optimum_ipu.compat.modeling:{name}" for name in PIPELINED_SUPPORTED},
         **{name: _pipelined_missing(name.removeprefix("Pipelined")) for name in PIPELINED_UNSUPPORTED},
     },

@@ -8,21 +8,32 @@ checks, the per-IPU memory check and the throughput estimate, as `IPUTrainer.eva
 Pre- and post-processing are the pipeline's own, so the answers are those of the plain model up to
 fp16 rounding.
 
-Two tasks run on the IPU: "image-classification" (transformers' `ImageClassificationPipeline` with
-the IPU underneath) and "question-answering" (transformers v5 removed its extractive pipeline, so
-`IPUQuestionAnsweringPipeline` provides one, see `question_answering.py`).
+The tasks are Optimum Graphcore's for the architectures optimum-ipu places: "image-classification"
+(transformers' `ImageClassificationPipeline` with the IPU underneath), "question-answering"
+(transformers v5 removed its extractive pipeline, so `IPUQuestionAnsweringPipeline` provides one, see
+`question_answering.py`), and "text-classification" ("sentiment-analysis"), "token-classification"
+("ner"), "fill-mask", "zero-shot-classification" and "text-generation" (transformers' pipelines with
+the model call on the IPU, see `text_pipelines.py`). As in the original, the text tasks pad every
+input to the task's default length (128 tokens) unless `padding=` / `max_length=` say otherwise,
+and text generation stops at 50 tokens unless `max_length=` / `max_new_tokens=` say otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from transformers import (
     AutoImageProcessor,
+    AutoModelForCausalLM,
     AutoModelForImageClassification,
+    AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
     AutoTokenizer,
     ImageClassificationPipeline,
     Pipeline,
@@ -30,15 +41,35 @@ from transformers import (
 from transformers.utils import ModelOutput
 
 from optimum_ipu.compat.question_answering import IPUQuestionAnsweringPipeline, RunsOnIPU
+from optimum_ipu.compat.text_pipelines import (
+    IPUFillMaskPipeline,
+    IPUTextClassificationPipeline,
+    IPUTextGenerationPipeline,
+    IPUTokenClassificationPipeline,
+    IPUZeroShotClassificationPipeline,
+    tokenizer_defaults,
+)
 from optimum_ipu.compiling import compile_inference
 from optimum_ipu.configuration import IPUConfig, IPUConfigError
 from optimum_ipu.pipelining import to_pipelined
 from optimum_ipu.pipelining.placement import PlacementError
 from optimum_ipu.runtime.batches import batch_size_of
 from optimum_ipu.runtime.executor import InferenceExecutable
-from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
+from optimum_ipu.runtime.fp16_compute import fp16_compute_context, resolve_fp16_compute
 
-__all__ = ["SUPPORTED_TASKS", "IPUImageClassificationPipeline", "IPUInference", "list_tasks", "pipeline"]
+__all__ = [
+    "SUPPORTED_TASKS",
+    "TASK_ALIASES",
+    "IPUFillMaskPipeline",
+    "IPUImageClassificationPipeline",
+    "IPUInference",
+    "IPUTextClassificationPipeline",
+    "IPUTextGenerationPipeline",
+    "IPUTokenClassificationPipeline",
+    "IPUZeroShotClassificationPipeline",
+    "list_tasks",
+    "pipeline",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -75,20 +106,32 @@ class IPUInference:
         """Where the inputs go: the device of the first IPU's blocks (hooks move them on from there)."""
         return next(self.pipelined.module.parameters()).device
 
+    def compile(self, sample: Mapping[str, Any]) -> None:
+        """On first use: PopTorch's checks, the per-IPU memory check and the estimate, for `sample`'s shape."""
+        if self.compiled is None:
+            self.compiled = compile_inference(
+                self.pipelined, self.ipu_config, sample_batch=sample, micro_batch_size=batch_size_of(sample),
+                fp32=self.fp32, fp16_compute=None if self.fp32 else self.fp16_compute,
+            )  # fmt: skip
+
     def __call__(self, inputs: dict[str, Any]) -> ModelOutput:
         """One host call: the batch through the stages; fp32 outputs on the CPU."""
         # One call is one micro-batch: the pipeline's config has one device iteration and one replica.
         size = batch_size_of(inputs)
-        fp16_compute = None if self.fp32 else self.fp16_compute
-        if self.compiled is None:
-            self.compiled = compile_inference(
-                self.pipelined, self.ipu_config, sample_batch=inputs, micro_batch_size=size, fp32=self.fp32,
-                fp16_compute=fp16_compute,
-            )  # fmt: skip
+        self.compile(inputs)
         executable = InferenceExecutable(
             self.pipelined.module, micro_batch_size=size, fp16_compute=self.fp16_compute
         )
         return _to_host_float32(executable(inputs))
+
+    @contextlib.contextmanager
+    def generating(self, prompt: Mapping[str, Any]) -> Iterator[None]:
+        """Around transformers' `generate` on the placed model: compiled for the prompt, no gradients,
+        every step's forward with the IPU's fp16 arithmetic (fp32 partials)."""
+        self.compile({k: v for k, v in prompt.items() if k in ("input_ids", "attention_mask")})
+        self.pipelined.module.eval()
+        with torch.no_grad(), fp16_compute_context(self.fp16_compute, self.pipelined.module.parameters()):
+            yield
 
 
 class IPUImageClassificationPipeline(RunsOnIPU, ImageClassificationPipeline):
@@ -115,12 +158,61 @@ SUPPORTED_TASKS: dict[str, dict[str, Any]] = {
         },
         "type": "text",
     },
+    "text-classification": {
+        "impl": IPUTextClassificationPipeline,
+        "class": (AutoModelForSequenceClassification,),
+        "default": {
+            "model": "distilbert-base-uncased-finetuned-sst-2-english",
+            "ipu_config": "Graphcore/distilbert-base-ipu",
+            "max_length": 128,
+        },
+        "type": "text",
+    },
+    "token-classification": {
+        "impl": IPUTokenClassificationPipeline,
+        "class": (AutoModelForTokenClassification,),
+        "default": {
+            "model": "dbmdz/bert-large-cased-finetuned-conll03-english",
+            "ipu_config": "Graphcore/bert-large-ipu",
+            "max_length": 128,
+        },
+        "type": "text",
+    },
+    "fill-mask": {
+        "impl": IPUFillMaskPipeline,
+        "class": (AutoModelForMaskedLM,),
+        "default": {
+            "model": "distilroberta-base",
+            "ipu_config": "Graphcore/distilroberta-base-ipu",
+            "max_length": 128,
+        },
+        "type": "text",
+    },
+    "zero-shot-classification": {
+        "impl": IPUZeroShotClassificationPipeline,
+        "class": (AutoModelForSequenceClassification,),
+        "default": {
+            "model": "roberta-large-mnli",
+            "ipu_config": "Graphcore/roberta-large-ipu",
+            "max_length": 128,
+        },
+        "type": "text",
+    },
+    "text-generation": {
+        "impl": IPUTextGenerationPipeline,
+        "class": (AutoModelForCausalLM,),
+        # The original's default config for generation: IPUConfig() (one IPU).
+        "default": {"model": "gpt2", "ipu_config": {}, "max_length": 50},
+        "type": "text",
+    },
 }
+TASK_ALIASES = {"sentiment-analysis": "text-classification", "ner": "token-classification"}
+GENERATION_TASKS = frozenset({"text-generation"})
 
 
 def list_tasks() -> list[str]:
-    """The tasks `pipeline` runs on the simulated IPU."""
-    return sorted(SUPPORTED_TASKS)
+    """The tasks `pipeline` runs on the simulated IPU, and their aliases."""
+    return sorted({*SUPPORTED_TASKS, *TASK_ALIASES})
 
 
 def _inference_config(ipu_config: IPUConfig | str | dict | None, task: str) -> IPUConfig:
@@ -158,11 +250,13 @@ def pipeline(
     """Build a pipeline for `task` whose model runs on the simulated IPU (Optimum Graphcore's signature).
 
     Args:
-        task: "question-answering" or "image-classification".
+        task: one of `list_tasks()`: "question-answering", "image-classification", "text-classification"
+            (alias "sentiment-analysis"), "token-classification" ("ner"), "fill-mask",
+            "zero-shot-classification", "text-generation".
         model: a model name or path, or a loaded transformers model (then pass its `tokenizer` or
             `feature_extractor` too). None loads the original's default model from the Hub.
         ipu_config: an `IPUConfig`, a config name or path, or a dict; None takes the original's default
-            for the task (`Graphcore/distilbert-base-ipu`, `Graphcore/vit-base-ipu`). Its inference
+            for the task (e.g. `Graphcore/distilbert-base-ipu`; `IPUConfig()` for text generation). Its inference
             layout places the model; the pipeline works on a copy.
         tokenizer: the tokenizer (question answering), or a name or path.
         feature_extractor: the image processor (image classification), or a name or path;
@@ -171,7 +265,9 @@ def pipeline(
         pipeline_class: a subclass of the task's IPU pipeline class, to customise it.
         fp16: run the model in fp16 (the IPU default); False keeps fp32.
         parallelize_kwargs: options of the original's hand-written models; they have no effect here.
-        **kwargs: passed to the pipeline class (e.g. `top_k`, `device`).
+        **kwargs: passed to the pipeline class (e.g. `top_k`, `device`). For the text tasks but question
+            answering and generation, `padding` defaults to "max_length" and `max_length` to 128, as in
+            Optimum Graphcore; for text generation `max_length` defaults to 50 (unless `max_new_tokens`).
 
     Raises:
         ValueError: for a task with no IPU pipeline here (the message lists those that have one).
@@ -181,12 +277,13 @@ def pipeline(
         raise ValueError(
             f"Pass the task: one of {list_tasks()} (the task cannot be looked up on the Hub offline)."
         )
-    if task not in SUPPORTED_TASKS:
+    targeted = TASK_ALIASES.get(task, task)
+    if targeted not in SUPPORTED_TASKS:
         raise ValueError(
             f"Task {task!r} has no pipeline on the simulated IPU; supported tasks: {', '.join(list_tasks())}. "
             f"For {task!r}, use transformers' `pipeline({task!r}, model=...)` on CPU/GPU."
         )
-    spec = SUPPORTED_TASKS[task]
+    spec = SUPPORTED_TASKS[targeted]
     impl = spec["impl"]
     if pipeline_class is not None and not (
         isinstance(pipeline_class, type) and issubclass(pipeline_class, impl)
@@ -225,7 +322,12 @@ def pipeline(
         )
         processors = {"image_processor": processor}
 
-    config = _inference_config(ipu_config, task)
+    config = _inference_config(ipu_config, targeted)
+    kwargs = _task_defaults(targeted, kwargs)
+    if model.config.model_type == "gpt2" and spec["type"] == "text" and tokenizer.pad_token is None:
+        # As in the original: GPT-2 has no pad token; padding (and batching) uses end-of-text.
+        tokenizer.pad_token = tokenizer.eos_token
+        model.config.pad_token_id = model.config.eos_token_id
     model.eval()
     if fp16:
         model.half()  # computed with fp32 partials on a CPU, as the IPU does (see runtime.fp16_compute)
@@ -240,6 +342,24 @@ def pipeline(
         ) from error
     built.attach_ipu(IPUInference(pipelined, config, fp32=not fp16))
     return built
+
+
+def _task_defaults(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Optimum Graphcore's defaults: text inputs padded to the task's length, generation's max_length."""
+    length = SUPPORTED_TASKS[task]["default"].get("max_length")
+    if length is None:
+        return kwargs
+    if task in GENERATION_TASKS:
+        if "max_new_tokens" not in kwargs:
+            kwargs.setdefault("max_length", length)
+        return kwargs
+    if "max_length" not in kwargs and "padding" not in kwargs:
+        logger.warning(
+            "No padding arguments given: inputs are padded to %d tokens and longer ones truncated, as in "
+            "Optimum Graphcore. Pass padding= and max_length= to the pipeline to change that.", length,
+        )  # fmt: skip
+    defaults = tokenizer_defaults(task, kwargs.get("max_length") or length)
+    return {**defaults, **kwargs}
 
 
 def _loaded(obj) -> bool:

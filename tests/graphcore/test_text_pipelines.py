@@ -1,0 +1,216 @@
+"""`optimum.graphcore.pipeline` for the text tasks Optimum Graphcore had: the answers equal plain transformers'
+`pipeline()` on the same tiny model and inputs (optimum_ipu/compat/pipelines.py, text_pipelines.py).
+
+The IPU pipelines pad every input to 128 tokens by default (static shapes, as in the original); the
+plain pipelines do not pad, so equal answers also show that the padding changes nothing.
+"""
+
+import pytest
+import torch
+import transformers
+from fixtures import seeded, tiny_bert_config, tiny_tokenizer
+from transformers import (
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPT2TokenizerFast,
+)
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from optimum.graphcore import IPUConfig, IPUFillMaskPipeline, IPUTokenClassificationPipeline, pipeline
+from optimum.graphcore.pipelines import IPUZeroShotClassificationPipeline, list_tasks
+from optimum_ipu.compat.pipelines import IPUInference
+
+TWO_IPUS = IPUConfig(layers_per_ipu=[1, 3], ipus_per_replica=2, inference_layers_per_ipu=[2, 2])
+SENTENCES = ["alice was born in paris .", "bob lives in rome and works at berlin .", "the river seine"]
+LABELS = {0: "contradiction", 1: "neutral", 2: "entailment"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return tiny_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+def model(cls, **config):
+    seeded(0)
+    return cls(tiny_bert_config(**config)).eval()
+
+
+class CountedIPU(IPUInference):
+    """The pipeline's IPU, counting its host calls: the answers must come from the IPU."""
+
+    calls = 0
+
+    def __call__(self, inputs):
+        self.calls += 1
+        return super().__call__(inputs)
+
+
+def both(task, cls, tokenizer, config=None, **options):
+    """The plain transformers pipeline and ours, on two copies of the same model, fp32."""
+    config = config or {}
+    plain = transformers.pipeline(
+        task, model=model(cls, **config), tokenizer=tokenizer, device="cpu", **options
+    )
+    ipu = pipeline(
+        task, model=model(cls, **config), tokenizer=tokenizer, ipu_config=TWO_IPUS, fp16=False, **options
+    )
+    ipu.ipu.__class__ = CountedIPU
+    return plain, ipu
+
+
+def assert_from_ipu(ipu, calls):
+    assert ipu.ipu.calls == calls, f"{ipu.ipu.calls} host calls, expected {calls}"
+
+
+def assert_same(got, expected):
+    """Equal answers; scores equal to float rounding."""
+    if isinstance(expected, list):
+        assert isinstance(got, list) and len(got) == len(expected)
+        for g, e in zip(got, expected):
+            assert_same(g, e)
+    elif isinstance(expected, dict):
+        assert got.keys() == expected.keys()
+        for key in expected:
+            assert_same(got[key], expected[key])
+    elif isinstance(expected, float):
+        assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    else:
+        assert got == expected
+
+
+def test_the_tasks_and_aliases_of_optimum_graphcore_are_listed():
+    assert list_tasks() == [
+        "fill-mask", "image-classification", "ner", "question-answering", "sentiment-analysis",
+        "text-classification", "text-generation", "token-classification", "zero-shot-classification",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("task", ["text-classification", "sentiment-analysis"])
+def test_text_classification_equals_transformers(tokenizer, task):
+    plain, ipu = both(task, BertForSequenceClassification, tokenizer, {"num_labels": 3})
+    assert [b.ipu for b in ipu.ipu.pipelined.plan.layer_blocks] == [0, 0, 1, 1]
+    assert_same(ipu(SENTENCES), plain(SENTENCES))
+    assert_same(ipu(SENTENCES, top_k=None), plain(SENTENCES, top_k=None))
+    assert_same(
+        ipu(SENTENCES[0], function_to_apply="sigmoid"), plain(SENTENCES[0], function_to_apply="sigmoid")
+    )
+    assert_from_ipu(ipu, 7)
+
+
+def test_inputs_are_padded_to_128_tokens_by_default_as_in_optimum_graphcore(tokenizer):
+    ipu = pipeline("text-classification", model=model(BertForSequenceClassification), tokenizer=tokenizer,
+                   ipu_config=TWO_IPUS, fp16=False)  # fmt: skip
+    shapes = []
+    run = ipu.ipu.__call__
+    ipu.ipu = type("Spy", (), {"__call__": lambda self, x: shapes.append(x["input_ids"].shape) or run(x),
+                               "input_device": torch.device("cpu")})()  # fmt: skip
+    ipu(SENTENCES)
+    assert shapes == [(1, 128)] * 3
+    ipu(" ".join(["paris"] * 300))  # a longer input is cut to 128
+    assert shapes[-1] == (1, 128)
+    shorter = pipeline("text-classification", model=model(BertForSequenceClassification), tokenizer=tokenizer,
+                       ipu_config=TWO_IPUS, fp16=False, max_length=16)  # fmt: skip
+    assert shorter.preprocess(SENTENCES[0], **shorter._preprocess_params)["input_ids"].shape == (1, 16)
+    unpadded = pipeline("text-classification", model=model(BertForSequenceClassification), tokenizer=tokenizer,
+                        ipu_config=TWO_IPUS, fp16=False, padding=False)  # fmt: skip
+    assert unpadded.preprocess(SENTENCES[0], **unpadded._preprocess_params)["input_ids"].shape == (1, 8)
+
+
+@pytest.mark.parametrize("aggregation", [None, "simple", "first"])
+def test_token_classification_equals_transformers(tokenizer, aggregation):
+    options = {} if aggregation is None else {"aggregation_strategy": aggregation}
+    plain, ipu = both("ner", BertForTokenClassification, tokenizer, {"num_labels": 5}, **options)
+    assert isinstance(ipu, IPUTokenClassificationPipeline)
+    expected = plain(SENTENCES, ignore_labels=[])
+    assert len(expected[0]) > 0
+    assert_same(ipu(SENTENCES, ignore_labels=[]), expected)
+    assert_from_ipu(ipu, 3)
+
+
+def test_token_classification_takes_the_older_grouped_entities(tokenizer):
+    plain, ipu = both("token-classification", BertForTokenClassification, tokenizer, {"num_labels": 5})
+    expected = plain(SENTENCES[1], ignore_labels=[], aggregation_strategy="simple")
+    assert_same(ipu(SENTENCES[1], ignore_labels=[], grouped_entities=True), expected)
+    with pytest.raises(ValueError, match="always truncates"):
+        ipu(SENTENCES[1], truncation=True)
+
+
+def test_fill_mask_equals_transformers(tokenizer):
+    plain, ipu = both("fill-mask", BertForMaskedLM, tokenizer)
+    assert isinstance(ipu, IPUFillMaskPipeline)
+    inputs = ["alice was born in [MASK] .", "bob [MASK] in rome ."]
+    assert_same(ipu(inputs), plain(inputs))
+    assert_same(
+        ipu(inputs[0], top_k=2, targets=["paris", "rome"]),
+        plain(inputs[0], top_k=2, targets=["paris", "rome"]),
+    )
+    # Optimum Graphcore's spelling of tokenizer options, beside transformers' tokenizer_kwargs.
+    assert_from_ipu(ipu, 3)
+    params = ipu._sanitize_parameters(tokenizer_kwargs={"max_length": 12}, padding="max_length")[0]
+    assert ipu.preprocess(inputs[0], **params)["input_ids"].shape == (1, 12)
+    assert ipu.preprocess(inputs[0], **ipu._preprocess_params)["input_ids"].shape == (1, 128)  # the default
+
+
+def test_zero_shot_classification_equals_transformers(tokenizer):
+    config = {"num_labels": 3, "id2label": LABELS, "label2id": {v: k for k, v in LABELS.items()}}
+    plain, ipu = both("zero-shot-classification", BertForSequenceClassification, tokenizer, config)
+    assert isinstance(ipu, IPUZeroShotClassificationPipeline)
+    labels = ["city", "river", "color"]
+    for multi_label in (False, True):
+        expected = plain(SENTENCES, candidate_labels=labels, multi_label=multi_label)
+        assert_same(ipu(SENTENCES, candidate_labels=labels, multi_label=multi_label), expected)
+    expected = plain(
+        SENTENCES[0], candidate_labels=labels, hypothesis_template="it is about {} .", multi_label=True
+    )
+    assert_same(ipu(SENTENCES[0], candidate_labels=labels, hypothesis_template="it is about {} .", multi_class=True),
+                expected)  # fmt: skip
+    assert_from_ipu(ipu, 2 * 3 * 3 + 3)  # one host call per (sequence, candidate label) pair
+    pair = next(
+        iter(ipu.preprocess(SENTENCES[0], candidate_labels=labels, padding="max_length", max_length=128))
+    )
+    assert pair["input_ids"].shape == (1, 128)
+
+
+def tiny_gpt2():
+    """GPT-2 with 4 layers of width 32 and a byte-level tokenizer (one token per byte, no merges)."""
+    vocab = {char: i for i, char in enumerate(bytes_to_unicode().values())}
+    vocab["<|endoftext|>"] = len(vocab)
+    tokenizer = GPT2TokenizerFast(vocab=vocab, merges=[])
+    seeded(0)
+    config = GPT2Config(vocab_size=len(vocab), n_positions=128, n_embd=32, n_layer=4, n_head=4,
+                        bos_token_id=len(vocab) - 1, eos_token_id=len(vocab) - 1)  # fmt: skip
+    return GPT2LMHeadModel(config).eval(), tokenizer
+
+
+def test_text_generation_equals_transformers_and_stops_at_50_tokens():
+    plain_model, tokenizer = tiny_gpt2()
+    ipu_model, _ = tiny_gpt2()
+    ipu = pipeline("text-generation", model=ipu_model, tokenizer=tokenizer, ipu_config=TWO_IPUS, fp16=False)
+    assert tokenizer.pad_token == "<|endoftext|>"  # GPT-2 pads with end-of-text, as in the original
+    plain = transformers.pipeline("text-generation", model=plain_model, tokenizer=tokenizer, device="cpu")
+    prompts = ["alice was born in", "the capital of"]
+    expected = plain(prompts, max_length=50, do_sample=False)
+    got = ipu(prompts, do_sample=False)
+    assert got == expected
+    assert len(ipu(prompts[0], do_sample=False, return_tensors=True)[0]["generated_token_ids"]) == 50
+    assert ipu(prompts[0], max_new_tokens=5, do_sample=False) == plain(
+        prompts[0], max_new_tokens=5, do_sample=False
+    )
+    assert ipu.ipu.compiled is not None  # the first call compiled the placed model
+
+
+def test_fp16_pipelines_run_the_model_in_half_and_agree_with_fp32(tokenizer):
+    plain, _ = both("fill-mask", BertForMaskedLM, tokenizer)
+    ipu = pipeline("fill-mask", model=model(BertForMaskedLM), tokenizer=tokenizer, ipu_config=TWO_IPUS)
+    assert ipu.model.dtype == torch.float16
+    expected = {r["token"]: r["score"] for r in plain("alice was born in [MASK] .", top_k=128)}
+    for result in ipu("alice was born in [MASK] .", top_k=3):
+        assert result["score"] == pytest.approx(expected[result["token"]], abs=2e-4)
+
+
+def test_a_task_without_ipu_pipeline_names_those_with_one(tokenizer):
+    with pytest.raises(ValueError, match="supported tasks: fill-mask, image-classification, ner"):
+        pipeline("summarization", model=model(BertForMaskedLM), tokenizer=tokenizer)
