@@ -134,9 +134,13 @@ def run(module: str, children: int) -> int:
     counted = len(results) - len(declared)
     print(f"{module}: {len(results)} mutants: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     print(f"  equivalent (bench/mutation_triage.txt): {len(declared)}")
-    print(f"  killed or timed out: {detected} of {counted} non-equivalent = {100 * detected / max(counted, 1):.1f} %")
+    print(
+        f"  killed or timed out: {detected} of {counted} non-equivalent = {100 * detected / max(counted, 1):.1f} %"
+    )
     for name in survivors:
-        print(f"  not caught: {name} ({results[name]})\n" + "\n".join("      " + line for line in diffs[name]))
+        print(
+            f"  not caught: {name} ({results[name]})\n" + "\n".join("      " + line for line in diffs[name])
+        )
     return 0
 
 
