@@ -55,7 +55,7 @@ MODULES: dict[str, list[str]] = {
     "runtime/checks.py": ["tests/runtime/test_checks.py", "tests/runtime/test_executor.py"],
     "runtime/distributed.py": ["tests/distributed"],
     "checkpoints.py": ["tests/test_checkpoints.py"],
-    "_config_schema.py": ["tests/test_configuration.py"],
+    "_config_schema.py": ["tests/test_config_schema.py", "tests/test_configuration.py"],
     "pipelining/placement.py": ["tests/pipelining/test_placement.py"],
 }  # fmt: skip
 
