@@ -1,6 +1,6 @@
 """Mutation testing: does a test fail when a line of a rule-bearing module is changed?
 
-    pip install mutmut==3.8.1
+    pip install -e ".[mutation]"      # mutmut 3.8.1
     python bench/mutation.py runtime/loss_scaling.py [--children 2]
     python bench/mutation.py --list
 
