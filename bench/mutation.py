@@ -50,7 +50,9 @@ MODULES: dict[str, list[str]] = {
     "runtime/batches.py": ["tests/runtime/test_executor.py", "tests/test_evaluation_metrics.py"],
     "runtime/checks.py": ["tests/runtime/test_executor.py", "tests/test_trainer.py"],
     "runtime/distributed.py": ["tests/distributed"],
-    "checkpoints.py": ["tests/test_checkpoints.py"],
+    "checkpoints/folders.py": ["tests/test_checkpoints.py"],
+    "checkpoints/setup_change.py": ["tests/test_checkpoints.py"],
+    "checkpoints/trainer_hooks.py": ["tests/test_checkpoints.py"],
     "_config_schema.py": ["tests/test_configuration.py"],
     "pipelining/placement.py": ["tests/pipelining/test_placement.py"],
 }  # fmt: skip

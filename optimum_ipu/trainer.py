@@ -180,7 +180,7 @@ class _ShardedModel(nn.Module):
         return self.executable(batch, real_samples=self.real_samples, loss_kwargs=loss_kwargs)
 
 
-# AtomicCheckpoints (optimum_ipu/checkpoints.py) owns checkpoint saving and resuming: atomic folders,
+# AtomicCheckpoints (optimum_ipu/checkpoints/trainer_hooks.py) owns checkpoint saving and resuming: atomic folders,
 # the newest complete checkpoint, the setup comparison. It is the only place that touches private
 # Trainer methods; keep it first in the bases so its hooks wrap transformers' own.
 class IPUTrainer(AtomicCheckpoints, Trainer):
