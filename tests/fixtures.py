@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import BertConfig, ViTConfig
+from transformers import BertConfig, MPNetConfig, ViTConfig
 
 from optimum_ipu.costmodel.memory import MiB
 from optimum_ipu.costmodel.profile import HOST, BlockProfile, Matmul, ModelProfile, Transfer
@@ -41,6 +41,22 @@ def tiny_bert_config(**overrides) -> BertConfig:
     )
     values.update(overrides)
     return BertConfig(**values)
+
+
+def tiny_mpnet_config(**overrides) -> MPNetConfig:
+    """A 4-layer MPNet with hidden size 32 (its word embedding pads with id 1); dropout off."""
+    values = dict(
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=80,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    values.update(overrides)
+    return MPNetConfig(**values)
 
 
 def tiny_vit_config(**overrides) -> ViTConfig:
@@ -225,6 +241,25 @@ class PatternQA:
             "start_positions": self.start[i],
             "end_positions": self.start[i] + 2,
         }
+
+
+class PatternClassification:
+    """Learnable synthetic sequence classification: the label says whether token 7 is in the sequence."""
+
+    def __init__(self, n: int, seed: int = 0, seq: int = 12):
+        g = torch.Generator().manual_seed(seed)
+        self.seq = seq
+        self.ids = torch.randint(10, 100, (n, seq), generator=g)
+        self.labels = torch.randint(0, 2, (n,), generator=g)
+        at = torch.randint(1, seq - 1, (n,), generator=g)
+        self.ids[torch.arange(n)[self.labels == 1], at[self.labels == 1]] = 7
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        mask = torch.ones(self.seq, dtype=torch.long)
+        return {"input_ids": self.ids[i], "attention_mask": mask, "labels": self.labels[i]}
 
 
 # --- Launcher (tests/launcher): local files an Optimum Graphcore script reads ----------------------
