@@ -43,6 +43,33 @@ _FREE = {
 }  # fmt: skip
 
 
+def _static_masked_select(tensor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # The selected count depends on the data; a static IPU graph holds the largest: every element.
+    return torch.empty(
+        torch.broadcast_shapes(tensor.shape, mask.shape).numel(), dtype=tensor.dtype, device="meta"
+    )
+
+
+def _meta_ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, *_args, **_kwargs):
+    # (negative log-likelihood per sample, the alpha table: time x (2 x longest target + 1) per sample);
+    # flattened targets are bounded by their total length.
+    frames, batch = log_probs.shape[0], log_probs.shape[1]
+    longest = targets.shape[-1] if targets.dim() == 2 else targets.numel()
+    return (
+        torch.empty(batch, dtype=log_probs.dtype, device="meta"),
+        torch.empty(batch, frames, 2 * longest + 1, dtype=log_probs.dtype, device="meta"),
+    )
+
+
+# Operators without a meta kernel that models use (CTC's loss and its target selection): their output
+# shapes, as a static graph would have them.
+_META_SHAPES = {
+    aten.masked_select.default: _static_masked_select,
+    aten._ctc_loss.default: _meta_ctc_loss,
+    aten._ctc_loss.Tensor: _meta_ctc_loss,
+}
+
+
 # -- the meta copy ------------------------------------------------------------------------------------
 
 
@@ -180,7 +207,10 @@ class _Recorder(TorchDispatchMode):
             return False if args[0].dtype == torch.bool else 1
         if func is aten._to_copy.default and kwargs.get("device") is not None:
             kwargs = {**kwargs, "device": torch.device("meta")}  # device moves of a parallelized model
-        out = func(*args, **kwargs)
+        if func in _META_SHAPES and any(isinstance(t, torch.Tensor) and t.is_meta for t in tree_leaves(args)):
+            out = _META_SHAPES[func](*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
         self._record(func, args, kwargs, out)
         return out
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from optimum_ipu.pipelining.placement import ipu_of_each_layer, stage_of_each_block
+from optimum_ipu.pipelining.placement import PlacementError, ipu_of_each_layer, stage_of_each_block
 from optimum_ipu.pipelining.spec import CutSpec, base_model_path
 
 _ACRONYMS = {"qa": "QA", "cls": "CLS", "lm": "LM", "mlm": "MLM", "nsp": "NSP"}
@@ -155,7 +155,16 @@ def build_stage_plan(
     blocks = [Block("Embedding", embeddings, 0, "embedding")] if embeddings else []
     before, after = _expand(model, base, spec.counted_before), _expand(model, "", spec.counted_after)
     units = before + [(f"{spec.layer_name} {i}", f"{layer_path}.{i}") for i in range(len(layer_list))]
-    ipus = ipu_of_each_layer(len(units) + len(after), layers_per_ipu, ipus_per_replica)
+    try:
+        ipus = ipu_of_each_layer(len(units) + len(after), layers_per_ipu, ipus_per_replica)
+    except PlacementError as error:
+        if not (before or after):
+            raise
+        raise PlacementError(
+            f"{error} For {type(model).__name__} (as in Optimum Graphcore) layers_per_ipu counts "
+            f"{len(units) + len(after)} units: {', '.join(n for n, _ in before)}, {len(layer_list)} "
+            f"{spec.layer_name.lower()} layers and {', '.join(n for n, _ in after) or 'no head'}."
+        ) from None
     blocks += [Block(name, (path,), ipu, "layer") for (name, path), ipu in zip(units, ipus)]
     after_blocks = [
         Block(name, (path,), ipu, "layer") for (name, path), ipu in zip(after, ipus[len(units) :])

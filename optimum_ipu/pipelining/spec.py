@@ -95,6 +95,11 @@ CUT_SPECS: dict[str, CutSpec] = {
         "embeddings.word_embeddings",
         first_ipu_heads=("pooler",),
     ),
+    "wav2vec2": _SPEECH_CLASSIFICATION,
+    "hubert": _SPEECH_CLASSIFICATION,
+    # Keyed by class: Optimum Graphcore cut these heads differently from the rest of their family.
+    "Wav2Vec2ForCTC": _SPEECH_CTC,
+    "HubertForCTC": _SPEECH_CTC,
 }
 
 
