@@ -146,3 +146,17 @@ def test_local_config_folder_uses_its_architecture_unless_a_task_is_given(tmp_pa
         capsys, *argv, "--overrides", "layers_per_ipu=[2 2]", "--hardware", "bow", "--inference"
     )
     assert code == 0 and "Bow IPU" in out and "Sharded inference" in out
+
+
+@pytest.mark.parametrize(
+    "model,ipu_config,task,layers",
+    [
+        ("facebook/wav2vec2-base", "Graphcore/wav2vec2-ctc-base-ipu", "ctc", "[9, 4, 4, 4]"),
+        ("facebook/hubert-base-ls960", "Graphcore/hubert-base-ipu", "audio-classification", "[0, 4, 4, 4]"),
+        ("microsoft/mpnet-base", "Graphcore/mpnet-base-ipu", "masked-lm", "[0, 4, 4, 4]"),
+    ],
+)
+def test_plan_prices_the_bundled_speech_and_mpnet_configs(capsys, model, ipu_config, task, layers):
+    code, out, err = _run(capsys, "plan", model, "--ipu-config", ipu_config, "--task", task, "--seq-len", "128")
+    assert code == 0, err
+    assert f"Layers per IPU: {layers}" in out and "Estimated throughput:" in out
