@@ -81,6 +81,16 @@ _SPEECH_CTC = CutSpec(
     ),
 )
 
+# Pretraining: the same counted units, then the three heads of the contrastive loss.
+_SPEECH_PRETRAINING = dataclasses.replace(
+    _SPEECH_CTC,
+    counted_after=(
+        ("Project Hidden", "project_hid"),
+        ("Quantizer", "quantizer"),
+        ("Project Quantizer", "project_q"),
+    ),
+)
+
 
 CUT_SPECS: dict[str, CutSpec] = {
     "bert": CutSpec(("embeddings",), "encoder.layer", "embeddings.word_embeddings"),
@@ -100,6 +110,7 @@ CUT_SPECS: dict[str, CutSpec] = {
     # Keyed by class: Optimum Graphcore cut these heads differently from the rest of their family.
     "Wav2Vec2ForCTC": _SPEECH_CTC,
     "HubertForCTC": _SPEECH_CTC,
+    "Wav2Vec2ForPreTraining": _SPEECH_PRETRAINING,
 }
 
 

@@ -132,3 +132,35 @@ def test_a_base_speech_model_is_placed_like_the_classification_layout():
         Wav2Vec2Model(tiny_speech_config()), IPUConfig(ipus_per_replica=2, layers_per_ipu=[1, 1])
     ).plan
     assert [(b.name, b.ipu) for b in plan.blocks] == [("Embedding", 0), ("Encoder 0", 0), ("Encoder 1", 1)]
+
+
+def test_wav2vec2_pretraining_counts_its_three_heads_and_matches_plain():
+    """PipelinedWav2Vec2ForPreTraining's units: convolutions, positional convolution, layers, then
+    Project Hidden, Quantizer, Project Quantizer. Compared in eval mode: training draws Gumbel noise."""
+    from transformers import Wav2Vec2ForPreTraining
+    from transformers.models.wav2vec2.modeling_wav2vec2 import _compute_mask_indices, _sample_negative_indices
+
+    config = tiny_speech_config(num_codevector_groups=2, num_codevectors_per_group=8, codevector_dim=16,
+                                proj_codevector_dim=16, num_negatives=4, mask_time_prob=0.05)  # fmt: skip
+    torch.manual_seed(0)
+    plain = Wav2Vec2ForPreTraining(config).eval()
+    pipelined_model = copy.deepcopy(plain)
+    values = torch.randn(2, 1600, generator=torch.Generator().manual_seed(2))
+    frames = int(plain._get_feat_extract_output_lengths(1600))
+    mask = _compute_mask_indices((2, frames), mask_prob=0.3, mask_length=2, min_masks=2)
+    negatives = _sample_negative_indices((2, frames), 4, mask_time_indices=mask)
+    inputs = {"input_values": values, "mask_time_indices": torch.tensor(mask),
+              "sampled_negative_indices": torch.tensor(negatives)}  # fmt: skip
+    expected_out, expected_grads = _outputs_and_grads(plain, inputs)
+
+    cfg = IPUConfig(ipus_per_replica=2, layers_per_ipu=[4, 5], recompute_checkpoint_every_layer=True)
+    pipelined = to_pipelined(pipelined_model, cfg).parallelize()
+    assert [(b.name, b.ipu) for b in pipelined.plan.blocks][-4:] == [
+        ("Encoder 1", 1), ("Project Hidden", 1), ("Quantizer", 1), ("Project Quantizer", 1),
+    ]  # fmt: skip
+    out, grads = _outputs_and_grads(pipelined_model, inputs)
+    for a, b in zip(out, expected_out):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
