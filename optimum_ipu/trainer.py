@@ -32,9 +32,9 @@ from transformers import Trainer
 from transformers.trainer_utils import TrainOutput
 
 from optimum_ipu.checkpoints import AtomicCheckpoints
+from optimum_ipu.compiling import compile_inference, compile_training
 from optimum_ipu.pipelining import to_pipelined
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, move_to, pad_by_repeating
-from optimum_ipu.runtime.compile_report import compile_inference, compile_training
 from optimum_ipu.runtime.distributed import build_process_replicas, hold_process_groups
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute

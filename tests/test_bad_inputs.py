@@ -249,7 +249,7 @@ CASES = [
     Case("ipu-config-empty-file", lambda t, a: _ipu_config(_config_file(t, "")), IPUConfigError,
          "cfg/ipu_config.json", "line 1 column 1", "Fix the file"),
     Case("ipu-config-bad-value", lambda t, a: _ipu_config(_config_file(t, '{"layers_per_ipu": "four"}')), IPUConfigError,
-         "`layers_per_ipu`", "got 'four'", "a non-empty list of layer counts"),
+         "`layers_per_ipu`", "got 'four'", "a list of layer counts, one integer per IPU"),
     Case("override-bad-list", lambda t, a: _ipu_config("Graphcore/bert-base-ipu", "layers_per_ipu=[0 x]"), IPUConfigError,
          "layers_per_ipu", "[0 x]", "lists in brackets"),
     Case("override-unknown-key", lambda t, a: _ipu_config("Graphcore/bert-base-ipu", "layer_per_ipu=[0 4 4 4]"),

@@ -19,7 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from optimum_ipu.costmodel.presets import PRESETS, TASKS, ModelSource, build_meta_model, resolve_model
+from optimum_ipu.costmodel.presets import PRESETS, TASKS, resolve_model
+from optimum_ipu.costmodel.profiling import model_profile
 
 
 def load_ipu_config(name: str, n_ipu: int | None, overrides: str | None, training: bool):
@@ -32,55 +33,6 @@ def load_ipu_config(name: str, n_ipu: int | None, overrides: str | None, trainin
     if n_ipu:
         config.for_n_ipu(n_ipu)
     return config.train() if training else config.eval()
-
-
-def trace_source(source: ModelSource, micro_batch: int, seq_len: int | None, image_size: int | None,
-                 training: bool, float_bytes: int):  # fmt: skip
-    """Trace `source` on the meta device (imports torch and transformers).
-
-    The profile does not depend on the number of IPUs, except for telling a head planned beside the
-    embedding from the others, which only a plan over more than one IPU shows: trace over two.
-    """
-    from optimum_ipu.costmodel.trace import profile_model, sample_inputs_for
-    from optimum_ipu.pipelining.plan import build_stage_plan
-    from optimum_ipu.pipelining.spec import generic_spec, spec_for
-
-    model = build_meta_model(source)
-    spec = spec_for(model) or generic_spec(model)
-    try:
-        plan = build_stage_plan(model, spec, [-1], 2)
-    except ValueError:  # a single layer
-        plan = build_stage_plan(model, spec, [-1], 1)
-    inputs = sample_inputs_for(model, micro_batch, seq_len, image_size)
-    return profile_model(model, plan, inputs, training=training, float_bytes=float_bytes)
-
-
-def model_profile(
-    source: ModelSource, workload, seq_len: int | None, image_size: int | None, use_cache: bool = True
-):
-    """The profile of `source` for `workload`'s micro-batch: from the cache, else shipped with the
-    package (`optimum_ipu.costmodel.shipped`), else traced (and cached). `use_cache=False` traces."""
-    from optimum_ipu.costmodel.cache import load_profile, profile_key, save_profile
-    from optimum_ipu.costmodel.shipped import load_shipped
-
-    max_len = source.config.get("max_position_embeddings") or source.config.get("n_positions")
-    if source.is_vision:
-        seq_len = None
-        image_size = image_size or source.config.get("image_size")
-    else:
-        image_size = None
-        if max_len and seq_len > max_len:
-            raise ValueError(f"--seq-len {seq_len} is longer than the model's {max_len} positions.")
-    shape = dict(micro_batch=workload.micro_batch_size, seq_len=seq_len, image_size=image_size,
-                 training=workload.training, float_bytes=workload.float_bytes)  # fmt: skip
-    if not use_cache:
-        return trace_source(source, **shape)
-    key = profile_key(config=source.config, builder=source.builder, **shape)
-    profile = load_profile(key) or load_shipped(source.config, source.builder, **shape)
-    if profile is None:
-        profile = trace_source(source, **shape)
-        save_profile(key, profile)
-    return profile
 
 
 def _total_ipus(args: argparse.Namespace) -> int | None:

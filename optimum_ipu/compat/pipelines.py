@@ -30,11 +30,11 @@ from transformers import (
 from transformers.utils import ModelOutput
 
 from optimum_ipu.compat.question_answering import IPUQuestionAnsweringPipeline, RunsOnIPU
+from optimum_ipu.compiling import compile_inference
 from optimum_ipu.configuration import IPUConfig, IPUConfigError
 from optimum_ipu.pipelining import to_pipelined
 from optimum_ipu.pipelining.placement import PlacementError
 from optimum_ipu.runtime.batches import batch_size_of
-from optimum_ipu.runtime.compile_report import compile_inference
 from optimum_ipu.runtime.executor import InferenceExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
 

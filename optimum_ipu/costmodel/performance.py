@@ -48,9 +48,10 @@ from optimum_ipu.costmodel.memory import (
     serialization_pieces,
     table_shares,
 )
-from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile, placement_rule
+from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile
 from optimum_ipu.costmodel.scaleout import PodShape, allreduce_time, host_io_time
 from optimum_ipu.costmodel.workload import Workload
+from optimum_ipu.runtime.checks import min_gradient_accumulation
 
 
 @dataclass
@@ -420,7 +421,7 @@ def estimate_performance(
         for s in ipus
         if s.matmul_pieces > 1
     ]
-    needed = placement_rule().min_gradient_accumulation(depth)
+    needed = min_gradient_accumulation(depth)
     if workload.training and depth > 1 and ga < needed:
         notes.append(
             f"gradient_accumulation_steps {ga} is fewer than the 2S−1 = {needed} pipeline stages "

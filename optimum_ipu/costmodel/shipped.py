@@ -14,7 +14,7 @@ follow that rule exactly, and the caller then traces. Size 1 is shipped as trace
 one element is not counted as moved data, a kink at 1.
 
 The shipped set records the hash of the tracer's source (`trace.py`, `profile.py`): a profile traced
-by another tracer is never used, and `python -m optimum_ipu.costmodel.shipped` traces them again. The
+by another tracer is never used, and `python tools/trace_shipped_profiles.py` traces them again. The
 torch and transformers versions they were traced with are recorded, not enforced: the modelling code
 of these architectures gives the same shapes across the versions this package supports
 (`tests/costmodel/test_shipped.py` compares shipped profiles with fresh traces).
@@ -146,42 +146,3 @@ def shipped_settings():
                 for seq_len in SEQ_LENS:
                     if limit is None or seq_len <= limit:
                         yield source, seq_len, None
-
-
-def generate(folder: Path = SHIPPED_DIR) -> list[Path]:
-    """Trace every shipped setting and write `folder/<model key>.json.gz` (imports torch)."""
-    from importlib import metadata
-
-    from optimum_ipu.commands.plan import trace_source
-
-    by_model: dict[str, dict[str, Any]] = {}
-    for source, seq_len, image_size in shipped_settings():
-        key = _model_key(source.config, source.builder)
-        shipped = by_model.setdefault(key, {
-            "model": source.name, "builder": source.builder, "tracer": tracer_hash(),
-            "versions": {p: metadata.version(p) for p in ("torch", "transformers")}, "profiles": {},
-        })  # fmt: skip
-        for training in (True, False):
-            for float_bytes in (2, 4):
-                entry = shipped["profiles"].setdefault(
-                    _shape_key(seq_len, image_size, training, float_bytes), {}
-                )
-                for micro_batch in MICRO_BATCHES:
-                    profile = trace_source(source, micro_batch, seq_len, image_size, training, float_bytes)
-                    entry[str(micro_batch)] = canonical(profile).to_dict()
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for old in folder.glob("*.json.gz"):
-        old.unlink()
-    for key, shipped in by_model.items():
-        path = folder / f"{key}.json.gz"
-        text = json.dumps(shipped, separators=(",", ":"), sort_keys=True).encode()
-        path.write_bytes(gzip.compress(text, compresslevel=9, mtime=0))  # same bytes for the same profiles
-        written.append(path)
-    return written
-
-
-if __name__ == "__main__":  # pragma: no cover
-    paths = generate()
-    total = sum(p.stat().st_size for p in paths)
-    print(f"wrote {len(paths)} files, {total / 1024:.0f} KiB, under {SHIPPED_DIR}")

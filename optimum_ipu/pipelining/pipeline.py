@@ -103,6 +103,10 @@ class PipelinedModel:
             self._undo.pop()()
         return self
 
+    def path_of(self, spec_path: str) -> str:
+        """The dotted path in `module` of a path the cut spec gives relative to the base model."""
+        return ".".join(p for p in (base_model_path(self.module), spec_path) if p)
+
     def _serialization_factor(self) -> int:
         splits = self.ipu_config.serialized_embedding_splits_per_ipu
         if splits:
@@ -113,8 +117,7 @@ class PipelinedModel:
         factor = self._serialization_factor()
         if factor <= 1 or self.spec.word_embedding is None:
             return
-        base = base_model_path(self.module)
-        path = ".".join(p for p in (base, self.spec.word_embedding) if p)
+        path = self.path_of(self.spec.word_embedding)
         original = self.module.get_submodule(path)
         if not isinstance(original, nn.Embedding):
             raise TypeError(f"{path} is a {type(original).__name__}, expected nn.Embedding to serialize.")

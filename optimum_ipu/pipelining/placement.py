@@ -110,11 +110,3 @@ def stage_of_each_block(ipus: Sequence[int], ipus_per_replica: int) -> list[int]
             returned = True
             stages.append(max(ipus_per_replica, stages[-1] + 1))
     return stages
-
-
-def min_gradient_accumulation(forward_stages: int) -> int:
-    """The least gradient accumulation a pipeline of `forward_stages` compiles with: PopART refuses an
-    accumulation below its pipeline stages counted over forward and backward (its pipeline transform),
-    and autodiff numbers a backward stage 2 x (the loss's stage) - its forward stage, so the backward's
-    first stage is the forward's last: 2S - 1 in all."""
-    return 2 * forward_stages - 1

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import logging
 
-from optimum_ipu.pipelining.placement import min_gradient_accumulation
-
 logger = logging.getLogger(__name__)
 
 MAX_IPUS_PER_PROCESS = 64
@@ -18,10 +16,18 @@ class IPUCompilationError(ValueError):
     """A configuration a real IPU would refuse to compile."""
 
 
+def min_gradient_accumulation(forward_stages: int) -> int:
+    """The least gradient accumulation a pipeline of `forward_stages` compiles with: PopART refuses an
+    accumulation below its pipeline stages counted over forward and backward (its pipeline transform),
+    and autodiff numbers a backward stage 2 x (the loss's stage) - its forward stage, so the backward's
+    first stage is the forward's last: 2S - 1 in all."""
+    return 2 * forward_stages - 1
+
+
 def check_pipelined_training(
     gradient_accumulation_steps: int, ipus_per_replica: int, forward_stages: int | None = None
 ) -> None:
-    """GA must fill the pipeline's stages, forward and backward (`placement.min_gradient_accumulation`):
+    """GA must fill the pipeline's stages, forward and backward (`min_gradient_accumulation`):
     2S−1 for S forward stages, one per IPU and one more for a tied head (`StagePlan.forward_stages`)."""
     s = forward_stages or ipus_per_replica
     why = f"{ipus_per_replica} IPUs per replica"

@@ -40,7 +40,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from optimum_ipu.pipelining.spec import base_model_path
 from optimum_ipu.runtime.distributed import hold_process_groups
 
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "distilbert", "vit")
@@ -136,9 +135,8 @@ class _StageModule(nn.Module):
         self.shared: dict[str, Any] = {}  # micro-batch values without a batch dimension
         self.hidden_dtype: torch.dtype | None = None
 
-        base = base_model_path(model)
-        self.embeddings_path = ".".join(p for p in (base, pipelined.spec.embeddings[0]) if p)
-        self.layers_path = ".".join(p for p in (base, pipelined.spec.layers) if p)
+        self.embeddings_path = pipelined.path_of(pipelined.spec.embeddings[0])
+        self.layers_path = pipelined.path_of(pipelined.spec.layers)
         layers = model.get_submodule(self.layers_path)
         mine = [layers[i] for i, b in enumerate(plan.layer_blocks) if b.ipu == stage]
         self.__dict__["stage_layers"] = nn.ModuleList(mine)

@@ -14,6 +14,7 @@ from fixtures import tiny_bert_config
 
 from optimum_ipu import cli
 from optimum_ipu.commands import plan as plan_command
+from optimum_ipu.costmodel import presets, profiling
 from optimum_ipu.pipelining.spec import spec_for
 
 LARGE_POD64 = ["plan", "bert-large-uncased", "--ipu-config", "Graphcore/bert-large-ipu", "--pod", "64"]
@@ -75,7 +76,7 @@ def test_second_run_prices_the_cached_profile_without_tracing(capsys, monkeypatc
     args = ["plan", "distilbert-base-uncased", "--ipu-config", "Graphcore/distilbert-base-ipu", "--seq-len", "96"]
     first = _run(capsys, *args)
     assert list((profile_cache / "profiles").glob("*.json"))
-    monkeypatch.setattr(plan_command, "trace_source", lambda *a, **k: pytest.fail("traced although cached"))
+    monkeypatch.setattr(profiling, "trace_source", lambda *a, **k: pytest.fail("traced although cached"))
     assert _run(capsys, *args) == first
     with pytest.raises(pytest.fail.Exception):
         _run(capsys, *args, "--no-cache")
@@ -121,7 +122,7 @@ def test_bad_input_exits_2_naming_the_problem(capsys, argv, message):
 
 @pytest.mark.parametrize("name", sorted(plan_command.PRESETS))
 def test_every_preset_builds_on_meta_with_a_cut_spec(name):
-    model = plan_command.build_meta_model(plan_command.resolve_model(name))
+    model = presets.build_meta_model(presets.resolve_model(name))
     assert all(p.device.type == "meta" for p in model.parameters())
     assert spec_for(model) is not None
 
@@ -130,13 +131,13 @@ def test_local_config_folder_uses_its_architecture_unless_a_task_is_given(tmp_pa
     config = tiny_bert_config()
     config.architectures = ["BertForSequenceClassification"]
     config.save_pretrained(tmp_path)
-    source = plan_command.resolve_model(str(tmp_path))
+    source = presets.resolve_model(str(tmp_path))
     assert source.builder == "BertForSequenceClassification"
     assert (
-        plan_command.resolve_model(str(tmp_path / "config.json"), "masked-lm").builder
+        presets.resolve_model(str(tmp_path / "config.json"), "masked-lm").builder
         == "AutoModelForMaskedLM"
     )
-    model = plan_command.build_meta_model(source)
+    model = presets.build_meta_model(source)
     assert type(model).__name__ == "BertForSequenceClassification"
     assert model.bert.embeddings.word_embeddings.weight.device == torch.device("meta")
     argv = ["plan", str(tmp_path), "--ipu-config", "Graphcore/distilbert-base-ipu", "--seq-len", "32"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from optimum_ipu.commands.plan import trace_source
 from optimum_ipu.costmodel import shipped
 from optimum_ipu.costmodel.presets import resolve_model
+from optimum_ipu.costmodel.profiling import trace_source
 
 
 def _load(source, micro_batch, seq_len, image_size=None, training=True, float_bytes=2):
@@ -15,7 +15,7 @@ def _load(source, micro_batch, seq_len, image_size=None, training=True, float_by
 
 
 def test_every_shipped_setting_is_present_and_traced_by_the_current_tracer():
-    # Fails after an edit of trace.py or profile.py: run `python -m optimum_ipu.costmodel.shipped`.
+    # Fails after an edit of trace.py or profile.py: run `python tools/trace_shipped_profiles.py`.
     missing = [
         (source.name, source.builder, seq_len)
         for source, seq_len, image_size in shipped.shipped_settings()

@@ -1,9 +1,13 @@
-"""Compiling for the simulated IPU: checks and the hardware report, returned as a `CompilationReport`.
+"""Compiling for the simulated IPU: checks and the hardware report, returned as a `CompileResult`.
 
 "Compilation" here does what a user of PopTorch relies on it for: it refuses configurations a real
 IPU system would refuse (with a message saying what to change), estimates per-IPU memory and fails
 like Poplar's out-of-memory when a layout cannot fit, estimates the throughput a real system would
-reach. The executables themselves (`executor.py`) are built once the optimizer exists.
+reach. The executables themselves (`runtime/executor.py`) are built once the optimizer exists.
+
+It sits above `runtime/` (whose checks it runs) and `costmodel/` (whose estimate it reports), so
+neither of those imports the other; IPUTrainer and the pipelines call it. `CompileResult` holds the
+cost model's `CompileReport` with what compiling itself measured.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ _HALF_PARTIALS = {
 
 
 @dataclass
-class CompilationReport:
-    """What compiling produced: the hardware estimate, time taken, IPUs attached, fp16 compute mode.
+class CompileResult:
+    """What compiling produced: the cost model's report, time taken, IPUs attached, fp16 compute mode.
 
     Attributes:
         report: the cost model's `CompileReport` (None when `analyse_hardware=False`).
@@ -68,8 +72,8 @@ def _analyse(pipelined, ipu_config, micro_batch: dict, *, training: bool, hardwa
     return report
 
 
-def _finish(report, start: float, num_ipus: int, fp16_compute: str | None) -> CompilationReport:
-    result = CompilationReport(report, time.perf_counter() - start, num_ipus, fp16_compute)
+def _finish(report, start: float, num_ipus: int, fp16_compute: str | None) -> CompileResult:
+    result = CompileResult(report, time.perf_counter() - start, num_ipus, fp16_compute)
     verb = "Loaded" if report is not None and report.from_cache else "Compiled"
     logger.info("%s model in %.2f secs", verb, result.seconds)
     logger.info(result.describe_precision())
@@ -91,7 +95,7 @@ def compile_training(
     auto_round_num_ipus: bool = False,
     analyse_hardware: bool = True,
     fp16_compute: str | None = None,
-) -> CompilationReport:
+) -> CompileResult:
     """Check and analyse `pipelined` for training under `ipu_config` (in training mode)."""
     start = time.perf_counter()
     logger.info("Compiling Model...")
@@ -122,7 +126,7 @@ def compile_inference(
     auto_round_num_ipus: bool = False,
     analyse_hardware: bool = True,
     fp16_compute: str | None = None,
-) -> CompilationReport:
+) -> CompileResult:
     """Check and analyse `pipelined` for sharded inference under `ipu_config` (in inference mode)."""
     start = time.perf_counter()
     logger.info("Compiling Model...")

@@ -1,0 +1,79 @@
+"""The package's rooms import downward only: no import circle between folders, no import up a layer.
+
+Read from the bottom: the config schema knows nothing else; the runtime runs host calls on
+`nn.Module`s and knows neither transformers' cut specs nor the cost model; pipelining places a model
+on IPUs and hands the runtime its stages; the cost model estimates; compiling joins the runtime's
+checks to the cost model's estimate; the trainer and the front ends sit on top. An import that runs
+up (runtime -> pipelining, costmodel -> commands) ties a lower layer to a user-facing one and makes a
+newcomer read the house back and forth; this test names the file and line that does it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "optimum_ipu"
+
+# Room (a folder or a top-level module of optimum_ipu) -> layer; a room imports only lower layers.
+LAYERS: dict[str, int] = {
+    "_config_schema": 0,
+    "_config_parsing": 1,
+    "_config_legacy": 1,
+    "hub": 1,
+    "configuration": 2,
+    "checkpoints": 2,
+    "runtime": 3,
+    "pipelining": 4,
+    "costmodel": 5,
+    "compiling": 6,
+    "training_args": 7,
+    "trainer": 8,
+    "poptorch": 9,
+    "launcher": 9,
+    "compat": 10,
+    "commands": 11,
+    "cli": 12,
+    "__init__": 13,
+}
+
+
+def _room(path: Path) -> str:
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+def _imported_rooms(path: Path):
+    """(line, room) of every optimum_ipu room `path` imports, at module level or inside a function."""
+    package_parts = path.relative_to(PACKAGE).parts[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = list(package_parts[: len(package_parts) - node.level + 1])
+                parts += node.module.split(".") if node.module else []
+                rooms = [parts[0]] if parts else [alias.name for alias in node.names]
+            elif node.module and node.module.split(".")[0] == "optimum_ipu":
+                parts = node.module.split(".")[1:]
+                rooms = [parts[0]] if parts else [alias.name for alias in node.names]
+            else:
+                continue
+        elif isinstance(node, ast.Import):
+            rooms = [a.name.split(".")[1] for a in node.names if a.name.startswith("optimum_ipu.")]
+        else:
+            continue
+        for room in rooms:
+            yield node.lineno, room
+
+
+def test_every_room_has_a_layer():
+    rooms = {_room(p) for p in PACKAGE.rglob("*.py")}
+    assert not rooms - set(LAYERS), f"place these in LAYERS (tests/test_layers.py): {sorted(rooms - set(LAYERS))}"
+
+
+def test_imports_run_down_the_layers_only():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        here = _room(path)
+        for line, room in _imported_rooms(path):
+            if room != here and room in LAYERS and LAYERS[room] >= LAYERS.get(here, 99):
+                upward.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({here}) imports {room}")
+    assert not upward, "imports that run up a layer or sideways:\n" + "\n".join(upward)
