@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import BertConfig, ViTConfig
+from transformers import BertConfig, HubertConfig, MPNetConfig, ViTConfig, Wav2Vec2Config
 
 from optimum_ipu.costmodel.memory import MiB
 from optimum_ipu.costmodel.profile import HOST, BlockProfile, Matmul, ModelProfile, Transfer
@@ -41,6 +41,39 @@ def tiny_bert_config(**overrides) -> BertConfig:
     )
     values.update(overrides)
     return BertConfig(**values)
+
+
+def tiny_mpnet_config(**overrides) -> MPNetConfig:
+    """A 4-layer MPNet with hidden size 32 (its word embedding pads with id 1); dropout off."""
+    values = dict(
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=80,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    values.update(overrides)
+    return MPNetConfig(**values)
+
+
+def tiny_speech_config(model_type: str = "wav2vec2", convolutions: int = 3, **overrides):
+    """A Wav2Vec2 (or HuBERT) with hidden size 32, 2 layers and `convolutions` feature-encoder
+    convolutions (the first of kernel 10 / stride 5, the rest 3 / 2); no dropout, no SpecAugment masking
+    or layer drop, so equivalence tests compare exactly. 16 tokens for CTC, 3 labels to classify."""
+    kernels, strides = (10,) + (3,) * (convolutions - 1), (5,) + (2,) * (convolutions - 1)
+    values = dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        conv_dim=(16,) * convolutions, conv_kernel=kernels, conv_stride=strides,
+        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, vocab_size=16, pad_token_id=0,
+        num_labels=3, classifier_proj_size=16, mask_time_prob=0.0, layerdrop=0.0, hidden_dropout=0.0,
+        activation_dropout=0.0, attention_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0,
+        ctc_loss_reduction="mean", ctc_zero_infinity=True,
+    )  # fmt: skip
+    values.update(overrides)
+    return (HubertConfig if model_type == "hubert" else Wav2Vec2Config)(**values)
 
 
 def tiny_vit_config(**overrides) -> ViTConfig:
@@ -225,6 +258,46 @@ class PatternQA:
             "start_positions": self.start[i],
             "end_positions": self.start[i] + 2,
         }
+
+
+class PatternClassification:
+    """Learnable synthetic sequence classification: the label says whether token 7 is in the sequence."""
+
+    def __init__(self, n: int, seed: int = 0, seq: int = 12):
+        g = torch.Generator().manual_seed(seed)
+        self.seq = seq
+        self.ids = torch.randint(10, 100, (n, seq), generator=g)
+        self.labels = torch.randint(0, 2, (n,), generator=g)
+        at = torch.randint(1, seq - 1, (n,), generator=g)
+        self.ids[torch.arange(n)[self.labels == 1], at[self.labels == 1]] = 7
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        mask = torch.ones(self.seq, dtype=torch.long)
+        return {"input_ids": self.ids[i], "attention_mask": mask, "labels": self.labels[i]}
+
+
+class SyntheticAudio:
+    """Random waveforms (`samples` long, 16 kHz-like) with CTC transcripts of `label_length` tokens in
+    1..`vocab`-1 (0 is CTC's blank), or with one class out of `num_labels` when `task="classification"`.
+    Nothing to learn beyond the data set itself: enough to check the arithmetic of training."""
+
+    def __init__(self, n: int, samples: int = 1600, task: str = "ctc", label_length: int = 3, vocab: int = 16,
+                 num_labels: int = 3, seed: int = 0):  # fmt: skip
+        g = torch.Generator().manual_seed(seed)
+        self.values = torch.randn(n, samples, generator=g)
+        if task == "ctc":
+            self.labels = torch.randint(1, vocab, (n, label_length), generator=g)
+        else:
+            self.labels = torch.randint(0, num_labels, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_values": self.values[i], "labels": self.labels[i]}
 
 
 # --- Launcher (tests/launcher): local files an Optimum Graphcore script reads ----------------------

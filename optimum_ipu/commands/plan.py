@@ -120,13 +120,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--ipu-config", required=True, help="IPU config: Hub id (Graphcore/bert-base-ipu) or path."
     )
     pods = parser.add_mutually_exclusive_group()
-    pods.add_argument("--pod", "--pod-type", dest="pod", type=pod_size, default=None, help="Total IPUs as a pod size: 16, pod16, 64 ...")
+    pods.add_argument(
+        "--pod",
+        "--pod-type",
+        dest="pod",
+        type=pod_size,
+        default=None,
+        help="Total IPUs as a pod size: 16, pod16, 64 ...",
+    )
     pods.add_argument(
         "--n-ipu", type=positive_int, default=None, help="Total IPUs (replicas = n_ipu / ipus_per_replica)."
     )
-    parser.add_argument("--micro-batch", type=positive_int, default=1, help="Samples per micro-batch (default 1).")
     parser.add_argument(
-        "--seq-len", type=positive_int, default=384, help="Sequence length of text models (default 384)."
+        "--micro-batch", type=positive_int, default=1, help="Samples per micro-batch (default 1)."
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=positive_int,
+        default=384,
+        help="Sequence length of text models, or feature frames of speech models (20 ms each; default 384).",
     )
     parser.add_argument(
         "--image-size", type=positive_int, default=None, help="Image side of vision models (default: config)."

@@ -13,7 +13,8 @@ _SEQ2SEQ = Missing(
     "encoder-decoder pipelining and on-device `generate` are not simulated",
     "transformers' `Seq2SeqTrainer` / `Seq2SeqTrainingArguments` (CPU/GPU) for encoder-decoder models, or "
     "`IPUTrainer` / `IPUTrainingArguments` for the architectures optimum-ipu places (BERT, RoBERTa, "
-    "DistilBERT, GPT-2, ViT, or any model with a list of layers via `force_to_pipelined=True`)",
+    "DistilBERT, GPT-2, ViT, MPNet, Wav2Vec2, HuBERT, or any model with a list of layers via "
+    "`force_to_pipelined=True`)",
 )
 _OTHER_PIPELINE = Missing(
     "speech and sequence-to-sequence pipelines (speech recognition, summarization, translation, text2text) "
@@ -42,7 +43,8 @@ _POPTORCH_LAYER = Missing(
 
 def _pipelined_missing(transformers_class: str) -> Missing:
     return Missing(
-        "optimum-ipu has no cut spec for this architecture (it places BERT, RoBERTa, DistilBERT, GPT-2 and ViT)",
+        "optimum-ipu has no cut spec for this architecture (it places BERT, RoBERTa, DistilBERT, GPT-2, ViT, "
+        "MPNet, Wav2Vec2 and HuBERT)",
         f"load `transformers.{transformers_class}` and call `to_pipelined(model, ipu_config, force=True)` "
         "(the generic cut: the largest list of layers spread over the IPUs), or add a `CutSpec` to "
         "`optimum_ipu.pipelining.CUT_SPECS`",
@@ -61,13 +63,14 @@ PIPELINED_SUPPORTED = (
     "PipelinedRobertaForMaskedLM", "PipelinedRobertaForMultipleChoice", "PipelinedRobertaForQuestionAnswering",
     "PipelinedRobertaForSequenceClassification", "PipelinedRobertaForTokenClassification",
     "PipelinedViTForImageClassification",
+    "PipelinedHubertForSequenceClassification", "PipelinedWav2Vec2ForPreTraining",
+    "PipelinedMPNetModel", "PipelinedMPNetForMaskedLM",
 )  # fmt: skip
 PIPELINED_UNSUPPORTED = (
     "PipelinedBartForConditionalGeneration", "PipelinedBartForSequenceClassification",
-    "PipelinedConvNextForImageClassification", "PipelinedHubertForSequenceClassification",
+    "PipelinedConvNextForImageClassification",
     "PipelinedLxmertForQuestionAnswering", "PipelinedMT5ForConditionalGeneration",
-    "PipelinedT5ForConditionalGeneration", "PipelinedT5EncoderModel", "PipelinedWav2Vec2ForPreTraining",
-    "PipelinedMPNetModel", "PipelinedMPNetForMaskedLM",
+    "PipelinedT5ForConditionalGeneration", "PipelinedT5EncoderModel",
 )  # fmt: skip
 
 _CONFIG = {

@@ -141,7 +141,8 @@ def shipped_settings():
             if source.is_vision:
                 yield source, None, source.config.get("image_size")
             else:
+                # Speech models count frames and have no position table to limit them.
                 limit = source.config.get("max_position_embeddings") or source.config.get("n_positions")
                 for seq_len in SEQ_LENS:
-                    if seq_len <= limit:
+                    if limit is None or seq_len <= limit:
                         yield source, seq_len, None

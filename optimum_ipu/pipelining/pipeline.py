@@ -143,7 +143,9 @@ class PipelinedModel:
 
     def _place_on_devices(self, devices: list[torch.device]) -> None:
         if len(devices) < self.plan.ipus_per_replica:
-            raise ValueError(f"{len(devices)} devices given for {self.plan.ipus_per_replica} IPUs per replica.")
+            raise ValueError(
+                f"{len(devices)} devices given for {self.plan.ipus_per_replica} IPUs per replica."
+            )
         if len(set(devices)) == 1:
             # Every IPU maps to the same torch device: move once, no per-block hooks on the hot path.
             self.module.to(devices[0])
@@ -158,6 +160,11 @@ class PipelinedModel:
                     with_kwargs=True,
                 )
                 self._undo.append(handle.remove)
+        # Parameters held directly by a module no block owns (Wav2Vec2's `masked_spec_embed`, a
+        # weighted layer sum's `layer_weights`) live with the first IPU's blocks.
+        for name, param in self.module.named_parameters():
+            if self.plan.ipu_of_module(name.rpartition(".")[0]) is None:
+                param.data = param.data.to(devices[0])
 
 
 def to_pipelined(model: nn.Module, ipu_config, force_to_pipelined: bool = False) -> PipelinedModel:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from optimum_ipu.pipelining.placement import ipu_of_each_layer, stage_of_each_block
+from optimum_ipu.pipelining.placement import PlacementError, ipu_of_each_layer, stage_of_each_block
 from optimum_ipu.pipelining.spec import CutSpec, base_model_path
 
 _ACRONYMS = {"qa": "QA", "cls": "CLS", "lm": "LM", "mlm": "MLM", "nsp": "NSP"}
@@ -97,6 +97,39 @@ def _join(*parts: str) -> str:
     return ".".join(p for p in parts if p)
 
 
+def _expand(model: nn.Module, root: str, units: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`(name, path)` units with every `list.*` path widened to one numbered unit per list item."""
+    out = []
+    for name, path in units:
+        if path.endswith(".*"):
+            list_path = _join(root, path[:-2])
+            out += [(f"{name} {i}", f"{list_path}.{i}") for i in range(len(model.get_submodule(list_path)))]
+        else:
+            out.append((name, _join(root, path)))
+    return out
+
+
+def _add_riders(
+    model: nn.Module, blocks: list[Block], base: str, riders: Sequence[tuple[str, str]]
+) -> set[str]:
+    """Put each rider module into the (last) block owning its host path; return the riders' paths."""
+    placed = set()
+    for rider, host in riders:
+        rider_path, host_path = _join(base, rider), _join(base, host)
+        owners = [
+            i
+            for i, b in enumerate(blocks)
+            for m in b.modules
+            if m == host_path or m.startswith(host_path + ".")
+        ]
+        if not owners:
+            raise ValueError(f"cut spec: no block owns {host_path!r}, which {rider_path!r} should join.")
+        block = blocks[owners[-1]]
+        blocks[owners[-1]] = Block(block.name, (*block.modules, rider_path), block.ipu, block.kind)
+        placed.add(rider_path)
+    return placed
+
+
 def build_stage_plan(
     model: nn.Module,
     spec: CutSpec,
@@ -105,30 +138,46 @@ def build_stage_plan(
 ) -> StagePlan:
     """Cut `model` by `spec` and place it on `ipus_per_replica` IPUs following `layers_per_ipu`.
 
-    Embeddings go to IPU 0, layers where `layers_per_ipu` says, a head tied to the word embedding
-    to IPU 0 beside it, and every other module with parameters (pooler, final norm, task heads) to
-    the last IPU.
+    Embeddings go to IPU 0, layers (and the spec's counted units around them) where
+    `layers_per_ipu` says, a head tied to the word embedding (or one the spec names) to IPU 0 beside
+    it, and every other module with parameters (pooler, final norm, task heads) to the last IPU.
     """
     base = base_model_path(model)
     layer_path = _join(base, spec.layers)
     layer_list = model.get_submodule(layer_path)
     if not isinstance(layer_list, nn.ModuleList):
-        raise TypeError(f"{layer_path} of {type(model).__name__} is {type(layer_list).__name__}, not nn.ModuleList.")
+        raise TypeError(
+            f"{layer_path} of {type(model).__name__} is {type(layer_list).__name__}, not nn.ModuleList."
+        )
     last = ipus_per_replica - 1
 
     embeddings = tuple(_join(base, p) for p in spec.embeddings)
     blocks = [Block("Embedding", embeddings, 0, "embedding")] if embeddings else []
-    ipus = ipu_of_each_layer(len(layer_list), layers_per_ipu, ipus_per_replica)
-    blocks += [
-        Block(f"{spec.layer_name} {i}", (f"{layer_path}.{i}",), ipu, "layer") for i, ipu in enumerate(ipus)
+    before, after = _expand(model, base, spec.counted_before), _expand(model, "", spec.counted_after)
+    units = before + [(f"{spec.layer_name} {i}", f"{layer_path}.{i}") for i in range(len(layer_list))]
+    try:
+        ipus = ipu_of_each_layer(len(units) + len(after), layers_per_ipu, ipus_per_replica)
+    except PlacementError as error:
+        if not (before or after):
+            raise
+        raise PlacementError(
+            f"{error} For {type(model).__name__} (as in Optimum Graphcore) layers_per_ipu counts "
+            f"{len(units) + len(after)} units: {', '.join(n for n, _ in before)}, {len(layer_list)} "
+            f"{spec.layer_name.lower()} layers and {', '.join(n for n, _ in after) or 'no head'}."
+        ) from None
+    blocks += [Block(name, (path,), ipu, "layer") for (name, path), ipu in zip(units, ipus)]
+    after_blocks = [
+        Block(name, (path,), ipu, "layer") for (name, path), ipu in zip(after, ipus[len(units) :])
     ]
+    riders = _add_riders(model, blocks, base, spec.riders)
 
     tied = set()
     if spec.word_embedding is not None:
         word = model.get_submodule(_join(base, spec.word_embedding))
         tied = {id(word.weight)}
+    first_ipu = {_join(base, p) for p in spec.first_ipu_heads}
 
-    owned = set(embeddings) | {layer_path}
+    owned = {m for b in blocks + after_blocks for m in b.modules} | {layer_path}
     heads: list[Block] = []
     # Siblings along the path root -> base -> layer list that are not owned yet: pooler, final norm,
     # task heads. Walk from the layer list up so inner modules (pooler) come before outer ones (head).
@@ -140,9 +189,11 @@ def build_stage_plan(
             path = _join(parent_path, child_name)
             if any(path == o or path.startswith(o + ".") or o.startswith(path + ".") for o in owned):
                 continue
-            if path in owned or not _has_parameters(child):
+            if path in owned or path in riders or not _has_parameters(child):
                 continue
             is_tied = any(id(p) in tied for p in child.parameters())
-            heads.append(Block(display_name(path), (path,), 0 if is_tied else last, "head"))
+            heads.append(
+                Block(display_name(path), (path,), 0 if is_tied or path in first_ipu else last, "head")
+            )
             owned.add(path)
-    return StagePlan(tuple(blocks + heads), ipus_per_replica)
+    return StagePlan(tuple(blocks + heads + after_blocks), ipus_per_replica)

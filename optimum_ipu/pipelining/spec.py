@@ -4,10 +4,18 @@ A spec is all the pipelining code needs to know about an architecture. Everythin
 walking the module tree: what sits beside the layer list inside the base model (a pooler, a final
 layer norm) and the task heads outside it go to the last IPU; a head whose weight is tied to the word
 embedding goes to IPU 0 beside it. Adding an architecture is one entry in `CUT_SPECS`.
+
+Optimum Graphcore cut a few heads its own way, and the spec says so: MPNet's pooler goes back to
+IPU 0; a speech model for CTC counts its feature encoder's convolutions, its positional convolution
+and its output projection in `layers_per_ipu` together with the transformer layers (so
+`Graphcore/wav2vec2-ctc-base-ipu`'s `[9, 4, 4, 4]` places 7 convolutions + 1 + 12 layers + 1 = 21
+units), while its audio-classification head keeps the whole feature encoder on IPU 0 and counts only
+the transformer layers (`Graphcore/hubert-base-ipu`'s `[0, 4, 4, 4]`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from torch import nn
@@ -22,12 +30,66 @@ class CutSpec:
         layers: path of the `nn.ModuleList` of transformer layers to spread over the IPUs.
         word_embedding: path of the `nn.Embedding` that embedding serialization splits.
         layer_name: how the allocation table names each layer ("Encoder 3").
+        counted_before: `(name, path)` units placed by `layers_per_ipu` ahead of the layers, as if they
+            were layers; a path ending in `.*` is an `nn.ModuleList` whose items count one each
+            ("Conv 0", "Conv 1", ...).
+        counted_after: `(name, path)` units placed by `layers_per_ipu` after the layers; these paths
+            are from the model's root (they are task heads, outside the base model).
+        riders: `(path, host)` pairs: the module at `path` joins the block that owns `host` (the last
+            one, for a list), running on its IPU, as a module without a PopTorch block of its own ran
+            on the IPU of the block before it.
+        first_ipu_heads: modules outside the embeddings and layers that Optimum Graphcore put back on
+            IPU 0 after the last layer (MPNet's pooler).
     """
 
     embeddings: tuple[str, ...]
     layers: str
     word_embedding: str | None = None
     layer_name: str = "Encoder"
+    counted_before: tuple[tuple[str, str], ...] = ()
+    counted_after: tuple[tuple[str, str], ...] = ()
+    riders: tuple[tuple[str, str], ...] = ()
+    first_ipu_heads: tuple[str, ...] = ()
+
+    def without(self, path: str) -> CutSpec:
+        """This spec with `path` no longer named as an embedding or a rider (it then goes where the
+        module-tree walk puts it)."""
+        return dataclasses.replace(
+            self,
+            embeddings=tuple(p for p in self.embeddings if p != path),
+            riders=tuple(r for r in self.riders if r[0] != path),
+        )
+
+
+# The feature encoder of Wav2Vec2 and HuBERT (same module tree): for audio classification all of it is
+# the "Embedding" block on IPU 0; for CTC its convolutions are counted units and the projection rides
+# with the last one, the encoder's layer norm with the positional convolution (both ran, in Optimum
+# Graphcore, inside the block opened before them).
+_SPEECH_FRONT = ("feature_extractor", "feature_projection", "encoder.pos_conv_embed", "encoder.layer_norm")
+_SPEECH_CLASSIFICATION = CutSpec(_SPEECH_FRONT, "encoder.layers")
+_SPEECH_CTC = CutSpec(
+    (),
+    "encoder.layers",
+    counted_before=(
+        ("Conv", "feature_extractor.conv_layers.*"),
+        ("Positional Embedding", "encoder.pos_conv_embed"),
+    ),
+    counted_after=(("Project Hidden", "lm_head"),),
+    riders=(
+        ("feature_projection", "feature_extractor.conv_layers"),
+        ("encoder.layer_norm", "encoder.pos_conv_embed"),
+    ),
+)
+
+# Pretraining: the same counted units, then the three heads of the contrastive loss.
+_SPEECH_PRETRAINING = dataclasses.replace(
+    _SPEECH_CTC,
+    counted_after=(
+        ("Project Hidden", "project_hid"),
+        ("Quantizer", "quantizer"),
+        ("Project Quantizer", "project_q"),
+    ),
+)
 
 
 CUT_SPECS: dict[str, CutSpec] = {
@@ -36,6 +98,19 @@ CUT_SPECS: dict[str, CutSpec] = {
     "distilbert": CutSpec(("embeddings",), "transformer.layer", "embeddings.word_embeddings"),
     "vit": CutSpec(("embeddings",), "layers"),
     "gpt2": CutSpec(("wte", "wpe"), "h", "wte", layer_name="Layer"),
+    # MPNet's relative position bias table is computed before the first layer: in the Embedding block.
+    "mpnet": CutSpec(
+        ("embeddings", "encoder.relative_attention_bias"),
+        "encoder.layer",
+        "embeddings.word_embeddings",
+        first_ipu_heads=("pooler",),
+    ),
+    "wav2vec2": _SPEECH_CLASSIFICATION,
+    "hubert": _SPEECH_CLASSIFICATION,
+    # Keyed by class: Optimum Graphcore cut these heads differently from the rest of their family.
+    "Wav2Vec2ForCTC": _SPEECH_CTC,
+    "HubertForCTC": _SPEECH_CTC,
+    "Wav2Vec2ForPreTraining": _SPEECH_PRETRAINING,
 }
 
 
@@ -49,8 +124,13 @@ def base_model_path(model: nn.Module) -> str:
 
 def spec_for(model: nn.Module) -> CutSpec | None:
     """The registered spec for `model`'s architecture, or None when it has none."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    return CUT_SPECS.get(model_type)
+    config = getattr(model, "config", None)
+    spec = CUT_SPECS.get(type(model).__name__) or CUT_SPECS.get(getattr(config, "model_type", None))
+    if spec is not None and getattr(config, "do_stable_layer_norm", False):
+        # The "stable layer norm" encoder applies its layer norm after the last layer, not before the
+        # first: it is then a head on the last IPU.
+        spec = spec.without("encoder.layer_norm")
+    return spec
 
 
 def generic_spec(model: nn.Module) -> CutSpec:

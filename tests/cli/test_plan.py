@@ -159,3 +159,17 @@ def test_the_ipu_count_picks_the_pod_keyed_values_of_an_old_config(capsys, tmp_p
     )
     code, out, _ = _run(capsys, "plan", "bert-base-uncased", "--ipu-config", str(tmp_path), *ipus)
     assert code in (0, 1) and "micro-batch 1 x GA 64 x replicas 4" in out
+
+
+@pytest.mark.parametrize(
+    "model,ipu_config,task,layers",
+    [
+        ("facebook/wav2vec2-base", "Graphcore/wav2vec2-ctc-base-ipu", "ctc", "[9, 4, 4, 4]"),
+        ("facebook/hubert-base-ls960", "Graphcore/hubert-base-ipu", "audio-classification", "[0, 4, 4, 4]"),
+        ("microsoft/mpnet-base", "Graphcore/mpnet-base-ipu", "masked-lm", "[0, 4, 4, 4]"),
+    ],
+)
+def test_plan_prices_the_bundled_speech_and_mpnet_configs(capsys, model, ipu_config, task, layers):
+    code, out, err = _run(capsys, "plan", model, "--ipu-config", ipu_config, "--task", task, "--seq-len", "128")
+    assert code == 0, err
+    assert f"Layers per IPU: {layers}" in out and "Estimated throughput:" in out
