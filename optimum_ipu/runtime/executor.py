@@ -32,7 +32,7 @@ from optimum_ipu.runtime.checks import micro_batch_size_of
 from optimum_ipu.runtime.fp16_compute import fp16_compute_context
 from optimum_ipu.runtime.gradients import GradientAccumulator, clip_
 from optimum_ipu.runtime.loss_scaling import LossScaler
-from optimum_ipu.runtime.replicas import LocalReplicas, ReplicaStreams
+from optimum_ipu.runtime.replicas import LocalReplicas, Replicas, ReplicaStreams
 
 OUTPUT_MODES = ("final", "all", "sum", "default")
 
@@ -67,7 +67,7 @@ class TrainingExecutable:
         *,
         max_grad_norm: float = 0.0,
         fp16_compute: str = "emulated",
-        replicas=None,
+        replicas: Replicas | None = None,
         stages=None,
         reduction: str = "mean",
     ):

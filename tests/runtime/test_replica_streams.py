@@ -76,3 +76,17 @@ def test_the_trainers_own_stream_does_not_depend_on_the_replicas():
     torch.manual_seed(5)
     masks_by_replica(replicas=4)
     assert torch.equal(torch.rand(4), after_one)
+
+
+def test_both_kinds_of_replicas_give_the_executable_the_whole_interface():
+    import inspect
+
+    from optimum_ipu.runtime.distributed import ProcessReplicas
+    from optimum_ipu.runtime.replicas import LocalReplicas, Replicas
+
+    wanted = {n for n, _ in inspect.getmembers(Replicas, inspect.isfunction) if not n.startswith("_")}
+    assert wanted == {"local_replicas", "sum_", "any", "sum_over_stages", "gather_losses"}
+    for kind in (LocalReplicas, ProcessReplicas):
+        signatures = {n: list(inspect.signature(getattr(kind, n)).parameters) for n in wanted}
+        assert signatures == {n: list(inspect.signature(getattr(Replicas, n)).parameters) for n in wanted}, kind
+    assert isinstance(LocalReplicas(), Replicas)
