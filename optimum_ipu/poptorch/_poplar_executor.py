@@ -26,6 +26,7 @@ from torch.utils import _pytree as pytree
 from optimum_ipu.poptorch import _outputs
 from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._logging import Error, logger
+from optimum_ipu.poptorch._recompute import finding_recomputed_modules, recomputing
 from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
 from optimum_ipu.poptorch.enums import AutoStage, CommGroupType, OutputMode, ReductionType
 from optimum_ipu.poptorch.optim import _IPUMixin
@@ -104,6 +105,8 @@ class PoplarExecutor:
         self._loss_index: int | None = None
         self._streams: ReplicaStreams | None = None
         self._micro_model = _MicroBatchModel(self)
+        self._checkpointed: list[nn.Module] = []  # modules whose outputs the forward checkpoints
+        self._recomputed: list[nn.Module] = []  # those recomputed in backward (when recomputation is on)
 
     # -- the module it wraps ---------------------------------------------------------------------
     @property
@@ -243,7 +246,8 @@ class PoplarExecutor:
         args, kwargs = pytree.tree_unflatten(micro, spec)
         modes = [(m, m.training) for m in self._user_model.modules()]
         try:
-            with recording_ipus() as trace, torch.no_grad(), torch.random.fork_rng(devices=[]):
+            with recording_ipus() as trace, finding_recomputed_modules(self._user_model) as checkpointed, \
+                    torch.no_grad(), torch.random.fork_rng(devices=[]):  # fmt: skip
                 self._user_model.eval()
                 first = next(self._user_model.parameters())
                 args, kwargs = pytree.tree_map(  # as the executable feeds it: on the model's device and dtype
@@ -255,7 +259,13 @@ class PoplarExecutor:
         finally:
             for module, was_training in modes:
                 module.training = was_training
+        self._checkpointed = checkpointed
         return [ipu for _, ipu in trace]
+
+    def _recomputation_on(self, pipelined_stages: int) -> bool:
+        """PopTorch recomputes in pipelined training over 2+ stages, or when `autoRecomputation` is set."""
+        auto = self._options._Popart._values.get("autoRecomputation")
+        return self._training and (pipelined_stages >= 2 or bool(auto))
 
     def _check_placement(self, ipus: list[int]) -> None:
         """PopTorch's compile checks on the blocks' IPUs (PopART's wording)."""
@@ -287,6 +297,10 @@ class PoplarExecutor:
             logger.warning("Reserving %d IPUs when the model specifices the use of only %d%s. %d will be reserved but "
                            "not used.", rounded, total, common, rounded - total)  # fmt: skip
         pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution)
+        self._recomputed = self._checkpointed if self._recomputation_on(stages if pipelined else 0) else []
+        if self._recomputed:
+            names = {m: name for name, m in self._user_model.named_modules()}
+            logger.info("Recomputed in backward: %s", ", ".join(names.get(m, "?") for m in self._recomputed))
         if not pipelined or stages < 2:
             return
         if self._training:
@@ -377,7 +391,7 @@ class PoplarExecutor:
         self._recorded = []
         try:
             if self._training:
-                with self._optimizer_as_set():
+                with self._optimizer_as_set(), recomputing(self._recomputed):
                     self._executable(batch)
                 runtime_order = self._recorded
                 di, ga, r, _ = self._counts()
