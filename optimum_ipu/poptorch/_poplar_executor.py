@@ -27,6 +27,12 @@ from optimum_ipu.poptorch import _outputs
 from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch._recompute import finding_recomputed_modules, recomputing
+from optimum_ipu.poptorch._report import (
+    PopTorchOutOfMemoryError,
+    compile_report,
+    recording_module_blocks,
+    stage_plan_from_blocks,
+)
 from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
 from optimum_ipu.poptorch.enums import AutoStage, CommGroupType, OutputMode, ReductionType
 from optimum_ipu.poptorch.optim import _IPUMixin
@@ -107,6 +113,7 @@ class PoplarExecutor:
         self._micro_model = _MicroBatchModel(self)
         self._checkpointed: list[nn.Module] = []  # modules whose outputs the forward checkpoints
         self._recomputed: list[nn.Module] = []  # those recomputed in backward (when recomputation is on)
+        self.compile_result = None  # the cost model's report of the last compile (optimum-ipu's addition)
 
     # -- the module it wraps ---------------------------------------------------------------------
     @property
@@ -246,7 +253,8 @@ class PoplarExecutor:
         args, kwargs = pytree.tree_unflatten(micro, spec)
         modes = [(m, m.training) for m in self._user_model.modules()]
         try:
-            with recording_ipus() as trace, finding_recomputed_modules(self._user_model) as checkpointed, \
+            with recording_ipus() as trace, recording_module_blocks(self._user_model, trace) as module_blocks, \
+                    finding_recomputed_modules(self._user_model) as checkpointed, \
                     torch.no_grad(), torch.random.fork_rng(devices=[]):  # fmt: skip
                 self._user_model.eval()
                 first = next(self._user_model.parameters())
@@ -260,6 +268,7 @@ class PoplarExecutor:
             for module, was_training in modes:
                 module.training = was_training
         self._checkpointed = checkpointed
+        self._traced = (list(trace), module_blocks, micro, spec)
         return [ipu for _, ipu in trace]
 
     def _recomputation_on(self, pipelined_stages: int) -> bool:
@@ -322,9 +331,26 @@ class PoplarExecutor:
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._check_batch(leaves)
         self._check_placement(self._trace_ipus(leaves, spec))
+        self._report()
         self._build()
         self._attached = True
         self._loss_index = None
+
+    def _report(self) -> None:
+        """The cost model's memory table and throughput for the blocks as placed (logged; kept in `compile_result`)."""
+        entries, module_blocks, micro, spec = self._traced
+        plan = stage_plan_from_blocks(self._user_model, module_blocks, entries, self.num_ipus)
+        try:
+            self.compile_result = compile_report(
+                self._user_model, plan, self._options, micro, spec, training=self._training,
+                optimizer=self._optimizer, num_ipus=self.num_ipus * self._options.replication_factor,
+                recomputed=bool(self._recomputed),
+            )  # fmt: skip
+        except PopTorchOutOfMemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the estimate is a report; the model still runs
+            self.compile_result = None
+            logger.warning("No compile report for this model (the cost model could not trace it): %s", error)
 
     def isCompiled(self) -> bool:
         return self._executable is not None
