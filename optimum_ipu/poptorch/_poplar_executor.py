@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from optimum_ipu.poptorch import _outputs
+from optimum_ipu.poptorch import _export, _outputs
 from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch._recompute import finding_recomputed_modules, recomputing
@@ -333,6 +333,7 @@ class PoplarExecutor:
         self._check_placement(self._trace_ipus(leaves, spec))
         self._report()
         self._build()
+        self._example = _export.example_of(args, kwargs)
         self._attached = True
         self._loss_index = None
 
@@ -351,6 +352,16 @@ class PoplarExecutor:
         except Exception as error:  # noqa: BLE001 - the estimate is a report; the model still runs
             self.compile_result = None
             logger.warning("No compile report for this model (the cost model could not trace it): %s", error)
+
+    def compileAndExport(self, filename: str, *args: Any, export_model: bool = True, **kwargs: Any) -> None:
+        """Compile for inputs like `args` / `kwargs` (unless compiled already) and save to `filename` for `poptorch.load`.
+
+        The file holds the module, options, optimizer state and input shapes (`_export.py`);
+        `export_model=False` is accepted, and the model is saved anyway (it *is* the executable here).
+        """
+        if args or kwargs or self._executable is None:
+            self.compile(*args, **kwargs)
+        _export.export(self, filename, self._example)
 
     def isCompiled(self) -> bool:
         return self._executable is not None
