@@ -201,10 +201,13 @@ class PoplarExecutor:
         )
         return _outputs.loss_for_backward(loss)
 
-    def _fp16_compute(self) -> str:
-        first = next(self._user_model.parameters(), None)
-        device = first.device if first is not None else "cpu"
-        return resolve_fp16_compute(None, device)
+    def _fp16_compute(self) -> str | None:
+        """How fp16 ops are computed: None (plain dispatch) for a model with no fp16 weight or buffer,
+        as IPUTrainer does with --fp32; the fp16 layer costs a dispatch per op, which fp32 models skip."""
+        tensors = [*self._user_model.parameters(), *self._user_model.buffers()]
+        if not any(t.dtype == torch.float16 for t in tensors):
+            return None
+        return resolve_fp16_compute(None, tensors[0].device)
 
     def _build(self) -> None:
         if next(self._user_model.parameters(), None) is None:
