@@ -138,3 +138,30 @@ def compile_inference(
             pipelined, ipu_config, micro_batch, training=False, hardware=hardware, optimizer="adamw", fp32=fp32
         )
     return _finish(report, start, num_ipus, fp16_compute)
+
+
+def report_layout(
+    pipelined,
+    ipu_config,
+    *,
+    micro_batch: Mapping[str, Any],
+    training: bool,
+    num_ipus: int,
+    hardware: str = "mk2",
+    optimizer_name: str = "adamw",
+    fp32: bool = False,
+    fp16_compute: str | None = None,
+) -> CompileResult:
+    """The memory table and throughput estimate of a layout whose compile checks the caller ran itself.
+
+    PopTorch's wrappers check with PopTorch's own rules and wording (sharded training, for one, has
+    no gradient-accumulation rule), then report through here: the same cost model and log lines as
+    `compile_training` / `compile_inference`, and the same out-of-memory error.
+    """
+    start = time.perf_counter()
+    logger.info("Compiling Model...")
+    report = _analyse(
+        pipelined, ipu_config, dict(micro_batch), training=training, hardware=hardware, optimizer=optimizer_name,
+        fp32=fp32,
+    )  # fmt: skip
+    return _finish(report, start, num_ipus, fp16_compute)

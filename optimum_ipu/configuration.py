@@ -308,6 +308,24 @@ class IPUConfig:
             )
         return self.update(replication_factor=n_ipu // ipus, inference_replication_factor=n_ipu // inference_ipus)
 
+    # ----- PopTorch ------------------------------------------------------------------------------
+
+    def to_options(self, for_inference: bool = False, compile_only: bool = False):
+        """The `poptorch.Options` for this config, built as Optimum Graphcore 0.7 built them.
+
+        Training (default) or inference (`for_inference=True`: the `inference_*` values, sharded
+        execution, every output returned); the mapping is listed in `optimum_ipu.poptorch.ipu_options`.
+        The config's mode is left as it was.
+        """
+        # The one import from this layer up to the PopTorch front end (allowed in tests/test_layers.py's
+        # BRIDGES): Optimum Graphcore's API returns a poptorch.Options from a config, so the config must
+        # reach PopTorch; importing it here, at call time, keeps `import optimum_ipu.configuration` light.
+        from optimum_ipu.poptorch.ipu_options import options_from_ipu_config
+
+        return options_from_ipu_config(self, for_inference=for_inference, compile_only=compile_only)
+
+    _to_options = to_options  # the original's private name, which its trainer called
+
     # ----- serialization -------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

@@ -88,10 +88,7 @@ _PIPELINES = {
     "pipeline": "optimum_ipu.compat.pipelines:pipeline",
     "SUPPORTED_TASKS": "optimum_ipu.compat.pipelines:SUPPORTED_TASKS",
     "list_tasks": "optimum_ipu.compat.pipelines:list_tasks",
-    "get_poplar_executor": Missing(
-        "PopTorch executors do not exist on the simulated IPU",
-        "`optimum.graphcore.pipeline(task, model=..., ipu_config=...)`, which builds the IPU executable itself",
-    ),
+    "get_poplar_executor": "optimum_ipu.compat.poptorch_helpers:get_poplar_executor",
     "TASK_ALIASES": "optimum_ipu.compat.pipelines:TASK_ALIASES",
     **{
         name: f"optimum_ipu.compat.pipelines:{name}"
@@ -145,20 +142,9 @@ TABLES: dict[str, dict[str, str | Missing]] = {
             "in the IPU config",
         ),
         "shift_tokens_right": "transformers.models.bart.modeling_bart:shift_tokens_right",
-        "PipelineMixin": Missing(
-            "a pipelined model here is the unchanged transformers module plus a stage plan, not a subclass",
-            "`to_pipelined(model, ipu_config)`; for an architecture without a cut spec "
-            "`to_pipelined(model, ipu_config, force=True)` or a `CutSpec` in `optimum_ipu.pipelining.CUT_SPECS`",
-        ),
-        "register": Missing(
-            "architectures are registered as declarative cut specs, not as pipelined classes",
-            "add a `CutSpec` to `optimum_ipu.pipelining.CUT_SPECS` under the config's `model_type`",
-        ),
-        "recomputation_checkpoint": Missing(
-            "it annotated the PopTorch graph",
-            "`recompute_checkpoint_every_layer=True` in the IPU config (or `--gradient_checkpointing`): "
-            "`parallelize()` then checkpoints every layer",
-        ),
+        "PipelineMixin": "optimum_ipu.compat.poptorch_helpers:PipelineMixin",
+        "register": "optimum_ipu.compat.poptorch_helpers:register",
+        "recomputation_checkpoint": "optimum_ipu.compat.poptorch_helpers:recomputation_checkpoint",
         "outline_attribute": Missing("it annotated the PopTorch graph for outlining", "remove the call"),
         "split_encoder_decoder_ipu_config": _SEQ2SEQ,
         "SplitProjection": _POPTORCH_LAYER,
@@ -170,11 +156,7 @@ TABLES: dict[str, dict[str, str | Missing]] = {
     f"{G}.trainer_seq2seq": {"IPUSeq2SeqTrainer": _SEQ2SEQ},
     f"{G}.training_args_seq2seq": {"IPUSeq2SeqTrainingArguments": _SEQ2SEQ},
     f"{G}.trainer_utils": {
-        "to_poptorch_dataloader": Missing(
-            "PopTorch data loaders do not exist on the simulated IPU",
-            "IPUTrainer, which builds combined-batch loaders itself; in your own loop a torch `DataLoader` "
-            "with batch_size = micro-batch x `ipu_config.batch_size_factor()`",
-        )
+        "to_poptorch_dataloader": "optimum_ipu.compat.poptorch_helpers:to_poptorch_dataloader",
     },
     f"{G}.pipelines": _PIPELINES,
     f"{G}.data": _DATA,

@@ -23,9 +23,16 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from optimum_ipu.poptorch import _outputs
+from optimum_ipu.poptorch import _export, _outputs
 from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._logging import Error, logger
+from optimum_ipu.poptorch._recompute import finding_recomputed_modules, recomputing
+from optimum_ipu.poptorch._report import (
+    PopTorchOutOfMemoryError,
+    compile_report,
+    recording_module_blocks,
+    stage_plan_from_blocks,
+)
 from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
 from optimum_ipu.poptorch.enums import AutoStage, CommGroupType, OutputMode, ReductionType
 from optimum_ipu.poptorch.optim import _IPUMixin
@@ -104,6 +111,9 @@ class PoplarExecutor:
         self._loss_index: int | None = None
         self._streams: ReplicaStreams | None = None
         self._micro_model = _MicroBatchModel(self)
+        self._checkpointed: list[nn.Module] = []  # modules whose outputs the forward checkpoints
+        self._recomputed: list[nn.Module] = []  # those recomputed in backward (when recomputation is on)
+        self.compile_result = None  # the cost model's report of the last compile (optimum-ipu's addition)
 
     # -- the module it wraps ---------------------------------------------------------------------
     @property
@@ -191,10 +201,13 @@ class PoplarExecutor:
         )
         return _outputs.loss_for_backward(loss)
 
-    def _fp16_compute(self) -> str:
-        first = next(self._user_model.parameters(), None)
-        device = first.device if first is not None else "cpu"
-        return resolve_fp16_compute(None, device)
+    def _fp16_compute(self) -> str | None:
+        """How fp16 ops are computed: None (plain dispatch) for a model with no fp16 weight or buffer,
+        as IPUTrainer does with --fp32; the fp16 layer costs a dispatch per op, which fp32 models skip."""
+        tensors = [*self._user_model.parameters(), *self._user_model.buffers()]
+        if not any(t.dtype == torch.float16 for t in tensors):
+            return None
+        return resolve_fp16_compute(None, tensors[0].device)
 
     def _build(self) -> None:
         if next(self._user_model.parameters(), None) is None:
@@ -243,7 +256,9 @@ class PoplarExecutor:
         args, kwargs = pytree.tree_unflatten(micro, spec)
         modes = [(m, m.training) for m in self._user_model.modules()]
         try:
-            with recording_ipus() as trace, torch.no_grad(), torch.random.fork_rng(devices=[]):
+            with recording_ipus() as trace, recording_module_blocks(self._user_model, trace) as module_blocks, \
+                    finding_recomputed_modules(self._user_model) as checkpointed, \
+                    torch.no_grad(), torch.random.fork_rng(devices=[]):  # fmt: skip
                 self._user_model.eval()
                 first = next(self._user_model.parameters())
                 args, kwargs = pytree.tree_map(  # as the executable feeds it: on the model's device and dtype
@@ -255,7 +270,14 @@ class PoplarExecutor:
         finally:
             for module, was_training in modes:
                 module.training = was_training
+        self._checkpointed = checkpointed
+        self._traced = (list(trace), module_blocks, micro, spec)
         return [ipu for _, ipu in trace]
+
+    def _recomputation_on(self, pipelined_stages: int) -> bool:
+        """PopTorch recomputes in pipelined training over 2+ stages, or when `autoRecomputation` is set."""
+        auto = self._options._Popart._values.get("autoRecomputation")
+        return self._training and (pipelined_stages >= 2 or bool(auto))
 
     def _check_placement(self, ipus: list[int]) -> None:
         """PopTorch's compile checks on the blocks' IPUs (PopART's wording)."""
@@ -287,6 +309,10 @@ class PoplarExecutor:
             logger.warning("Reserving %d IPUs when the model specifices the use of only %d%s. %d will be reserved but "
                            "not used.", rounded, total, common, rounded - total)  # fmt: skip
         pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution)
+        self._recomputed = self._checkpointed if self._recomputation_on(stages if pipelined else 0) else []
+        if self._recomputed:
+            names = {m: name for name, m in self._user_model.named_modules()}
+            logger.info("Recomputed in backward: %s", ", ".join(names.get(m, "?") for m in self._recomputed))
         if not pipelined or stages < 2:
             return
         if self._training:
@@ -308,9 +334,37 @@ class PoplarExecutor:
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._check_batch(leaves)
         self._check_placement(self._trace_ipus(leaves, spec))
+        self._report()
         self._build()
+        self._example = _export.example_of(args, kwargs)
         self._attached = True
         self._loss_index = None
+
+    def _report(self) -> None:
+        """The cost model's memory table and throughput for the blocks as placed (logged; kept in `compile_result`)."""
+        entries, module_blocks, micro, spec = self._traced
+        plan = stage_plan_from_blocks(self._user_model, module_blocks, entries, self.num_ipus)
+        try:
+            self.compile_result = compile_report(
+                self._user_model, plan, self._options, micro, spec, training=self._training,
+                optimizer=self._optimizer, num_ipus=self.num_ipus * self._options.replication_factor,
+                recomputed=bool(self._recomputed),
+            )  # fmt: skip
+        except PopTorchOutOfMemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the estimate is a report; the model still runs
+            self.compile_result = None
+            logger.warning("No compile report for this model (the cost model could not trace it): %s", error)
+
+    def compileAndExport(self, filename: str, *args: Any, export_model: bool = True, **kwargs: Any) -> None:
+        """Compile for inputs like `args` / `kwargs` (unless compiled already) and save to `filename` for `poptorch.load`.
+
+        The file holds the module, options, optimizer state and input shapes (`_export.py`);
+        `export_model=False` is accepted, and the model is saved anyway (it *is* the executable here).
+        """
+        if args or kwargs or self._executable is None:
+            self.compile(*args, **kwargs)
+        _export.export(self, filename, self._example)
 
     def isCompiled(self) -> bool:
         return self._executable is not None
@@ -377,7 +431,7 @@ class PoplarExecutor:
         self._recorded = []
         try:
             if self._training:
-                with self._optimizer_as_set():
+                with self._optimizer_as_set(), recomputing(self._recomputed):
                     self._executable(batch)
                 runtime_order = self._recorded
                 di, ga, r, _ = self._counts()

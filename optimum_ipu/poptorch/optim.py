@@ -65,6 +65,12 @@ class _IPUMixin:
         self.variable_attrs = VariableAttributes()
         self._rounding = torch.Generator().manual_seed(0)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """torch's state plus PopTorch's attributes (loss scaling, clipping, types), so pickling keeps them."""
+        state = super().__getstate__()
+        extra = {k: v for k, v in self.__dict__.items() if k not in state and not k.startswith("_optimizer_")}
+        return {**state, **extra}
+
     @torch.no_grad()
     def step(self, closure=None, gradients: dict | None = None):
         """One update; `gradients` maps fp16 parameters to their fp32 gradients (the runtime's sums)."""
