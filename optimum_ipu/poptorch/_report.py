@@ -157,6 +157,7 @@ def compile_report(
             types.SimpleNamespace(module=_adapter(model, spec), plan=plan), config,
             micro_batch=micro, training=training, num_ipus=num_ipus, optimizer_name=_optimizer_name(optimizer),
             fp32=first.dtype != torch.float16, fp16_compute=None,
+            pipelined_inference=not training and not options._is_sharded(),
         )  # fmt: skip
     except IPUOutOfMemoryError as error:
         raise PopTorchOutOfMemoryError(str(error), type="popart_memory_allocation_err") from None

@@ -97,3 +97,17 @@ def test_an_over_full_ipu_fails_the_compile_with_poplars_out_of_memory_error():
         model.compile(torch.empty(2, 4096, device="meta"))
     assert "Memory per IPU" in str(e.value)
     assert not model.isCompiled()
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_inference_is_priced_with_the_execution_strategy_of_the_options(sharded):
+    # PopTorch's default for a model on several IPUs is PipelinedExecution: the stages overlap across
+    # device iterations; ShardedExecution runs each micro-batch through the IPUs in turn.
+    opts = poptorch.Options().deviceIterations(2)
+    if sharded:
+        opts.setExecutionStrategy(poptorch.ShardedExecution())
+    inference = poptorch.inferenceModel(Net().eval(), opts)
+    inference(*_inputs(4))
+    report = inference.compile_result.report
+    assert report.workload.pipelined_inference is not sharded
+    assert ("Pipelined inference: 3 cycles per call (DI 2 + 2 - 1)" in report.summary()) is not sharded
