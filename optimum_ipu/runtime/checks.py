@@ -58,9 +58,11 @@ def check_num_ipus(ipus_per_replica: int, replication_factor: int, auto_round: b
     power = 1 << (requested - 1).bit_length()
     if power != requested:
         if not auto_round:
+            # The power of two below, where one replica still fits in it; else only the one above.
+            choices = f"{power // 2} or {power}" if power // 2 >= ipus_per_replica else f"{power}"
             raise IPUCompilationError(
                 f"{ipus_per_replica} IPUs per replica x {replication_factor} replicas = {requested} IPUs, which is "
-                f"not a power of two. Use {power // 2 if power // 2 >= ipus_per_replica else power} or {power} "
+                f"not a power of two. Use {choices} "
                 "IPUs in total (change replication_factor or layers_per_ipu), or let the runtime round up "
                 f"to {power} (auto_round_num_ipus=True; the extra IPUs sit idle)."
             )
@@ -69,7 +71,10 @@ def check_num_ipus(ipus_per_replica: int, replication_factor: int, auto_round: b
 
 
 def micro_batch_size_of(
-    combined_batch_size: int, device_iterations: int, replication_factor: int, gradient_accumulation_steps: int
+    combined_batch_size: int,
+    device_iterations: int,
+    replication_factor: int,
+    gradient_accumulation_steps: int,
 ) -> int:
     """Split a combined batch: it must be a multiple of DI x replicas x GA ("Invalid batch dimension")."""
     per_micro = device_iterations * replication_factor * gradient_accumulation_steps

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from optimum_ipu.runtime.optimizers import LAMB, AdamW
-from optimum_ipu.runtime.rounding import stochastic_round_to_half
+from optimum_ipu.runtime.rounding import stochastic_round_to_half, write_back
 
 
 def test_stochastic_rounding_is_unbiased_where_nearest_rounding_loses_the_update():
@@ -25,6 +25,25 @@ def test_stochastic_rounding_keeps_signs_and_non_finite_values():
     assert out.dtype == torch.float16
     assert out[0] == -2.5 and out[1] == 0 and out[4] == 3.0
     assert torch.isinf(out[2]) and out[2] > 0 and torch.isinf(out[3]) and out[3] < 0
+
+
+def test_stochastic_rounding_draws_its_noise_on_the_tensors_device():
+    # The meta device stands in for an accelerator: noise drawn on the CPU could not be added to it.
+    out = stochastic_round_to_half(torch.ones(5, device="meta"))
+    assert out.device.type == "meta" and out.dtype == torch.float16 and out.shape == (5,)
+
+
+def test_write_back_rounds_only_fp16_parameters():
+    # 1 + 1e-4 is not an fp16 value: an fp32 parameter keeps it exactly even with stochastic rounding on.
+    value = torch.full((64,), 1.0 + 1e-4)
+    fp32 = torch.zeros(64)
+    write_back(fp32, value, stochastic_rounding=True, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(fp32, value)
+    fp16 = torch.zeros(64, dtype=torch.float16)
+    write_back(fp16, value, stochastic_rounding=False)
+    assert torch.equal(fp16, value.half())  # round to nearest without stochastic rounding
+    write_back(fp16, value, stochastic_rounding=True, generator=torch.Generator().manual_seed(0))
+    assert set(fp16.float().unique().tolist()) == {1.0, 1.0009765625}
 
 
 def _train(opt_factory, steps=5):

@@ -1,0 +1,52 @@
+"""Gradients of one update: their global norm is taken in fp32, and clipping follows torch's rule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from optimum_ipu.runtime.gradients import clip_, global_norm
+
+
+def test_global_norm_of_fp16_gradients_is_computed_in_fp32():
+    # Each square (3.6e9) and the norm (120,000) are far above fp16's maximum of 65,504.
+    grads = [torch.full((3,), 60000.0, dtype=torch.float16), torch.full((1,), 60000.0, dtype=torch.float16)]
+    norm = global_norm(grads)
+    assert norm.dtype == torch.float32
+    assert norm.item() == math.sqrt(4 * 60000.0**2) == 120000.0
+
+
+def test_global_norm_of_no_gradients_is_zero():
+    assert global_norm([]).item() == 0.0
+
+
+def test_global_norm_gathers_the_norms_of_gradients_on_different_devices():
+    # Pipeline stages can hold their gradients on different devices; the meta device stands in for a
+    # second one (it holds no values, so only the device of the result is checked).
+    norm = global_norm([torch.ones(4, device="meta"), torch.ones(3)])
+    assert norm.device.type == "meta" and norm.shape == ()
+
+
+def _clipped_by_torch(grads, max_norm):
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return [p.grad for p in params]
+
+
+def test_clipping_scales_gradients_by_torchs_coefficient():
+    # A small norm (0.01) makes torch's 1e-6 in max_norm / (norm + 1e-6) visible: 1e-4 of the result.
+    grads = [torch.tensor([0.006, 0.0]), torch.tensor([0.008])]
+    expected = _clipped_by_torch(grads, 0.005)
+    clip_(grads, 0.005, global_norm(grads))
+    for ours, reference in zip(grads, expected):
+        torch.testing.assert_close(ours, reference, rtol=1e-6, atol=0)
+
+
+def test_clipping_leaves_gradients_alone_below_the_maximum_or_when_disabled_or_not_finite():
+    grads = [torch.tensor([3.0, 4.0])]  # norm 5
+    for max_norm, norm in [(10.0, 5.0), (0.0, 5.0), (1.0, math.inf), (1.0, math.nan)]:
+        clip_(grads, max_norm, torch.tensor(norm))
+        assert grads[0].tolist() == [3.0, 4.0], (max_norm, norm)
