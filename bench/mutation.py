@@ -56,7 +56,7 @@ MODULES: dict[str, list[str]] = {
     "checkpoints/folders.py": ["tests/test_checkpoints.py"],
     "checkpoints/setup_change.py": ["tests/test_checkpoints.py"],
     "checkpoints/trainer_hooks.py": ["tests/test_checkpoints.py"],
-    "_config_schema.py": ["tests/test_configuration.py"],
+    "configuration/schema.py": ["tests/test_configuration.py"],
     "pipelining/placement.py": ["tests/pipelining/test_placement.py"],
 }  # fmt: skip
 

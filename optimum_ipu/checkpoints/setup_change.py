@@ -92,7 +92,7 @@ def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: i
     GA x replicas x device iterations. Returns None when the checkpoint has no `ipu_config.json`
     (written by plain transformers: nothing to compare).
     """
-    from optimum_ipu._config_schema import FIELD_DEFAULTS
+    from optimum_ipu.configuration.schema import FIELD_DEFAULTS
 
     checkpoint = Path(checkpoint)
     saved = _saved_ipu_config(checkpoint)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from optimum_ipu._config_schema import IPUConfigError
+from optimum_ipu.configuration.schema import IPUConfigError
 
 
 class PlacementError(IPUConfigError):

@@ -61,7 +61,7 @@ def test_optimum_is_a_namespace_package_shared_with_other_extensions(tmp_path):
         tmp_path / "site",
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["fake", "optimum_ipu.configuration"]
+    assert done.stdout.split() == ["fake", "optimum_ipu.configuration.ipu_config"]
     assert not (ROOT / "optimum" / "__init__.py").exists()
 
 
