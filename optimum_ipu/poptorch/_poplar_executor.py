@@ -15,6 +15,7 @@ other's weights at once (PopTorch copies them lazily; the result is the same), a
 
 from __future__ import annotations
 
+import contextlib
 import types
 import weakref
 from typing import Any
@@ -76,6 +77,8 @@ class PoplarExecutor:
     """A model wrapped by `trainingModel` or `inferenceModel`; call it like the module it wraps."""
 
     def __init__(self, model: nn.Module, options: Options | None, training: bool, optimizer=None):
+        if isinstance(model, PoplarExecutor):  # a wrapped model: wrap its module (PopTorch does the same)
+            model = model._user_model
         if not isinstance(model, nn.Module):
             raise TypeError(f"poptorch wraps a torch.nn.Module, got {type(model).__name__}.")
         options = options if options is not None else Options()
@@ -91,6 +94,11 @@ class PoplarExecutor:
                 raise RuntimeError(
                     "Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() on the "
                     "model to unwrap before wrapping again."
+                )
+            if next(model.parameters(), None) is None:
+                raise Error(
+                    f"The model ({type(model).__name__}) has no parameters: a poptorch.trainingModel has no weights "
+                    "to train. Use poptorch.inferenceModel to run it."
                 )
             _training_wrappers[model] = self
             if optimizer is None:
@@ -113,6 +121,8 @@ class PoplarExecutor:
         self._micro_model = _MicroBatchModel(self)
         self._checkpointed: list[nn.Module] = []  # modules whose outputs the forward checkpoints
         self._recomputed: list[nn.Module] = []  # those recomputed in backward (when recomputation is on)
+        # (plain tensor attribute, its value when traced): constants of the compiled model
+        self._constants: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.compile_result = None  # the cost model's report of the last compile (optimum-ipu's addition)
 
     # -- the module it wraps ---------------------------------------------------------------------
@@ -209,9 +219,13 @@ class PoplarExecutor:
             return None
         return resolve_fp16_compute(None, tensors[0].device)
 
+    def _reference_tensor(self) -> torch.Tensor | None:
+        """The tensor whose device (and dtype, for floating inputs) inputs are fed in: the first weight,
+        else the first buffer; None for a module with neither (an adder), whose inputs stay as given."""
+        first = next(self._user_model.parameters(), None)
+        return first if first is not None else next(self._user_model.buffers(), None)
+
     def _build(self) -> None:
-        if next(self._user_model.parameters(), None) is None:
-            raise Error("The model has no parameters: there is nothing for the IPU to run.")
         di, ga, r, _ = self._counts()
         if not self._training:
             self._executable = InferenceExecutable(self._micro_model, 1, self._fp16_compute())
@@ -260,10 +274,10 @@ class PoplarExecutor:
                     finding_recomputed_modules(self._user_model) as checkpointed, \
                     torch.no_grad(), torch.random.fork_rng(devices=[]):  # fmt: skip
                 self._user_model.eval()
-                first = next(self._user_model.parameters())
+                first = self._reference_tensor()
                 args, kwargs = pytree.tree_map(  # as the executable feeds it: on the model's device and dtype
                     lambda t: t.to(first.device, first.dtype if t.is_floating_point() else t.dtype)
-                    if isinstance(t, torch.Tensor) else t,
+                    if isinstance(t, torch.Tensor) and first is not None and first.is_floating_point() else t,
                     (args, kwargs),
                 )  # fmt: skip
                 self._user_model(*args, **kwargs)
@@ -333,7 +347,17 @@ class PoplarExecutor:
         """Compile for inputs shaped like `args`/`kwargs`: the batch and placement checks, then the executable."""
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._check_batch(leaves)
-        self._check_placement(self._trace_ipus(leaves, spec))
+        constants = _constant_tensors(self._user_model)
+        as_traced = [t.detach().clone() for t in constants]
+        buffers = [(b, b.detach().clone()) for b in self._user_model.buffers()]
+        try:
+            self._check_placement(self._trace_ipus(leaves, spec))
+        finally:
+            # the trace changes no buffer (a forward that updates one runs again on the IPU)
+            with torch.no_grad():
+                for buffer, value in buffers:
+                    buffer.copy_(value)
+        self._constants = list(zip(constants, as_traced))
         self._report()
         self._build()
         self._example = _export.example_of(args, kwargs)
@@ -343,6 +367,9 @@ class PoplarExecutor:
     def _report(self) -> None:
         """The cost model's memory table and throughput for the blocks as placed (logged; kept in `compile_result`)."""
         entries, module_blocks, micro, spec = self._traced
+        if next(self._user_model.parameters(), None) is None:
+            self.compile_result = None  # no weights: nothing to place, no memory to report
+            return
         plan = stage_plan_from_blocks(self._user_model, module_blocks, entries, self.num_ipus)
         try:
             self.compile_result = compile_report(
@@ -365,6 +392,21 @@ class PoplarExecutor:
         if args or kwargs or self._executable is None:
             self.compile(*args, **kwargs)
         _export.export(self, filename, self._example)
+
+    def save(self, filename: str, export_model: bool = True, save_rng_state: bool = True) -> None:
+        """Save the compiled model to `filename` for `poptorch.load` (as `compileAndExport`, without compiling)."""
+        if self._executable is None:
+            raise Error(NOT_COMPILED)
+        _export.export(self, filename, self._example)
+
+    def loadExecutable(self, filename: str) -> None:
+        """Compile this model as the one `compileAndExport` saved to `filename` was (its input shapes).
+
+        The weights are this model's own, as on PopTorch, where attaching writes the host's weights to
+        the device: the file supplies the executable, here the compile for those shapes.
+        """
+        args, kwargs = _export.example_inputs(_export.read(filename))
+        self.compile(*args, **kwargs)
 
     def isCompiled(self) -> bool:
         return self._executable is not None
@@ -423,33 +465,16 @@ class PoplarExecutor:
         elif not self._attached:
             self._attached = True
         self._check_batch(leaves)
-        first = next(self._user_model.parameters())
+        first = self._reference_tensor()
         batch = {
-            str(i): move_to(self._to_runtime_layout(leaf), first.device) for i, leaf in enumerate(leaves)
+            str(i): move_to(self._to_runtime_layout(leaf), first.device) if first is not None else leaf
+            for i, leaf in enumerate(leaves)
         }
         modes = [(m, m.training) for m in self._user_model.modules()]
         self._recorded = []
         try:
-            if self._training:
-                with self._optimizer_as_set(), recomputing(self._recomputed):
-                    self._executable(batch)
-                runtime_order = self._recorded
-                di, ga, r, _ = self._counts()
-                recorded = [
-                    runtime_order[(d * r + k) * ga + g]
-                    for d in range(di)
-                    for g in range(ga)
-                    for k in range(r)
-                ]
-            else:
-                di, _, r, _ = self._counts()
-                size = next(
-                    (leaf.shape[0] for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.dim() > 0),
-                    di * r,
-                )
-                self._executable.micro_batch_size = max(1, size // (di * r))
-                self._executable(batch)
-                recorded = self._recorded
+            with self._constants_as_traced():
+                recorded = self._run(batch, leaves)
         finally:
             self._recorded = []
             for module, was_training in modes:
@@ -457,6 +482,49 @@ class PoplarExecutor:
         di, ga, r, _ = self._counts()
         mode, period = self._output_mode()
         return _outputs.select_outputs(recorded, di, ga, r, mode, period)
+
+    def _run(self, batch: dict[str, Any], leaves: list[Any]) -> list[Any]:
+        """One host call: every micro-batch's outputs, in PopTorch's [DI][GA][R] order."""
+        if self._training:
+            with self._optimizer_as_set(), recomputing(self._recomputed):
+                self._executable(batch)
+            runtime_order = self._recorded
+            di, ga, r, _ = self._counts()
+            recorded = [
+                runtime_order[(d * r + k) * ga + g] for d in range(di) for g in range(ga) for k in range(r)
+            ]
+        else:
+            di, _, r, _ = self._counts()
+            size = next(
+                (leaf.shape[0] for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.dim() > 0), None
+            )
+            if size is None:  # no batched input (a forward of no arguments): each micro-batch runs once
+                self._user_model.eval()
+                with torch.no_grad():
+                    for _ in range(di * r):
+                        self._micro_model(**batch)
+            else:
+                self._executable.micro_batch_size = max(1, size // (di * r))
+                self._executable(batch)
+            recorded = self._recorded
+        if self._constants:  # outputs may be constants themselves: keep the values this call computed
+            recorded = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, recorded)
+        return recorded
+
+    @contextlib.contextmanager
+    def _constants_as_traced(self):
+        """Tensors held as plain module attributes are constants of the traced graph, as on PopTorch: each
+        call sees the values they had when the model was compiled, and the host keeps its own values."""
+        with torch.no_grad():
+            host = [(t, t.detach().clone()) for t, _ in self._constants]
+            for t, traced in self._constants:
+                t.copy_(traced)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for t, value in host:
+                    t.copy_(value)
 
     def _optimizer_as_set(self):
         """PopTorch uses the hyper-parameters of the last `setOptimizer` (or wrap) until the next one."""
@@ -480,6 +548,16 @@ class PoplarExecutor:
                     group.update(values)
 
         return swapped()
+
+
+def _constant_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """Tensors held as plain attributes of the model's modules (neither parameters nor buffers)."""
+    found: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                found[id(value)] = value
+    return list(found.values())
 
 
 def _max_norm(optimizer) -> float:
