@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from optimum_ipu.poptorch import _export, _outputs
+from optimum_ipu.poptorch import _distributed, _export, _outputs
 from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch._recompute import finding_recomputed_modules, recomputing
@@ -39,6 +39,7 @@ from optimum_ipu.poptorch.enums import AutoStage, CommGroupType, OutputMode, Red
 from optimum_ipu.poptorch.optim import _IPUMixin
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.batches import move_to
+from optimum_ipu.runtime.distributed import build_process_replicas
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
 from optimum_ipu.runtime.loss_scaling import LossScaler
@@ -87,6 +88,8 @@ class PoplarExecutor:
         options._freeze()
         self._options = options.clone()
         self._options._freeze()
+        self._local = _distributed.local_replicas(self._options)  # the replicas this process runs
+        self._process_replicas = None
         self._user_model = model
         self._training = training
         if training:
@@ -154,16 +157,23 @@ class PoplarExecutor:
         ga = o.Training.gradient_accumulation if self._training else 1
         return o.device_iterations, ga, o.replication_factor, o.replication_factor // o.input_group_size
 
+    def _local_count(self) -> int:
+        """Replicas this process runs: all of them, or replicas / processes under torchrun."""
+        return len(self._local)
+
     def _check_batch(self, leaves: list[Any]) -> None:
         o = self._options
-        di, ga, _, fed = self._counts()
-        per_call = di * fed * ga
+        di, ga, r, fed = self._counts()
+        per_call = di * fed * ga * self._local_count() // r
+        replicas = f"Options.replicationFactor({o.replication_factor})"
+        if self._local_count() != r:
+            replicas = f"{replicas} / processes({r // self._local_count()})"
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] % per_call:
                 raise AssertionError(
                     f"Invalid batch dimension: In the input {list(leaf.shape)}, the batch dimension "
                     f"({leaf.shape[0]}) must be a multiple of Options.deviceIterations({di}) * "
-                    f"(Options.replicationFactor({o.replication_factor}) / "
+                    f"({replicas} / "
                     f"Options.inputReplicaGrouping.input_group_size({o.input_group_size})) * "
                     f"Options.Training.gradientAccumulation({ga}) = {per_call} because it is used to calculate "
                     "the batch size which will be executed on the device in any given iteration. For a full "
@@ -175,6 +185,14 @@ class PoplarExecutor:
         if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
             return leaf
         di, ga, r, fed = self._counts()
+        local = self._local
+        if (
+            len(local) != r
+        ):  # under torchrun: this process's replicas, at their places in the runtime's layout
+            x = leaf.reshape(di, ga, len(local), -1, *leaf.shape[1:]).transpose(1, 2)
+            full = x.new_zeros((di, r, *x.shape[2:]))  # the other processes' replicas do not run here
+            full[:, local.start : local.stop] = x
+            return full.reshape(-1, *leaf.shape[1:])
         if fed != r:
             x = leaf.reshape(di, ga, fed, -1, *leaf.shape[1:])
             group = self._options.input_group_size
@@ -249,8 +267,15 @@ class PoplarExecutor:
         config = types.SimpleNamespace(device_iterations=di, replication_factor=r, gradient_accumulation_steps=ga,
                                        output_mode="all")  # fmt: skip
         reduction = self._options.Training.accumulation_and_replication_reduction_type
+        replicas = None
+        if self._local_count() != r:  # under torchrun: gradient sums all-reduced over the processes
+            _distributed.join_process_group()
+            _distributed.broadcast_module(self._user_model)
+            device = self._reference_tensor().device
+            self._process_replicas = self._process_replicas or build_process_replicas(r, 1, device)
+            replicas = self._process_replicas
         self._executable = TrainingExecutable(
-            self._user_model, config, loss_fn=self._training_loss, optimizer=opt,
+            self._user_model, config, loss_fn=self._training_loss, optimizer=opt, replicas=replicas,
             loss_scaler=LossScaler(float(getattr(opt, "loss_scaling", 1.0) or 1.0),
                                    auto=self._options.Training.automatic_loss_scaling),
             streams=self._streams, max_grad_norm=0.0 if max_norm == float("inf") else float(max_norm),
@@ -260,9 +285,9 @@ class PoplarExecutor:
     # -- PopTorch's API ------------------------------------------------------------------------------
     def _trace_ipus(self, leaves: list[Any], spec) -> list[int]:
         """The IPUs the forward visits, in order: one micro-batch through the model, in eval mode, no grad."""
-        di, ga, _, fed = self._counts()
+        di, ga, r, fed = self._counts()
         micro = [
-            leaf[: max(1, leaf.shape[0] // (di * ga * fed))]
+            leaf[: max(1, leaf.shape[0] // (di * ga * fed * self._local_count() // r))]
             if isinstance(leaf, torch.Tensor) and leaf.dim()
             else leaf
             for leaf in leaves
@@ -479,22 +504,23 @@ class PoplarExecutor:
             self._recorded = []
             for module, was_training in modes:
                 module.training = was_training
-        di, ga, r, _ = self._counts()
+        di, ga, _, _ = self._counts()
         mode, period = self._output_mode()
-        return _outputs.select_outputs(recorded, di, ga, r, mode, period)
+        return _outputs.select_outputs(recorded, di, ga, self._local_count(), mode, period)
 
     def _run(self, batch: dict[str, Any], leaves: list[Any]) -> list[Any]:
         """One host call: every micro-batch's outputs, in PopTorch's [DI][GA][R] order."""
         if self._training:
             with self._optimizer_as_set(), recomputing(self._recomputed):
                 self._executable(batch)
-            runtime_order = self._recorded
-            di, ga, r, _ = self._counts()
+            runtime_order = self._recorded  # this process's replicas, [DI][R][GA]
+            di, ga, _, _ = self._counts()
+            r = self._local_count()
             recorded = [
                 runtime_order[(d * r + k) * ga + g] for d in range(di) for g in range(ga) for k in range(r)
             ]
         else:
-            di, _, r, _ = self._counts()
+            di, r = self._counts()[0], self._local_count()
             size = next(
                 (leaf.shape[0] for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.dim() > 0), None
             )
