@@ -36,7 +36,7 @@ from optimum_ipu.poptorch._report import (
 )
 from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
 from optimum_ipu.poptorch.enums import AutoStage, CommGroupType, OutputMode, ReductionType
-from optimum_ipu.poptorch.optim import _IPUMixin
+from optimum_ipu.poptorch.optim import AMSGRAD, _IPUMixin
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.batches import move_to
 from optimum_ipu.runtime.distributed import build_process_replicas
@@ -52,6 +52,12 @@ GA_INFERENCE = (
     "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its default value (1) "
     "when running a poptorch.inferenceModel(). Use poptorch.Options().deviceIterations to process a sufficient "
     "number of batches each run for pipelined execution instead."
+)
+
+BACKWARD_ON_OUTPUT = (
+    "backward() cannot be called explicitly on outputs of a PopTorch model. If you're using a trainingModel, the "
+    "backwards pass is performed automatically when invoking the model. If you're using an inferenceModel, you "
+    "should use a trainingModel instead."
 )
 
 _training_wrappers: weakref.WeakKeyDictionary[nn.Module, PoplarExecutor] = weakref.WeakKeyDictionary()
@@ -103,6 +109,8 @@ class PoplarExecutor:
                     f"The model ({type(model).__name__}) has no parameters: a poptorch.trainingModel has no weights "
                     "to train. Use poptorch.inferenceModel to run it."
                 )
+            if optimizer is not None and any(group.get("amsgrad") for group in optimizer.param_groups):
+                raise ValueError(AMSGRAD)
             _training_wrappers[model] = self
             if optimizer is None:
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -506,7 +514,9 @@ class PoplarExecutor:
                 module.training = was_training
         di, ga, _, _ = self._counts()
         mode, period = self._output_mode()
-        return _outputs.select_outputs(recorded, di, ga, self._local_count(), mode, period)
+        outputs = _outputs.select_outputs(recorded, di, ga, self._local_count(), mode, period)
+        _refuse_backward(outputs)
+        return outputs
 
     def _run(self, batch: dict[str, Any], leaves: list[Any]) -> list[Any]:
         """One host call: every micro-batch's outputs, in PopTorch's [DI][GA][R] order."""
@@ -574,6 +584,19 @@ class PoplarExecutor:
                     group.update(values)
 
         return swapped()
+
+
+def _refuse_backward(outputs: Any) -> None:
+    """`backward()` on a returned tensor raises PopTorch's error (the call already ran backward and the update)."""
+
+    def error_on_backward(*_: Any, **__: Any) -> None:
+        raise Error(BACKWARD_ON_OUTPUT)
+
+    if isinstance(outputs, (list, tuple)):
+        for element in outputs:
+            _refuse_backward(element)
+    elif isinstance(outputs, torch.Tensor):
+        outputs.backward = error_on_backward
 
 
 def _constant_tensors(model: nn.Module) -> list[torch.Tensor]:

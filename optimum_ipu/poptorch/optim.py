@@ -24,6 +24,7 @@ from optimum_ipu.runtime.rounding import write_back
 __all__ = ["LAMB", "SGD", "Adam", "AdamW", "RMSprop", "VariableAttributes"]
 
 _ACCUM_TYPES = (torch.float32, torch.float16)
+AMSGRAD = "Only non-amsgrad Adam/AdamW optimizers are supported."  # PopTorch's message
 
 
 def _check_accum(**types: Any) -> None:
@@ -159,9 +160,7 @@ class Adam(_IPUMixin, torch.optim.Adam):
                  second_order_momentum_accum_type: torch.dtype | None = None,
                  max_grad_norm: float | None = None):  # fmt: skip
         if amsgrad:
-            raise ValueError(
-                "Only non-amsgrad Adam optimizers are supported on the IPU (amsgrad=True given)."
-            )
+            raise ValueError(AMSGRAD)
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
                          maximize=maximize)  # fmt: skip
         self._ipu_init(loss_scaling, max_grad_norm, accum_type,
@@ -180,9 +179,7 @@ class AdamW(_IPUMixin, torch.optim.AdamW):
                  second_order_momentum_accum_type: torch.dtype | None = None,
                  max_grad_norm: float | None = None):  # fmt: skip
         if amsgrad:
-            raise ValueError(
-                "Only non-amsgrad AdamW optimizers are supported on the IPU (amsgrad=True given)."
-            )
+            raise ValueError(AMSGRAD)
         if not bias_correction:
             raise NotImplementedError(
                 "poptorch.optim.AdamW(bias_correction=False) is not simulated yet: leave it True, or use "
