@@ -49,6 +49,11 @@ from optimum_ipu.poptorch.options import Options, TensorLocationSettings
 __version__ = "3.4.0+optimum_ipu"
 
 
+def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
+    """Whether `num_ipus` IPUs can be used: the simulated IPU provides up to 64 per process (PopTorch's limit)."""
+    return 0 < num_ipus <= 64
+
+
 def ipuHardwareVersion() -> int:
     """The IPU version the programs run on: 2 (Mk2 GC200, which the simulated IPU models)."""
     return 2
@@ -90,6 +95,7 @@ __all__ = [
     "identity_loss",
     "inferenceModel",
     "ipu_print_tensor",
+    "ipuHardwareIsAvailable",
     "ipuHardwareVersion",
     "load",
     "logger",

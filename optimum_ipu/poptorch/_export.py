@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 from optimum_ipu.poptorch._logging import Error
 from optimum_ipu.poptorch.optim import _IPUMixin
 
-__all__ = ["example_of", "export", "load"]
+__all__ = ["example_inputs", "example_of", "export", "load", "read"]
 
 FORMAT = "optimum-ipu poptorch executable v1"
 
@@ -93,6 +93,20 @@ def load(filename: str, edit_opts_fn: Callable | None = None):
     """
     from optimum_ipu.poptorch._poplar_executor import PoplarExecutor
 
+    content = read(filename)
+    options = content["options"].clone()
+    if edit_opts_fn is not None:
+        edit_opts_fn(options)
+    wrapper = PoplarExecutor(content["model"], options, content["training"], content["optimizer"])
+    if content["hyperparameters"] is not None:
+        wrapper._hyperparameters = content["hyperparameters"]
+    args, kwargs = example_inputs(content)
+    wrapper.compile(*args, **kwargs)
+    return wrapper
+
+
+def read(filename: str) -> dict:
+    """What `export` wrote to `filename` (a clear error for any other file)."""
     content = torch.load(filename, weights_only=False)
     if not isinstance(content, dict) or content.get("format") != FORMAT:
         raise Error(
@@ -100,15 +114,12 @@ def load(filename: str, edit_opts_fn: Callable | None = None):
             f"(expected format {FORMAT!r}). A Poplar executable from a real IPU cannot be loaded here: export the "
             "model again with optimum-ipu."
         )
-    options = content["options"].clone()
-    if edit_opts_fn is not None:
-        edit_opts_fn(options)
-    wrapper = PoplarExecutor(content["model"], options, content["training"], content["optimizer"])
-    if content["hyperparameters"] is not None:
-        wrapper._hyperparameters = content["hyperparameters"]
-    args, kwargs = pytree.tree_map(
+    return content
+
+
+def example_inputs(content: dict) -> tuple[tuple, dict]:
+    """Inputs of the saved shapes and dtypes (zeros), to compile for."""
+    return pytree.tree_map(
         lambda e: torch.zeros(e.shape, dtype=e.dtype) if isinstance(e, _ExampleTensor) else e,
         content["example"],
     )
-    wrapper.compile(*args, **kwargs)
-    return wrapper

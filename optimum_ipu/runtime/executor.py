@@ -162,7 +162,8 @@ class InferenceExecutable:
         self.model = model
         self.micro_batch_size = micro_batch_size
         self.fp16_compute = fp16_compute
-        self.dtype = next(model.parameters()).dtype
+        first = next(model.parameters(), None)  # a model with no weights (PopTorch runs those) casts nothing
+        self.dtype = first.dtype if first is not None else None
 
     @torch.no_grad()
     def __call__(
@@ -182,7 +183,8 @@ class InferenceExecutable:
                 of the micro-batch's loss items): each micro-batch's loss is computed for itself.
         """
         self.model.eval()
-        batch = cast_floating(batch, self.dtype)
+        if self.dtype is not None:
+            batch = cast_floating(batch, self.dtype)
         size = batch_size_of(batch)
         real = size if real_samples is None else real_samples
         starts = range(0, size, self.micro_batch_size)
