@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from optimum_ipu.runtime.fp16_compute import FP32PartialsMode, resolve_fp16_compute
+from optimum_ipu.runtime.fp16_compute import FP32PartialsMode, _ops, _storage_as_fp32, resolve_fp16_compute
 
 
 def _half(*shape, seed=0):
@@ -72,7 +74,10 @@ class _Conversions(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func.overloadpacket in (torch.ops.aten.to, torch.ops.aten._to_copy) and args[0].dtype == torch.float16:
+        if (
+            func.overloadpacket in (torch.ops.aten.to, torch.ops.aten._to_copy)
+            and args[0].dtype == torch.float16
+        ):
             self.count += out.dtype == torch.float32 and args[0].numel() == self.numel
         return out
 
@@ -142,3 +147,72 @@ def test_mode_is_chosen_per_device_and_can_be_forced(monkeypatch):
     monkeypatch.setenv("OPTIMUM_IPU_FP16_COMPUTE", "fast")
     with pytest.raises(ValueError, match="OPTIMUM_IPU_FP16_COMPUTE='fast'.*auto, emulated, native"):
         resolve_fp16_compute("auto", "cpu")
+
+
+def test_ops_are_taken_as_whole_overload_packets_and_missing_ones_skipped():
+    assert _ops("mm", "an_op_no_torch_has") == frozenset({torch.ops.aten.mm})
+
+
+def test_a_weight_viewed_at_an_offset_is_read_from_its_own_elements():
+    big, x = _half(10, 4, seed=3), _half(5, 4)
+    with FP32PartialsMode([big]):
+        out = x @ big[3:7]  # a view 12 elements into the weight's storage
+    assert torch.equal(out, (x.float() @ big[3:7].float()).half())
+
+
+def test_the_fp32_copy_of_a_weight_is_made_on_the_weights_device():
+    weight = _half(3, 2)
+    with torch.device("meta"):  # a default device other than the weight's
+        copy = _storage_as_fp32(weight)
+    assert copy.device == weight.device and torch.equal(copy, weight.float().flatten())
+
+
+def test_keyword_arguments_reach_the_fp32_op():
+    c, a, b = _half(5, 3, seed=2), _half(5, 4), _half(4, 3, seed=1)
+    with FP32PartialsMode():
+        out = torch.addmm(c, a, b, beta=0.5, alpha=2.0)  # beta and alpha are keyword-only in aten
+    assert torch.equal(out, torch.addmm(c.float(), a.float(), b.float(), beta=0.5, alpha=2.0).half())
+
+
+def test_out_variants_write_into_the_given_tensor_with_torchs_kernel():
+    a, b = _half(5, 4), _half(4, 3, seed=1)
+    out = torch.empty(5, 3, dtype=torch.float16)
+    with FP32PartialsMode():
+        torch.mm(a, b, out=out)
+    assert torch.equal(out, torch.mm(a, b))
+
+
+@pytest.mark.parametrize("mask", ["fp16", "bool"])
+def test_masked_attention_keeps_torchs_own_fp16_kernel(mask):
+    q, k, v = _half(1, 2, 5, 8), _half(1, 2, 5, 8, seed=1), _half(1, 2, 5, 8, seed=2)
+    attn_mask = _half(1, 1, 5, 5, seed=3) if mask == "fp16" else _half(1, 1, 5, 5, seed=3) > -0.5
+    with FP32PartialsMode():
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask))
+
+
+def test_outputs_keep_the_dtypes_of_torchs_own_fp16_kernels():
+    flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if flash is None:
+        pytest.skip("this torch build has no CPU flash attention")
+    q, k, v = _half(1, 2, 5, 8), _half(1, 2, 5, 8, seed=1), _half(1, 2, 5, 8, seed=2)
+    with FP32PartialsMode():
+        emulated = flash(q, k, v)
+    assert [o.dtype for o in emulated] == [o.dtype for o in flash(q, k, v)] == [torch.float16, torch.float32]
+
+
+def test_fp32_convolutions_pass_through_unchanged():
+    x, w = torch.randn(1, 3, 6, 6), torch.randn(4, 3, 3, 3)
+    with FP32PartialsMode():
+        out = F.conv2d(x, w, padding=1)
+    assert out.dtype == torch.float32 and torch.equal(out, F.conv2d(x, w, padding=1))
+
+
+def test_an_unknown_mode_is_refused_naming_the_argument_the_choices_and_what_they_mean(monkeypatch):
+    monkeypatch.delenv("OPTIMUM_IPU_FP16_COMPUTE", raising=False)
+    message = (
+        "--fp16_compute='fast' is not a fp16 compute mode: use one of auto, emulated, native (emulated: fp16 values "
+        "computed with fp32 partials, fast on any CPU; native: torch's fp16 kernels)."
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        resolve_fp16_compute("fast", "cpu")

@@ -7,14 +7,16 @@ accumulation step.
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import nn
 
 from optimum_ipu.runtime.executor import TrainingExecutable
 from optimum_ipu.runtime.loss_scaling import LossScaler
-from optimum_ipu.runtime.replicas import ReplicaStreams
+from optimum_ipu.runtime.replicas import ReplicaStreams, replica_seed
 
 
 class DropoutProbe(nn.Module):
@@ -90,3 +92,67 @@ def test_both_kinds_of_replicas_give_the_executable_the_whole_interface():
         signatures = {n: list(inspect.signature(getattr(kind, n)).parameters) for n in wanted}
         assert signatures == {n: list(inspect.signature(getattr(Replicas, n)).parameters) for n in wanted}, kind
     assert isinstance(LocalReplicas(), Replicas)
+
+
+def test_no_replica_replays_the_run_seeds_own_stream():
+    # The trainer draws data order and initial weights from torch.manual_seed(seed): a replica seeded
+    # with the same number would drop out in step with them.
+    for seed in (0, 42, 2**63 - 1):
+        assert all(replica_seed(seed, r) != seed for r in range(64))
+
+
+def test_replicas_never_share_a_seed():
+    for seed in (0, 42):
+        assert len({replica_seed(seed, r) for r in range(1024)}) == 1024
+
+
+def test_replica_seeds_leave_room_for_a_device_index_in_torchs_seed_range():
+    # CUDA devices are seeded with replica_seed + device index; torch accepts seeds below 2**64.
+    seeds = [replica_seed(seed, r) for seed in (0, 7, 2**63 - 1, 2**64 - 1) for r in range(256)]
+    assert all(0 <= s < 2**63 for s in seeds)
+    torch.Generator().manual_seed(max(seeds) + 1024)
+
+
+def _draws(streams, replica, n=4):
+    with streams.use(replica):
+        return torch.rand(n)
+
+
+def test_a_saved_stream_resumes_where_it_stopped_in_a_fresh_run():
+    streams = ReplicaStreams(seed=3, replicas=2)
+    _draws(streams, 0), _draws(streams, 1)
+    state = streams.state_dict()
+    assert set(state) == {"seed", "cpu", "cuda"} and state["seed"] == 3 and state["cuda"] == [None, None]
+    expected = [_draws(streams, 0), _draws(streams, 1)]  # what the uninterrupted run draws next
+    resumed = ReplicaStreams(seed=99, replicas=2)
+    resumed.load_state_dict(state)
+    assert [torch.equal(a, b) for a, b in zip([_draws(resumed, 0), _draws(resumed, 1)], expected)] == [
+        True,
+        True,
+    ]
+    again = resumed.state_dict()
+    assert again["seed"] == 3 and again["cuda"] == [None, None] and len(again["cpu"]) == 2
+
+
+def test_a_saved_state_is_a_snapshot_later_draws_do_not_change():
+    streams = ReplicaStreams(seed=3, replicas=1)
+    state = streams.state_dict()
+    before = state["cpu"][0].clone()
+    _draws(streams, 0)
+    assert torch.equal(state["cpu"][0], before)
+    resumed = ReplicaStreams(seed=3, replicas=1)
+    resumed.load_state_dict(state)
+    _draws(resumed, 0)
+    assert torch.equal(state["cpu"][0], before)  # drawing after a load leaves the loaded state alone
+
+
+def test_streams_saved_for_another_replica_count_are_refused():
+    state = ReplicaStreams(seed=3, replicas=2).state_dict()
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "the checkpoint has random streams for 2 replicas, this run has 4: resume with the checkpoint's "
+            "replication factor."
+        ),
+    ):
+        ReplicaStreams(seed=3, replicas=4).load_state_dict(state)
