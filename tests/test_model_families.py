@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures import PatternClassification, SyntheticAudio, tiny_mpnet_config, tiny_speech_config
+from fixtures import (
+    PatternClassification,
+    SyntheticAudio,
+    SyntheticSeq2Seq,
+    tiny_bart_config,
+    tiny_mpnet_config,
+    tiny_speech_config,
+    tiny_t5_config,
+)
 from transformers import (
+    BartForConditionalGeneration,
     HubertForSequenceClassification,
     MPNetForSequenceClassification,
+    MT5ForConditionalGeneration,
+    T5ForConditionalGeneration,
     Trainer,
     TrainingArguments,
     Wav2Vec2ForCTC,
@@ -146,3 +157,49 @@ def test_hubert_audio_classification_resume_reproduces_the_uninterrupted_run(tmp
     _assert_resume_reproduces_the_run(
         _hubert_classifier, _bundled("Graphcore/hubert-base-ipu"), data, tmp_path
     )
+
+
+# -- Encoder-decoder: BART, T5 and Graphcore/mt5-small-ipu ([0, 8, 8, 0]) ------------------------------
+
+
+def _bart():
+    torch.manual_seed(0)
+    return BartForConditionalGeneration(tiny_bart_config())
+
+
+def _t5():
+    torch.manual_seed(0)
+    return T5ForConditionalGeneration(tiny_t5_config())
+
+
+def _mt5():
+    torch.manual_seed(0)
+    return MT5ForConditionalGeneration(tiny_t5_config(layers=8, mt5=True))
+
+
+def test_bart_trains_like_plain_transformers(tmp_path):
+    config = IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2, gradient_accumulation_steps=8)
+    trainer = _assert_trains_like_plain_trainer(_bart, config, SyntheticSeq2Seq(32, eos=2), tmp_path)
+    assert trainer._pipelined.plan.layers_per_ipu() == [2, 2]  # encoder on IPU 0, decoder on IPU 1
+
+
+def test_t5_trains_like_plain_transformers(tmp_path):
+    config = IPUConfig(layers_per_ipu=[1, 1, 1, 1], ipus_per_replica=4, gradient_accumulation_steps=16)
+    _assert_trains_like_plain_trainer(_t5, config, SyntheticSeq2Seq(32, eos=1), tmp_path, batch=16)
+
+
+def test_mt5_with_its_bundled_config_trains_like_plain_transformers(tmp_path):
+    """Its tied LM head back on IPU 0 makes a 5th pipeline stage: GA >= 9, so 16 micro-batches a step."""
+    config = _bundled("Graphcore/mt5-small-ipu", gradient_accumulation_steps=16, device_iterations=1)
+    trainer = _assert_trains_like_plain_trainer(_mt5, config, SyntheticSeq2Seq(32, eos=1), tmp_path, batch=16)
+    assert trainer._pipelined.plan.layers_per_ipu() == [0, 8, 8, 0]
+
+
+def test_mt5_resume_reproduces_the_uninterrupted_run(tmp_path):
+    config = _bundled("Graphcore/mt5-small-ipu", gradient_accumulation_steps=16, device_iterations=1)
+    _assert_resume_reproduces_the_run(_mt5, config, SyntheticSeq2Seq(64, eos=1), tmp_path)
+
+
+def test_bart_resume_reproduces_the_uninterrupted_run(tmp_path):
+    config = IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2, gradient_accumulation_steps=8)
+    _assert_resume_reproduces_the_run(_bart, config, SyntheticSeq2Seq(32, eos=2), tmp_path)

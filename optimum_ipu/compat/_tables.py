@@ -44,7 +44,7 @@ _POPTORCH_LAYER = Missing(
 def _pipelined_missing(transformers_class: str) -> Missing:
     return Missing(
         "optimum-ipu has no cut spec for this architecture (it places BERT, RoBERTa, DistilBERT, GPT-2, ViT, "
-        "MPNet, Wav2Vec2 and HuBERT)",
+        "MPNet, Wav2Vec2, HuBERT, BART, T5, MT5 and Whisper)",
         f"load `transformers.{transformers_class}` and call `to_pipelined(model, ipu_config, force=True)` "
         "(the generic cut: the largest list of layers spread over the IPUs), or add a `CutSpec` to "
         "`optimum_ipu.pipelining.CUT_SPECS`",
@@ -65,13 +65,10 @@ PIPELINED_SUPPORTED = (
     "PipelinedViTForImageClassification",
     "PipelinedHubertForSequenceClassification", "PipelinedWav2Vec2ForPreTraining",
     "PipelinedMPNetModel", "PipelinedMPNetForMaskedLM",
-)  # fmt: skip
-PIPELINED_UNSUPPORTED = (
     "PipelinedBartForConditionalGeneration", "PipelinedBartForSequenceClassification",
-    "PipelinedConvNextForImageClassification",
-    "PipelinedLxmertForQuestionAnswering", "PipelinedMT5ForConditionalGeneration",
-    "PipelinedT5ForConditionalGeneration", "PipelinedT5EncoderModel",
+    "PipelinedMT5ForConditionalGeneration", "PipelinedT5ForConditionalGeneration", "PipelinedT5EncoderModel",
 )  # fmt: skip
+PIPELINED_UNSUPPORTED = ("PipelinedConvNextForImageClassification", "PipelinedLxmertForQuestionAnswering")
 
 _CONFIG = {
     "IPUConfig": "optimum_ipu.configuration:IPUConfig",
@@ -160,7 +157,7 @@ TABLES: dict[str, dict[str, str | Missing]] = {
             "`parallelize()` then checkpoints every layer",
         ),
         "outline_attribute": Missing("it annotated the PopTorch graph for outlining", "remove the call"),
-        "split_encoder_decoder_ipu_config": _SEQ2SEQ,
+        "split_encoder_decoder_ipu_config": "optimum_ipu.pipelining.encoder_decoder:split_encoder_decoder_ipu_config",
         "SplitProjection": _POPTORCH_LAYER,
         "SharedEmbedding": _POPTORCH_LAYER,
         "OnehotGather": _POPTORCH_LAYER,
