@@ -9,13 +9,6 @@ from __future__ import annotations
 
 from optimum_ipu.compat._names import Missing
 
-_SEQ2SEQ = Missing(
-    "encoder-decoder pipelining and on-device `generate` are not simulated",
-    "transformers' `Seq2SeqTrainer` / `Seq2SeqTrainingArguments` (CPU/GPU) for encoder-decoder models, or "
-    "`IPUTrainer` / `IPUTrainingArguments` for the architectures optimum-ipu places (BERT, RoBERTa, "
-    "DistilBERT, GPT-2, ViT, MPNet, Wav2Vec2, HuBERT, or any model with a list of layers via "
-    "`force_to_pipelined=True`)",
-)
 _OTHER_PIPELINE = Missing(
     "speech and sequence-to-sequence pipelines (speech recognition, summarization, translation, text2text) "
     "need encoder-decoder pipelining or on-device generation, which are not simulated",
@@ -23,8 +16,10 @@ _OTHER_PIPELINE = Missing(
     "`pipeline(task)` on CPU/GPU for these",
 )
 _GENERATION = Missing(
-    "text generation on the IPU (the on-device decoding loop, a KV cache in IPU memory) is not simulated",
-    "transformers' `model.generate()` on CPU/GPU",
+    "they are the original's PopTorch decoding internals (an on-device loop, attention classes with a KV cache "
+    "in IPU memory)",
+    "transformers' `model.generate()` on the placed model (`IPUSeq2SeqTrainer` with `predict_with_generate`), "
+    "inside `optimum_ipu.generation.static_generation(model)` for the IPU's fixed-size KV cache",
 )
 _DIFFUSERS = Missing(
     "Stable Diffusion on IPUs is not simulated",
@@ -114,6 +109,10 @@ _DATA = {
         "optimum_ipu.compat.data:DataCollatorForLanguageModelingWithMaxTokensMasked"
     ),
 }
+_SEQ2SEQ_TRAINER = {
+    "IPUSeq2SeqTrainer": "optimum_ipu.trainer_seq2seq:IPUSeq2SeqTrainer",
+    "IPUSeq2SeqTrainingArguments": "optimum_ipu.trainer_seq2seq:IPUSeq2SeqTrainingArguments",
+}
 _VERSION = {"__version__": "optimum_ipu.compat.versions:OPTIMUM_GRAPHCORE_API_VERSION"}
 
 G = "optimum.graphcore"
@@ -122,8 +121,7 @@ TABLES: dict[str, dict[str, str | Missing]] = {
         **_CONFIG,
         **_TRAINER,
         **_VERSION,
-        "IPUSeq2SeqTrainer": _SEQ2SEQ,
-        "IPUSeq2SeqTrainingArguments": _SEQ2SEQ,
+        **_SEQ2SEQ_TRAINER,
         "pipeline": _PIPELINES["pipeline"],
         "IPUFillMaskPipeline": _PIPELINES["IPUFillMaskPipeline"],
         "IPUTokenClassificationPipeline": _PIPELINES["IPUTokenClassificationPipeline"],
@@ -164,8 +162,8 @@ TABLES: dict[str, dict[str, str | Missing]] = {
     },
     f"{G}.trainer": _TRAINER,
     f"{G}.training_args": {"IPUTrainingArguments": _TRAINER["IPUTrainingArguments"]},
-    f"{G}.trainer_seq2seq": {"IPUSeq2SeqTrainer": _SEQ2SEQ},
-    f"{G}.training_args_seq2seq": {"IPUSeq2SeqTrainingArguments": _SEQ2SEQ},
+    f"{G}.trainer_seq2seq": _SEQ2SEQ_TRAINER,
+    f"{G}.training_args_seq2seq": {"IPUSeq2SeqTrainingArguments": _SEQ2SEQ_TRAINER["IPUSeq2SeqTrainingArguments"]},
     f"{G}.trainer_utils": {
         "to_poptorch_dataloader": Missing(
             "PopTorch data loaders do not exist on the simulated IPU",
