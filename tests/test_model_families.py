@@ -13,6 +13,7 @@ from fixtures import (
     tiny_mpnet_config,
     tiny_speech_config,
     tiny_t5_config,
+    tiny_whisper_config,
 )
 from transformers import (
     BartForConditionalGeneration,
@@ -23,6 +24,7 @@ from transformers import (
     Trainer,
     TrainingArguments,
     Wav2Vec2ForCTC,
+    WhisperForConditionalGeneration,
 )
 
 from optimum_ipu import IPUConfig, IPUTrainer, IPUTrainingArguments
@@ -203,3 +205,29 @@ def test_mt5_resume_reproduces_the_uninterrupted_run(tmp_path):
 def test_bart_resume_reproduces_the_uninterrupted_run(tmp_path):
     config = IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2, gradient_accumulation_steps=8)
     _assert_resume_reproduces_the_run(_bart, config, SyntheticSeq2Seq(32, eos=2), tmp_path)
+
+
+# -- Whisper: Graphcore/whisper-tiny-ipu ([4, 4]) -----------------------------------------------------
+
+
+def _whisper():
+    torch.manual_seed(0)
+    return WhisperForConditionalGeneration(tiny_whisper_config(layers=4))
+
+
+def _log_mel(n: int) -> SyntheticSeq2Seq:
+    return SyntheticSeq2Seq(n, eos=3, features=(8, 32))  # 8 mel bins x 32 frames of random "log-mel"
+
+
+def test_whisper_with_its_bundled_config_trains_like_plain_transformers(tmp_path):
+    """4 encoder layers on IPU 0, 4 decoder layers (and the decoder embedding, the tied projection) on IPU 1."""
+    config = _bundled("Graphcore/whisper-tiny-ipu")
+    trainer = _assert_trains_like_plain_trainer(_whisper, config, _log_mel(32), tmp_path)
+    assert trainer._pipelined.plan.layers_per_ipu() == [4, 4]
+    assert trainer._pipelined.plan.ipu_of_module("proj_out") == 1
+
+
+def test_whisper_resume_reproduces_the_uninterrupted_run(tmp_path):
+    _assert_resume_reproduces_the_run(
+        _whisper, _bundled("Graphcore/whisper-tiny-ipu"), _log_mel(32), tmp_path
+    )

@@ -8,7 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from fixtures import SyntheticSeq2Seq, tiny_bart_config, tiny_t5_config
+from fixtures import SyntheticSeq2Seq, tiny_bart_config, tiny_t5_config, tiny_whisper_config
 from transformers import (
     BartForConditionalGeneration,
     HfArgumentParser,
@@ -17,6 +17,7 @@ from transformers import (
     T5ForConditionalGeneration,
     Trainer,
     TrainingArguments,
+    WhisperForConditionalGeneration,
 )
 from transformers.cache_utils import StaticCache
 
@@ -27,8 +28,8 @@ from optimum_ipu.pipelining import to_pipelined
 MODELS = {
     "bart": lambda: BartForConditionalGeneration(tiny_bart_config()),
     "t5": lambda: T5ForConditionalGeneration(tiny_t5_config()),
+    "whisper": lambda: WhisperForConditionalGeneration(tiny_whisper_config()),
 }
-EOS = {"bart": 2, "t5": 1}
 
 
 def _model(key: str):
@@ -36,8 +37,10 @@ def _model(key: str):
     return MODELS[key]().eval()
 
 
-def _sources():
+def _sources(key: str = "bart"):
     g = torch.Generator().manual_seed(1)
+    if key == "whisper":  # a random log-mel spectrogram: 8 mel bins x 32 frames
+        return {"input_features": torch.randn(3, 8, 32, generator=g)}
     ids = torch.randint(4, 64, (3, 10), generator=g)
     mask = torch.ones_like(ids)
     mask[0, -3:] = 0  # one padded source
@@ -49,16 +52,16 @@ def _sources():
 def test_generate_on_the_placed_model_gives_transformers_tokens(key, beams):
     """On 2 IPUs with the shared embedding serialized, dynamic and static (fixed-size KV cache)."""
     plain = _model(key)
-    expected = plain.generate(**_sources(), max_length=12, num_beams=beams)
+    expected = plain.generate(**_sources(key), max_length=12, num_beams=beams)
     model = copy.deepcopy(plain)
     config = IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2, embedding_serialization_factor=2).eval()
     to_pipelined(model, config).parallelize()
-    assert torch.equal(model.generate(**_sources(), max_length=12, num_beams=beams), expected)
+    assert torch.equal(model.generate(**_sources(key), max_length=12, num_beams=beams), expected)
 
     seen = []
     hook = model.register_forward_pre_hook(lambda _m, _a, kw: seen.append(kw), with_kwargs=True)
     with static_generation(model):
-        static = model.generate(**_sources(), max_length=12, num_beams=beams)
+        static = model.generate(**_sources(key), max_length=12, num_beams=beams)
     hook.remove()
     assert torch.equal(static, expected)
     caches = {type(kw.get("cache", kw.get("past_key_values")).self_attention_cache) for kw in seen}
@@ -137,10 +140,30 @@ def test_arguments_parse_as_flags_and_are_seq2seq_arguments():
          "4", "--pod_type", "pod4", "--gradient_accumulation_steps", "8"]
     )  # fmt: skip
     assert isinstance(args, Seq2SeqTrainingArguments) and isinstance(args, IPUTrainingArguments)
-    assert (args.predict_with_generate, args.generation_max_length, args.generation_num_beams) == (True, 32, 4)
+    assert (args.predict_with_generate, args.generation_max_length, args.generation_num_beams) == (
+        True,
+        32,
+        4,
+    )
     assert (args.n_ipu, args.ipu_gradient_accumulation_steps, args.gradient_accumulation_steps) == (4, 8, 1)
 
 
 def test_plain_ipu_arguments_are_refused_with_the_class_to_use(tmp_path):
     with pytest.raises(TypeError, match="IPUSeq2SeqTrainingArguments"):
         IPUSeq2SeqTrainer(_model("bart"), IPUConfig(), IPUTrainingArguments(output_dir=str(tmp_path)))
+
+
+def test_whisper_predict_with_generate_equals_seq2seq_trainer(tmp_path):
+    """Speech recognition: generated tokens from log-mel features, as a plain Seq2SeqTrainer generates them."""
+    data = SyntheticSeq2Seq(4, eos=3, features=(8, 32))
+    common = dict(per_device_eval_batch_size=2, report_to="none", use_cpu=True, predict_with_generate=True,
+                  generation_max_length=8)  # fmt: skip
+    plain = Seq2SeqTrainer(
+        _model("whisper"), Seq2SeqTrainingArguments(output_dir=str(tmp_path / "p"), **common)
+    )
+    args = IPUSeq2SeqTrainingArguments(output_dir=str(tmp_path / "i"), fp32=True, **common)
+    ipu = IPUSeq2SeqTrainer(_model("whisper"), IPUConfig.from_pretrained("Graphcore/whisper-tiny-ipu",
+                            layers_per_ipu=[2, 2]), args)  # fmt: skip
+    expected, got = plain.predict(data), ipu.predict(data)
+    np.testing.assert_array_equal(got.predictions, expected.predictions)
+    assert got.metrics["test_loss"] == pytest.approx(expected.metrics["test_loss"], abs=1e-6)
