@@ -118,7 +118,7 @@ def tiny_bart_config(layers: int = 2, **overrides) -> BartConfig:
 
 
 def tiny_t5_config(layers: int = 2, mt5: bool = False, **overrides) -> T5Config:
-    """A T5 (or MT5, its LM head untied as google/mt5-*) with d_model 16, `layers` encoder and `layers`
+    """A T5 (or MT5: gated GELU; transformers 5 ties its LM head whatever `tie_word_embeddings` says) with d_model 16, `layers` encoder and `layers`
     decoder layers over 64 tokens (pad 0 = decoder start, eos 1); dropout off."""
     values = dict(
         vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=layers, num_heads=2,
