@@ -10,7 +10,17 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import BertConfig, HubertConfig, MPNetConfig, ViTConfig, Wav2Vec2Config
+from transformers import (
+    BartConfig,
+    BertConfig,
+    HubertConfig,
+    MPNetConfig,
+    MT5Config,
+    T5Config,
+    ViTConfig,
+    Wav2Vec2Config,
+    WhisperConfig,
+)
 
 from optimum_ipu.costmodel.memory import MiB
 from optimum_ipu.costmodel.profile import HOST, BlockProfile, Matmul, ModelProfile, Transfer
@@ -92,6 +102,47 @@ def tiny_vit_config(**overrides) -> ViTConfig:
     )
     values.update(overrides)
     return ViTConfig(**values)
+
+
+def tiny_bart_config(layers: int = 2, **overrides) -> BartConfig:
+    """A BART with d_model 16 and `layers` encoder and `layers` decoder layers over 64 tokens (pad 1,
+    bos 0, eos 2, decoder start 2, as facebook/bart-*); dropout off."""
+    values = dict(
+        vocab_size=64, d_model=16, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None,
+    )  # fmt: skip
+    values.update(overrides)
+    return BartConfig(**values)
+
+
+def tiny_t5_config(layers: int = 2, mt5: bool = False, **overrides) -> T5Config:
+    """A T5 (or MT5: gated GELU; transformers 5 ties its LM head whatever `tie_word_embeddings` says) with d_model 16, `layers` encoder and `layers`
+    decoder layers over 64 tokens (pad 0 = decoder start, eos 1); dropout off."""
+    values = dict(
+        vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=layers, num_heads=2,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    )  # fmt: skip
+    if mt5:
+        values.update(tie_word_embeddings=False, feed_forward_proj="gated-gelu")
+    values.update(overrides)
+    return (MT5Config if mt5 else T5Config)(**values)
+
+
+def tiny_whisper_config(layers: int = 2, **overrides) -> WhisperConfig:
+    """A Whisper with d_model 16, `layers` encoder and `layers` decoder layers, 8 mel bins and 32 input
+    frames (16 after its stride-2 convolution), over 64 tokens; no tokens suppressed; dropout off."""
+    values = dict(
+        vocab_size=64, d_model=16, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_mel_bins=8,
+        max_source_positions=16, max_target_positions=32, pad_token_id=1, bos_token_id=2, eos_token_id=3,
+        decoder_start_token_id=2, suppress_tokens=[], begin_suppress_tokens=[], dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0,
+    )  # fmt: skip
+    values.update(overrides)
+    return WhisperConfig(**values)
 
 
 def write_tiny_vocab(directory: str | os.PathLike) -> Path:
@@ -298,6 +349,31 @@ class SyntheticAudio:
 
     def __getitem__(self, i: int) -> dict:
         return {"input_values": self.values[i], "labels": self.labels[i]}
+
+
+class SyntheticSeq2Seq:
+    """Learnable synthetic sequence-to-sequence pairs: the target is the source's first tokens reversed.
+
+    Sources are `source_length` ids in 4..`vocab`-1 (0..3 are special); targets `target_length` ids
+    ending in `eos`. With `features=(mel_bins, frames)` the source is a random log-mel spectrogram
+    (`input_features`, Whisper's input) instead of token ids.
+    """
+
+    def __init__(self, n: int, source_length: int = 10, target_length: int = 5, vocab: int = 64, eos: int = 2,
+                 seed: int = 0, features: tuple[int, int] | None = None):  # fmt: skip
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(4, vocab, (n, source_length), generator=g)
+        self.labels = torch.cat([self.ids[:, : target_length - 1].flip(1), torch.full((n, 1), eos)], dim=1)
+        self.features = None if features is None else torch.randn(n, *features, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        if self.features is not None:
+            return {"input_features": self.features[i], "labels": self.labels[i]}
+        mask = torch.ones(self.ids.shape[1], dtype=torch.long)
+        return {"input_ids": self.ids[i], "attention_mask": mask, "labels": self.labels[i]}
 
 
 # --- Launcher (tests/launcher): local files an Optimum Graphcore script reads ----------------------

@@ -5,13 +5,26 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures import PatternClassification, SyntheticAudio, tiny_mpnet_config, tiny_speech_config
+from fixtures import (
+    PatternClassification,
+    SyntheticAudio,
+    SyntheticSeq2Seq,
+    tiny_bart_config,
+    tiny_mpnet_config,
+    tiny_speech_config,
+    tiny_t5_config,
+    tiny_whisper_config,
+)
 from transformers import (
+    BartForConditionalGeneration,
     HubertForSequenceClassification,
     MPNetForSequenceClassification,
+    MT5ForConditionalGeneration,
+    T5ForConditionalGeneration,
     Trainer,
     TrainingArguments,
     Wav2Vec2ForCTC,
+    WhisperForConditionalGeneration,
 )
 
 from optimum_ipu import IPUConfig, IPUTrainer, IPUTrainingArguments
@@ -145,4 +158,76 @@ def test_hubert_audio_classification_resume_reproduces_the_uninterrupted_run(tmp
     data = SyntheticAudio(24, task="classification")
     _assert_resume_reproduces_the_run(
         _hubert_classifier, _bundled("Graphcore/hubert-base-ipu"), data, tmp_path
+    )
+
+
+# -- Encoder-decoder: BART, T5 and Graphcore/mt5-small-ipu ([0, 8, 8, 0]) ------------------------------
+
+
+def _bart():
+    torch.manual_seed(0)
+    return BartForConditionalGeneration(tiny_bart_config())
+
+
+def _t5():
+    torch.manual_seed(0)
+    return T5ForConditionalGeneration(tiny_t5_config())
+
+
+def _mt5():
+    torch.manual_seed(0)
+    return MT5ForConditionalGeneration(tiny_t5_config(layers=8, mt5=True))
+
+
+def test_bart_trains_like_plain_transformers(tmp_path):
+    config = IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2, gradient_accumulation_steps=8)
+    trainer = _assert_trains_like_plain_trainer(_bart, config, SyntheticSeq2Seq(32, eos=2), tmp_path)
+    assert trainer._pipelined.plan.layers_per_ipu() == [2, 2]  # encoder on IPU 0, decoder on IPU 1
+
+
+def test_t5_trains_like_plain_transformers(tmp_path):
+    config = IPUConfig(layers_per_ipu=[1, 1, 1, 1], ipus_per_replica=4, gradient_accumulation_steps=16)
+    _assert_trains_like_plain_trainer(_t5, config, SyntheticSeq2Seq(32, eos=1), tmp_path, batch=16)
+
+
+def test_mt5_with_its_bundled_config_trains_like_plain_transformers(tmp_path):
+    """Its tied LM head back on IPU 0 makes a 5th pipeline stage: GA >= 9, so 16 micro-batches a step."""
+    config = _bundled("Graphcore/mt5-small-ipu", gradient_accumulation_steps=16, device_iterations=1)
+    trainer = _assert_trains_like_plain_trainer(_mt5, config, SyntheticSeq2Seq(32, eos=1), tmp_path, batch=16)
+    assert trainer._pipelined.plan.layers_per_ipu() == [0, 8, 8, 0]
+
+
+def test_mt5_resume_reproduces_the_uninterrupted_run(tmp_path):
+    config = _bundled("Graphcore/mt5-small-ipu", gradient_accumulation_steps=16, device_iterations=1)
+    _assert_resume_reproduces_the_run(_mt5, config, SyntheticSeq2Seq(64, eos=1), tmp_path)
+
+
+def test_bart_resume_reproduces_the_uninterrupted_run(tmp_path):
+    config = IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2, gradient_accumulation_steps=8)
+    _assert_resume_reproduces_the_run(_bart, config, SyntheticSeq2Seq(32, eos=2), tmp_path)
+
+
+# -- Whisper: Graphcore/whisper-tiny-ipu ([4, 4]) -----------------------------------------------------
+
+
+def _whisper():
+    torch.manual_seed(0)
+    return WhisperForConditionalGeneration(tiny_whisper_config(layers=4))
+
+
+def _log_mel(n: int) -> SyntheticSeq2Seq:
+    return SyntheticSeq2Seq(n, eos=3, features=(8, 32))  # 8 mel bins x 32 frames of random "log-mel"
+
+
+def test_whisper_with_its_bundled_config_trains_like_plain_transformers(tmp_path):
+    """4 encoder layers on IPU 0, 4 decoder layers (and the decoder embedding, the tied projection) on IPU 1."""
+    config = _bundled("Graphcore/whisper-tiny-ipu")
+    trainer = _assert_trains_like_plain_trainer(_whisper, config, _log_mel(32), tmp_path)
+    assert trainer._pipelined.plan.layers_per_ipu() == [4, 4]
+    assert trainer._pipelined.plan.ipu_of_module("proj_out") == 1
+
+
+def test_whisper_resume_reproduces_the_uninterrupted_run(tmp_path):
+    _assert_resume_reproduces_the_run(
+        _whisper, _bundled("Graphcore/whisper-tiny-ipu"), _log_mel(32), tmp_path
     )

@@ -11,6 +11,12 @@ and its output projection in `layers_per_ipu` together with the transformer laye
 `Graphcore/wav2vec2-ctc-base-ipu`'s `[9, 4, 4, 4]` places 7 convolutions + 1 + 12 layers + 1 = 21
 units), while its audio-classification head keeps the whole feature encoder on IPU 0 and counts only
 the transformer layers (`Graphcore/hubert-base-ipu`'s `[0, 4, 4, 4]`).
+
+An encoder-decoder model has two layer lists, and `layers_per_ipu` counts them together, encoder
+first (`Graphcore/mt5-small-ipu`'s `[0, 8, 8, 0]`: 8 encoder then 8 decoder layers). Its spec names
+the decoder's list in a `DecoderStack`, with what runs just before the first decoder layer (BART's
+decoder positions, back on IPU 0; Whisper's decoder embedding, beside the first decoder layer) and
+the stacks' final layer norms, each a block of its own on the IPU of its stack's last layer.
 """
 
 from __future__ import annotations
@@ -19,6 +25,27 @@ import dataclasses
 from dataclasses import dataclass
 
 from torch import nn
+
+
+@dataclass(frozen=True)
+class DecoderStack:
+    """The decoder of an encoder-decoder model: its layer list and what runs around it.
+
+    Attributes:
+        layers: path of the decoder's `nn.ModuleList` of layers; `layers_per_ipu` counts these after
+            the encoder's layers.
+        embeddings: modules that form the "Decoder Embedding" block, run before the first decoder layer.
+        embeddings_on_first_ipu: True: that block is on IPU 0 (BART, whose decoder went back to IPU 0
+            for its positions); False: on the IPU of the first decoder layer (Whisper).
+        layer_name: how the allocation table names each decoder layer ("Decoder 3").
+        final: `(name, path)` blocks right after the last decoder layer, on its IPU (a final layer norm).
+    """
+
+    layers: str
+    embeddings: tuple[str, ...] = ()
+    embeddings_on_first_ipu: bool = True
+    layer_name: str = "Decoder"
+    final: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -40,6 +67,9 @@ class CutSpec:
             on the IPU of the block before it.
         first_ipu_heads: modules outside the embeddings and layers that Optimum Graphcore put back on
             IPU 0 after the last layer (MPNet's pooler).
+        final: `(name, path)` blocks right after the last layer of `layers`, on its IPU (T5's "Encoder
+            Stack Final LayerNorm").
+        decoder: the decoder's stack, for an encoder-decoder model (then `layers` is the encoder's).
     """
 
     embeddings: tuple[str, ...]
@@ -50,6 +80,13 @@ class CutSpec:
     counted_after: tuple[tuple[str, str], ...] = ()
     riders: tuple[tuple[str, str], ...] = ()
     first_ipu_heads: tuple[str, ...] = ()
+    final: tuple[tuple[str, str], ...] = ()
+    decoder: DecoderStack | None = None
+
+    @property
+    def layer_lists(self) -> tuple[str, ...]:
+        """Paths of the layer lists `layers_per_ipu` spreads, in the order it counts them."""
+        return (self.layers,) if self.decoder is None else (self.layers, self.decoder.layers)
 
     def without(self, path: str) -> CutSpec:
         """This spec with `path` no longer named as an embedding or a rider (it then goes where the
@@ -92,6 +129,47 @@ _SPEECH_PRETRAINING = dataclasses.replace(
 )
 
 
+# Encoder-decoder models, as Optimum Graphcore's Pipelined*ForConditionalGeneration placed them. The
+# decoder's word embedding (a module of its own sharing the table's weight) was computed with the
+# encoder's on IPU 0 at the start of the step, so it is part of the "Embedding" block.
+_BART = CutSpec(
+    (
+        "shared",
+        "encoder.embed_tokens",
+        "decoder.embed_tokens",
+        "encoder.embed_positions",
+        "encoder.layernorm_embedding",
+    ),
+    "encoder.layers",
+    "shared",
+    decoder=DecoderStack("decoder.layers", ("decoder.embed_positions", "decoder.layernorm_embedding")),
+)
+_T5_FINAL_NORMS = {
+    "final": (("Encoder Stack Final LayerNorm", "encoder.final_layer_norm"),),
+    "decoder": DecoderStack(
+        "decoder.block", final=(("Decoder Stack Final LayerNorm", "decoder.final_layer_norm"),)
+    ),
+}
+# MT5's LM head, untied from the embedding (`tie_word_embeddings=False`), is on the last IPU; T5's on
+# IPU 0 whether tied or not (the original's T5 class always put it there).
+_MT5 = CutSpec(("shared", "encoder.embed_tokens", "decoder.embed_tokens"), "encoder.block", "shared",
+               **_T5_FINAL_NORMS)  # fmt: skip
+_T5 = dataclasses.replace(_MT5, first_ipu_heads=("lm_head",))
+# Whisper: the convolutions and encoder positions on IPU 0; the decoder's embedding and the output
+# projection tied to it on the IPU of the first decoder layer.
+_WHISPER = CutSpec(
+    ("encoder.conv1", "encoder.conv2", "encoder.embed_positions"),
+    "encoder.layers",
+    "decoder.embed_tokens",
+    final=(("Encoder Layer Norm", "encoder.layer_norm"),),
+    decoder=DecoderStack(
+        "decoder.layers",
+        ("decoder.embed_tokens", "decoder.embed_positions"),
+        embeddings_on_first_ipu=False,
+        final=(("Decoder Layer Norm", "decoder.layer_norm"),),
+    ),
+)
+
 CUT_SPECS: dict[str, CutSpec] = {
     "bert": CutSpec(("embeddings",), "encoder.layer", "embeddings.word_embeddings"),
     "roberta": CutSpec(("embeddings",), "encoder.layer", "embeddings.word_embeddings"),
@@ -111,6 +189,13 @@ CUT_SPECS: dict[str, CutSpec] = {
     "Wav2Vec2ForCTC": _SPEECH_CTC,
     "HubertForCTC": _SPEECH_CTC,
     "Wav2Vec2ForPreTraining": _SPEECH_PRETRAINING,
+    "bart": _BART,
+    "t5": _T5,
+    "mt5": _MT5,
+    "whisper": _WHISPER,
+    # The encoders alone: the encoder's half of the spec.
+    "T5EncoderModel": dataclasses.replace(_T5, embeddings=("shared", "encoder.embed_tokens"), decoder=None),
+    "MT5EncoderModel": dataclasses.replace(_MT5, embeddings=("shared", "encoder.embed_tokens"), decoder=None),
 }
 
 
@@ -126,11 +211,23 @@ def spec_for(model: nn.Module) -> CutSpec | None:
     """The registered spec for `model`'s architecture, or None when it has none."""
     config = getattr(model, "config", None)
     spec = CUT_SPECS.get(type(model).__name__) or CUT_SPECS.get(getattr(config, "model_type", None))
+    if spec is not None and not _has_layer_lists(model, spec):
+        return None  # a head of the family built differently (BART's decoder-only causal LM)
     if spec is not None and getattr(config, "do_stable_layer_norm", False):
         # The "stable layer norm" encoder applies its layer norm after the last layer, not before the
         # first: it is then a head on the last IPU.
         spec = spec.without("encoder.layer_norm")
     return spec
+
+
+def _has_layer_lists(model: nn.Module, spec: CutSpec) -> bool:
+    base = base_model_path(model)
+    for path in spec.layer_lists:
+        try:
+            model.get_submodule(".".join(p for p in (base, path) if p))
+        except AttributeError:
+            return False
+    return True
 
 
 def generic_spec(model: nn.Module) -> CutSpec:

@@ -83,8 +83,9 @@ def assert_same(got, expected):
 
 def test_the_tasks_and_aliases_of_optimum_graphcore_are_listed():
     assert list_tasks() == [
-        "fill-mask", "image-classification", "ner", "question-answering", "sentiment-analysis",
-        "text-classification", "text-generation", "token-classification", "zero-shot-classification",
+        "fill-mask", "image-classification", "ner", "question-answering", "sentiment-analysis", "summarization",
+        "text-classification", "text-generation", "text2text-generation", "token-classification", "translation",
+        "zero-shot-classification",
     ]  # fmt: skip
 
 
@@ -213,4 +214,4 @@ def test_fp16_pipelines_run_the_model_in_half_and_agree_with_fp32(tokenizer):
 
 def test_a_task_without_ipu_pipeline_names_those_with_one(tokenizer):
     with pytest.raises(ValueError, match="supported tasks: fill-mask, image-classification, ner"):
-        pipeline("summarization", model=model(BertForMaskedLM), tokenizer=tokenizer)
+        pipeline("automatic-speech-recognition", model=model(BertForMaskedLM), tokenizer=tokenizer)
