@@ -81,6 +81,9 @@ TASKS = {
     "image-classification": "AutoModelForImageClassification",
     "ctc": "AutoModelForCTC",
     "audio-classification": "AutoModelForAudioClassification",
+    # Encoder-decoder models: the LM head, trained on (source, target) pairs of --seq-len tokens each.
+    "summarization": "AutoModelForSeq2SeqLM",
+    "translation": "AutoModelForSeq2SeqLM",
     "base": "AutoModel",
 }
 # Others: question-answering. The speech defaults are the heads of the bundled configs
@@ -90,6 +93,9 @@ _DEFAULT_TASK = {
     "gpt2": "causal-lm",
     "wav2vec2": "ctc",
     "hubert": "audio-classification",
+    "bart": "summarization",
+    "t5": "summarization",
+    "mt5": "summarization",
 }
 
 

@@ -26,9 +26,8 @@ class Block:
         name: the name in the Device Allocation table ("Embedding", "Encoder 3", "QA Outputs").
         modules: dotted paths (from the model's root) of the modules the block owns.
         ipu: index of the IPU inside the replica's pipeline.
-        kind: "embedding", "layer", "head", or "attached": a block that runs on the IPU of the layer next
-            to it (a stack's final layer norm, after its last layer; Whisper's decoder embedding, before
-            the first decoder layer).
+        kind: "embedding", "layer", "head", "attached" (runs on the IPU of the layer before it: a stack's
+            final layer norm) or "leading" (on the IPU of the layer after it: Whisper's decoder embedding).
     """
 
     name: str
@@ -215,7 +214,7 @@ def build_stage_plan(
                 blocks.append(Block("Decoder Embedding", paths, 0, "embedding"))
             else:
                 blocks.append(
-                    Block("Decoder Embedding", paths, decoder[0].ipu if decoder else last, "attached")
+                    Block("Decoder Embedding", paths, decoder[0].ipu if decoder else last, "leading")
                 )
         blocks += decoder
         decoder_ipu = decoder[-1].ipu if decoder else encoder_ipu
