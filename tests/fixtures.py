@@ -429,3 +429,79 @@ def write_tiny_imagefolder(
                 directory / name / f"{i}.png"
             )
     return directory
+
+
+def write_wav(path: str | os.PathLike, samples, sampling_rate: int = 16000) -> Path:
+    """`samples` (floats in [-1, 1], mono) as a 16-bit PCM WAV file, with Python's `wave` module."""
+    import wave
+
+    import numpy as np
+
+    pcm = np.clip(np.round(np.asarray(samples) * 32767), -32768, 32767).astype("<i2")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(sampling_rate)
+        writer.writeframes(pcm.tobytes())
+    return path
+
+
+def _tone(rng, frequency: float, seconds: float, sampling_rate: int = 16000):
+    import numpy as np
+
+    t = np.arange(int(sampling_rate * seconds)) / sampling_rate
+    return 0.5 * np.sin(2 * np.pi * frequency * t) + 0.05 * rng.standard_normal(t.size)
+
+
+def write_tiny_audiofolder(directory: str | os.PathLike, classes=("high", "low"), per_class: int = 4) -> Path:
+    """An `audiofolder` of generated 16 kHz tones (split/label/N.wav): train and validation, `per_class`
+    clips of 0.1-0.2 s per class in each (a higher tone per class); return the folder."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    directory = Path(directory)
+    for split in ("train", "validation"):
+        for index, name in enumerate(classes):
+            for i in range(per_class):
+                frequency = 220.0 * (index + 1) * (1 + 0.05 * rng.random())
+                write_wav(
+                    directory / split / name / f"{i}.wav", _tone(rng, frequency, 0.1 + 0.1 * rng.random())
+                )
+    return directory
+
+
+def write_tiny_speech_corpus(directory: str | os.PathLike, clips: int = 8) -> Path:
+    """An `audiofolder` of transcribed clips (split/N.wav + metadata.csv with file_name, text) for CTC: each
+    letter of an upper-case two-word text with punctuation is a 30 ms tone of its own pitch; train and test."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    words = ["yes", "no", "up", "down", "go", "stop"]
+    directory = Path(directory)
+    for split in ("train", "test"):
+        rows = ["file_name,text"]
+        for i in range(clips):
+            text = " ".join(words[j] for j in rng.integers(0, len(words), 2))
+            audio = np.concatenate([_tone(rng, 200 + 40 * (ord(c) - 96), 0.03) for c in text])
+            write_wav(directory / split / f"{i}.wav", audio)
+            rows.append(f'{i}.wav,"{text.upper()}."')
+        (directory / split / "metadata.csv").write_text("\n".join(rows) + "\n")
+    return directory
+
+
+def tiny_speech_model_dir(directory: str | os.PathLike, task: str = "classification", **overrides) -> Path:
+    """A tiny random Wav2Vec2 (or HuBERT with model_type="hubert") and its feature extractor saved in `directory`:
+    for "classification" an audio classifier, for "ctc" the bare encoder (the CTC head is made by the script,
+    sized to the vocabulary it builds, as from a pretrained checkpoint)."""
+    from transformers import AutoModel, AutoModelForAudioClassification, Wav2Vec2FeatureExtractor
+
+    seeded(0)
+    config = tiny_speech_config(**overrides)
+    model_class = AutoModelForAudioClassification if task == "classification" else AutoModel
+    model_class.from_config(config).save_pretrained(directory)
+    Wav2Vec2FeatureExtractor(
+        feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True, return_attention_mask=True
+    ).save_pretrained(directory)
+    return Path(directory)

@@ -76,7 +76,11 @@ def where_in_user_code(error: BaseException, user_files: tuple[str, ...]) -> str
     return place
 
 
-_OFFLINE_MARKERS = ("couldn't connect to 'https://huggingface.co'", "offlinemodeisenabled", "offline mode is enabled")
+_OFFLINE_MARKERS = (
+    "couldn't connect to 'https://huggingface.co'",
+    "offlinemodeisenabled",
+    "offline mode is enabled",
+)
 _REPO_ARGUMENTS = ("pretrained_model_name_or_path", "path_or_repo_id", "repo_id", "name_or_path")
 
 
@@ -117,7 +121,9 @@ def hub_offline_error(error: BaseException, user_files: tuple[str, ...]) -> Laun
     way_out += ", or put the model in the local Hugging Face cache first (`hf download MODEL` while online)"
     place = where_in_user_code(error, user_files)
     what = f"{name!r}" if name else "a model, config or tokenizer"
-    return LauncherError(f"{place + ': ' if place else ''}{what} needs the Hugging Face Hub, {why}: {way_out}.")
+    return LauncherError(
+        f"{place + ': ' if place else ''}{what} needs the Hugging Face Hub, {why}: {way_out}."
+    )
 
 
 def run_script(path: str | os.PathLike, args: list[str], serve_metrics: bool = True) -> int:
