@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import math
+import re
+
 import pytest
 import torch
 
@@ -165,3 +169,182 @@ def test_fp16_weights_keep_fp32_moments_and_rounding_stream_across_a_state_dict_
     opt.step(gradients=grad)
     restored.step(gradients={clone: grad[w]})
     assert torch.equal(w, clone)  # same moments and the same stochastic-rounding draws
+
+
+@pytest.mark.parametrize("optimizer", [AdamW, LAMB])
+def test_learning_rate_and_betas_are_checked_as_torch_checks_them(optimizer):
+    cases = [dict(lr=-0.1), dict(lr=0.0), dict(betas=(0.0, 0.0)), dict(betas=(-0.1, 0.9)), dict(betas=(1.0, 0.9)),
+             dict(betas=(1.5, 0.9)), dict(betas=(0.9, 1.0)), dict(betas=(0.9, 1.5)), dict(betas=(0.9, 0.999))]  # fmt: skip
+
+    def accepted(factory, kwargs):
+        try:
+            factory([torch.nn.Parameter(torch.ones(1))], **kwargs)
+        except ValueError:
+            return False
+        return True
+
+    assert [accepted(optimizer, c) for c in cases] == [accepted(torch.optim.AdamW, c) for c in cases]
+    with pytest.raises(ValueError, match=r"^Invalid learning rate: -0\.1$"):
+        optimizer([torch.nn.Parameter(torch.ones(1))], lr=-0.1)
+    with pytest.raises(ValueError, match=re.escape("Invalid betas (0.9, 1.0): each must be in [0, 1).")):
+        optimizer([torch.nn.Parameter(torch.ones(1))], betas=(0.9, 1.0))
+
+
+def test_adamw_defaults_are_torchs_and_lamb_defaults_are_apex_fused_lambs():
+    params = [torch.nn.Parameter(torch.ones(1))]
+    ours, torchs = AdamW(params).defaults, torch.optim.AdamW(params).defaults
+    assert {k: ours[k] for k in ("lr", "betas", "eps", "weight_decay")} == {
+        k: torchs[k] for k in ("lr", "betas", "eps", "weight_decay")
+    }
+    # NVIDIA apex's FusedLAMB: lr 1e-3, betas (0.9, 0.999), eps 1e-6, weight decay 0.01.
+    lamb = LAMB(params).defaults
+    assert (lamb["lr"], lamb["betas"], lamb["eps"], lamb["weight_decay"]) == (1e-3, (0.9, 0.999), 1e-6, 0.01)
+    assert lamb["max_weight_norm"] is None and lamb["accum_type"] == ours["accum_type"] == torch.float32
+    assert ours["stochastic_rounding"] is True and lamb["stochastic_rounding"] is True  # the IPU's default
+
+
+def test_adamw_on_fp32_is_bit_identical_to_torchs_fused_adamw():
+    def train(factory):  # enough elements for torch's kernels to differ in a last bit somewhere
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(1000))
+        opt = factory([w])
+        for i in range(5):
+            w.grad = torch.randn(1000, generator=torch.Generator().manual_seed(i))
+            opt.step()
+        return w.detach()
+
+    kwargs = dict(lr=1e-2, weight_decay=0.1)
+    ours = train(lambda p: AdamW(p, stochastic_rounding=False, **kwargs))
+    # (On this suite's CPU, torch's for-loop kernel differs from the fused one in a last bit here.)
+    assert torch.equal(ours, train(lambda p: torch.optim.AdamW(p, fused=True, **kwargs)))
+
+
+def test_a_gradient_handed_to_step_wins_over_a_stale_grad():
+    w, reference = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(4))
+    w.grad = torch.full((4,), 100.0)  # stale
+    AdamW([w], lr=0.1, stochastic_rounding=False).step(gradients={w: torch.tensor([1.0, -1.0, 2.0, 0.5])})
+    reference.grad = torch.tensor([1.0, -1.0, 2.0, 0.5])
+    torch.optim.AdamW([reference], lr=0.1, fused=True).step()
+    assert torch.equal(w, reference)
+
+
+def test_adamw_without_bias_correction_takes_the_hand_worked_first_step():
+    # m = (1 - 0.9) x 0.5, v = (1 - 0.999) x 0.25: the step is lr x m / (sqrt(v) + eps), uncorrected.
+    w = torch.nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
+    w.grad = torch.tensor([0.5], dtype=torch.float64)
+    AdamW([w], lr=0.01, weight_decay=0.0, eps=1e-8, bias_correction=False, stochastic_rounding=False).step()
+    expected = 1.0 - 0.01 * 0.05 / (math.sqrt(0.00025) + 1e-8)
+    assert w.item() == pytest.approx(expected, rel=1e-6)  # fp32 arithmetic
+
+
+def _rounded_after_one_step(factory, seed, global_seed):
+    w = torch.nn.Parameter(torch.ones(4096, dtype=torch.float16))
+    opt = factory([w], seed)
+    torch.manual_seed(global_seed)  # the global stream must not matter
+    opt.step(gradients={w: -torch.ones(4096)})  # a step of ~1e-4: between two fp16 values near 1
+    return w.detach().clone()
+
+
+ROUNDING_OPTIMIZERS = {
+    "adamw": lambda params, seed: AdamW(params, lr=1e-4, weight_decay=0.0, seed=seed),
+    "adamw-no-bias-correction": lambda params, seed: AdamW(params, lr=1e-4, weight_decay=0.0, seed=seed,
+                                                           bias_correction=False),
+    "lamb": lambda params, seed: LAMB(params, lr=1e-4, weight_decay=0.0, seed=seed),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(ROUNDING_OPTIMIZERS))
+def test_stochastic_rounding_draws_from_the_optimizers_own_seeded_stream(name):
+    factory = ROUNDING_OPTIMIZERS[name]
+    first = _rounded_after_one_step(factory, seed=5, global_seed=0)
+    assert set(first.float().unique().tolist()) == {1.0, 1.0009765625}  # rounded up or down at random
+    assert torch.equal(first, _rounded_after_one_step(factory, seed=5, global_seed=1))
+    assert not torch.equal(first, _rounded_after_one_step(factory, seed=6, global_seed=0))
+
+
+@pytest.mark.parametrize("name", sorted(ROUNDING_OPTIMIZERS))
+def test_a_resumed_optimizer_rounds_as_the_uninterrupted_one(name):
+    factory = ROUNDING_OPTIMIZERS[name]
+    w = torch.nn.Parameter(torch.ones(4096, dtype=torch.float16))
+    opt = factory([w], 5)
+    opt.step(gradients={w: -torch.ones(4096)})
+    saved = copy.deepcopy(opt.state_dict())  # as read back from a checkpoint: shares no tensor with `opt`
+    assert set(saved["stochastic_rounding"]["generators"]) == {"cpu"}
+    clone = torch.nn.Parameter(w.detach().clone())
+    resumed = factory([clone], 99)
+    resumed.load_state_dict(saved)
+    opt.step(gradients={w: -torch.ones(4096)})
+    resumed.step(gradients={clone: -torch.ones(4096)})
+    assert torch.equal(w, clone)
+
+
+def test_loading_puts_moments_where_the_parameters_are_and_the_step_where_torch_does():
+    w = torch.nn.Parameter(torch.randn(3))
+    opt = AdamW([w])
+    w.grad = torch.randn(3)
+    opt.step()
+    saved = opt.state_dict()
+    ours, torchs = (
+        torch.nn.Parameter(torch.empty(3, device="meta")),
+        torch.nn.Parameter(torch.empty(3, device="meta")),
+    )
+    AdamW([ours]).load_state_dict(saved)
+    reference = torch.optim.AdamW([torchs])
+    reference.load_state_dict({k: v for k, v in saved.items() if k != "stochastic_rounding"})
+    loaded = AdamW([ours])
+    loaded.load_state_dict(saved)
+    assert (
+        {k: v.device.type for k, v in loaded.state[ours].items()}
+        == {k: v.device.type for k, v in reference.state[torchs].items()}
+        == {"step": "cpu", "exp_avg": "meta", "exp_avg_sq": "meta"}
+    )
+
+
+def test_a_torch_adamw_state_loads_without_a_rounding_stream():
+    w, reference = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    torch_opt = torch.optim.AdamW([reference], lr=0.1)
+    reference.grad = torch.tensor([1.0, 2.0, 3.0])
+    torch_opt.step()
+    ours = AdamW([w], lr=0.1)
+    ours.load_state_dict(torch_opt.state_dict())
+    assert torch.equal(ours.state[w]["exp_avg_sq"], torch_opt.state[reference]["exp_avg_sq"])
+
+
+def test_lamb_updates_the_parameters_that_have_gradients_past_one_without():
+    frozen, trained = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+    trained.grad = torch.ones(2)
+    LAMB([frozen, trained], lr=0.1, stochastic_rounding=False).step()
+    assert torch.equal(frozen, torch.ones(2)) and not torch.equal(trained, torch.ones(2))
+    assert frozen not in LAMB([frozen]).state
+
+
+def test_lamb_keeps_fp32_moments_for_fp16_weights():
+    w = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+    opt = LAMB([w], stochastic_rounding=False)
+    opt.step(gradients={w: torch.ones(4)})
+    assert opt.state[w]["exp_avg"].dtype == opt.state[w]["exp_avg_sq"].dtype == torch.float32
+
+
+def _lamb_first_step(w, g, **kwargs):
+    w = torch.nn.Parameter(torch.tensor(w, dtype=torch.float64))
+    w.grad = torch.tensor(g, dtype=torch.float64)
+    LAMB([w], stochastic_rounding=False, **{"lr": 0.1, "weight_decay": 0.0, **kwargs}).step()
+    return pytest.approx(w.detach().tolist(), rel=1e-6)  # fp32 arithmetic
+
+
+def test_lamb_trust_ratio_hand_worked():
+    """A first LAMB step (bias-corrected: m = g, v = g^2) is lr x trust x u, u = g / (|g| + eps)."""
+    # ||w|| = 0.5 and ||u|| just below 1: the step is exactly lr x ||w|| along u.
+    assert _lamb_first_step([0.5], [1.0]) == [0.45]
+    # A zero weight (a bias at initialisation) takes a trust ratio of 1: the step is lr x u.
+    assert _lamb_first_step([0.0, 0.0], [1.0, -1.0]) == [-0.1 / (1 + 1e-6), 0.1 / (1 + 1e-6)]
+    # A zero update (no gradient, no decay) leaves the weight alone rather than dividing by zero.
+    assert _lamb_first_step([3.0, 4.0], [0.0, 0.0]) == [3.0, 4.0]
+    # eps enters the denominator: with gradients near eps the direction of u shows it.
+    u = [1e-5 / (1e-5 + 1e-6), 1e-4 / (1e-4 + 1e-6)]
+    norm = math.hypot(*u)
+    expected = [3.0 - 0.1 * 5.0 * u[0] / norm, 4.0 - 0.1 * 5.0 * u[1] / norm]
+    assert _lamb_first_step([3.0, 4.0], [1e-5, 1e-4], eps=1e-6) == expected
+    # max_weight_norm caps ||w|| in the trust ratio: 1 instead of 5.
+    capped = [3.0 - 0.1 * 2**-0.5, 4.0 - 0.1 * 2**-0.5]
+    assert _lamb_first_step([3.0, 4.0], [1.0, 1.0], max_weight_norm=1.0) == capped
