@@ -54,8 +54,10 @@ MODULES: dict[str, list[str]] = {
     "runtime/batches.py": ["tests/runtime/test_batches.py", "tests/runtime/test_executor.py"],
     "runtime/checks.py": ["tests/runtime/test_checks.py", "tests/runtime/test_executor.py"],
     "runtime/distributed.py": ["tests/distributed"],
-    "checkpoints.py": ["tests/test_checkpoints.py"],
-    "_config_schema.py": ["tests/test_config_schema.py", "tests/test_configuration.py"],
+    "checkpoints/folders.py": ["tests/test_checkpoints.py"],
+    "checkpoints/setup_change.py": ["tests/test_checkpoints.py"],
+    "checkpoints/trainer_hooks.py": ["tests/test_checkpoints.py"],
+    "configuration/schema.py": ["tests/test_config_schema.py", "tests/test_configuration.py"],
     "pipelining/placement.py": ["tests/pipelining/test_placement.py"],
 }  # fmt: skip
 

@@ -16,17 +16,29 @@ _EXPORTS = {
     "IPUConfig": "optimum_ipu.configuration",
     "IPUTrainingArguments": "optimum_ipu.training_args",
     "IPUTrainer": "optimum_ipu.trainer",
+    "IPUSeq2SeqTrainer": "optimum_ipu.trainer_seq2seq",
+    "IPUSeq2SeqTrainingArguments": "optimum_ipu.trainer_seq2seq",
     "to_pipelined": "optimum_ipu.pipelining",
     "get_last_checkpoint": "optimum_ipu.checkpoints",
 }
 
-__all__ = ["IPUConfig", "IPUTrainer", "IPUTrainingArguments", "get_last_checkpoint", "to_pipelined", "__version__"]
+__all__ = [
+    "IPUConfig",
+    "IPUSeq2SeqTrainer",
+    "IPUSeq2SeqTrainingArguments",
+    "IPUTrainer",
+    "IPUTrainingArguments",
+    "get_last_checkpoint",
+    "to_pipelined",
+    "__version__",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimum_ipu.checkpoints import get_last_checkpoint
     from optimum_ipu.configuration import IPUConfig
     from optimum_ipu.pipelining import to_pipelined
     from optimum_ipu.trainer import IPUTrainer
+    from optimum_ipu.trainer_seq2seq import IPUSeq2SeqTrainer, IPUSeq2SeqTrainingArguments
     from optimum_ipu.training_args import IPUTrainingArguments
 
 

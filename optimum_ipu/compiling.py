@@ -60,13 +60,14 @@ def _first_micro_batch(batch: Mapping[str, Any], micro_batch_size: int) -> dict[
     return split_batch(batch, parts)[0]
 
 
-def _analyse(pipelined, ipu_config, micro_batch: dict, *, training: bool, hardware: str, optimizer: str, fp32: bool):
+def _analyse(pipelined, ipu_config, micro_batch: dict, *, training: bool, hardware: str, optimizer: str, fp32: bool,
+             pipelined_inference: bool = False):  # fmt: skip
     from optimum_ipu.costmodel.analysis import analyse
 
     report = analyse(
         pipelined.module, pipelined.plan, ipu_config, micro_batch_size=batch_size_of(micro_batch),
         sample_inputs=micro_batch, hardware=hardware, training=training, optimizer=optimizer, fp32=fp32,
-        cache_dir=ipu_config.executable_cache_dir or None,
+        cache_dir=ipu_config.executable_cache_dir or None, pipelined_inference=pipelined_inference,
     )  # fmt: skip
     report.memory.raise_if_out_of_memory()
     return report
@@ -137,4 +138,32 @@ def compile_inference(
         report = _analyse(
             pipelined, ipu_config, micro_batch, training=False, hardware=hardware, optimizer="adamw", fp32=fp32
         )
+    return _finish(report, start, num_ipus, fp16_compute)
+
+
+def report_layout(
+    pipelined,
+    ipu_config,
+    *,
+    micro_batch: Mapping[str, Any],
+    training: bool,
+    num_ipus: int,
+    hardware: str = "mk2",
+    optimizer_name: str = "adamw",
+    fp32: bool = False,
+    fp16_compute: str | None = None,
+    pipelined_inference: bool = False,
+) -> CompileResult:
+    """The memory table and throughput estimate of a layout whose compile checks the caller ran itself.
+
+    PopTorch's wrappers check with PopTorch's own rules and wording (sharded training, for one, has
+    no gradient-accumulation rule), then report through here: the same cost model and log lines as
+    `compile_training` / `compile_inference`, and the same out-of-memory error.
+    """
+    start = time.perf_counter()
+    logger.info("Compiling Model...")
+    report = _analyse(
+        pipelined, ipu_config, dict(micro_batch), training=training, hardware=hardware, optimizer=optimizer_name,
+        fp32=fp32, pipelined_inference=pipelined_inference,
+    )  # fmt: skip
     return _finish(report, start, num_ipus, fp16_compute)

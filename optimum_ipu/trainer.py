@@ -34,6 +34,7 @@ from transformers.trainer_utils import TrainOutput
 from optimum_ipu.checkpoints import AtomicCheckpoints
 from optimum_ipu.compiling import compile_inference, compile_training
 from optimum_ipu.pipelining import to_pipelined
+from optimum_ipu.pipelining.pipeline import untied_output_projection
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, move_to, pad_by_repeating
 from optimum_ipu.runtime.distributed import build_process_replicas, hold_process_groups
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
@@ -69,10 +70,11 @@ def _warn_once(message: str) -> None:
         logger.warning(message)
 
 
-def settings_without_effect(ipu_config, args: IPUTrainingArguments) -> list[str]:
+def settings_without_effect(ipu_config, args: IPUTrainingArguments, model: nn.Module | None = None) -> list[str]:
     """Messages for settings the user gave that change nothing on this backend, and why.
 
     A setting either acts or is named here: a user must never believe a setting acted when it did not.
+    `model` (when given) tells whether it has an untied output projection to serialize.
     """
     messages = []
     if args.dataloader_mode != "sync":
@@ -86,16 +88,19 @@ def settings_without_effect(ipu_config, args: IPUTrainingArguments) -> list[str]
                 f"{name}={vars(ipu_config)[name]} has no effect: the cut specs here take no parallelize() "
                 "arguments (the layout comes from layers_per_ipu and the serialization settings)."
             )
+    untied = model is not None and untied_output_projection(model) is not None
     for name, default in (("projection_serialization_factor", 1), ("serialized_projection_splits_per_ipu", None)):
+        if untied:
+            break  # MT5's own LM head: serialized by these settings
         training_value = vars(ipu_config).get(name)
         for key in (name, f"inference_{name}"):
             value = vars(ipu_config).get(key)
             if value in (default, None) or (key != name and value == training_value):
                 continue  # an inference value that only inherits the training one is named with it
             messages.append(
-                f"{key}={value} has no effect: no architecture supported here has an untied output "
-                "projection to serialize (a head tied to the word embedding follows "
-                "embedding_serialization_factor)."
+                f"{key}={value} has no effect: the model has no output projection of its own to serialize (a "
+                "head tied to the word embedding follows embedding_serialization_factor; only an untied one, "
+                "as MT5's LM head, follows this)."
             )
     if vars(ipu_config).get("serialized_embedding_splits_per_ipu"):
         messages.append(
@@ -180,7 +185,7 @@ class _ShardedModel(nn.Module):
         return self.executable(batch, real_samples=self.real_samples, loss_kwargs=loss_kwargs)
 
 
-# AtomicCheckpoints (optimum_ipu/checkpoints.py) owns checkpoint saving and resuming: atomic folders,
+# AtomicCheckpoints (optimum_ipu/checkpoints/trainer_hooks.py) owns checkpoint saving and resuming: atomic folders,
 # the newest complete checkpoint, the setup comparison. It is the only place that touches private
 # Trainer methods; keep it first in the bases so its hooks wrap transformers' own.
 class IPUTrainer(AtomicCheckpoints, Trainer):
@@ -230,7 +235,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             args, model_name_or_path=getattr(model, "name_or_path", None) or None, ipu_config=ipu_config
         ).train()
         self.hardware = hardware
-        for message in settings_without_effect(self.ipu_config, args):
+        for message in settings_without_effect(self.ipu_config, args, model):
             _warn_once(message)
         self.fp16_compute = None if args.fp32 else resolve_fp16_compute(args.fp16_compute, args.device)
         if not args.fp32:

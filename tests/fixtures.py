@@ -10,7 +10,17 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import BertConfig, ViTConfig
+from transformers import (
+    BartConfig,
+    BertConfig,
+    HubertConfig,
+    MPNetConfig,
+    MT5Config,
+    T5Config,
+    ViTConfig,
+    Wav2Vec2Config,
+    WhisperConfig,
+)
 
 from optimum_ipu.costmodel.memory import MiB
 from optimum_ipu.costmodel.profile import HOST, BlockProfile, Matmul, ModelProfile, Transfer
@@ -43,6 +53,39 @@ def tiny_bert_config(**overrides) -> BertConfig:
     return BertConfig(**values)
 
 
+def tiny_mpnet_config(**overrides) -> MPNetConfig:
+    """A 4-layer MPNet with hidden size 32 (its word embedding pads with id 1); dropout off."""
+    values = dict(
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=80,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    values.update(overrides)
+    return MPNetConfig(**values)
+
+
+def tiny_speech_config(model_type: str = "wav2vec2", convolutions: int = 3, **overrides):
+    """A Wav2Vec2 (or HuBERT) with hidden size 32, 2 layers and `convolutions` feature-encoder
+    convolutions (the first of kernel 10 / stride 5, the rest 3 / 2); no dropout, no SpecAugment masking
+    or layer drop, so equivalence tests compare exactly. 16 tokens for CTC, 3 labels to classify."""
+    kernels, strides = (10,) + (3,) * (convolutions - 1), (5,) + (2,) * (convolutions - 1)
+    values = dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        conv_dim=(16,) * convolutions, conv_kernel=kernels, conv_stride=strides,
+        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, vocab_size=16, pad_token_id=0,
+        num_labels=3, classifier_proj_size=16, mask_time_prob=0.0, layerdrop=0.0, hidden_dropout=0.0,
+        activation_dropout=0.0, attention_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0,
+        ctc_loss_reduction="mean", ctc_zero_infinity=True,
+    )  # fmt: skip
+    values.update(overrides)
+    return (HubertConfig if model_type == "hubert" else Wav2Vec2Config)(**values)
+
+
 def tiny_vit_config(**overrides) -> ViTConfig:
     """A 4-layer ViT on 32 px images with 8 px patches; dropout off."""
     values = dict(
@@ -59,6 +102,47 @@ def tiny_vit_config(**overrides) -> ViTConfig:
     )
     values.update(overrides)
     return ViTConfig(**values)
+
+
+def tiny_bart_config(layers: int = 2, **overrides) -> BartConfig:
+    """A BART with d_model 16 and `layers` encoder and `layers` decoder layers over 64 tokens (pad 1,
+    bos 0, eos 2, decoder start 2, as facebook/bart-*); dropout off."""
+    values = dict(
+        vocab_size=64, d_model=16, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None,
+    )  # fmt: skip
+    values.update(overrides)
+    return BartConfig(**values)
+
+
+def tiny_t5_config(layers: int = 2, mt5: bool = False, **overrides) -> T5Config:
+    """A T5 (or MT5: gated GELU; transformers 5 ties its LM head whatever `tie_word_embeddings` says) with d_model 16, `layers` encoder and `layers`
+    decoder layers over 64 tokens (pad 0 = decoder start, eos 1); dropout off."""
+    values = dict(
+        vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=layers, num_heads=2,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    )  # fmt: skip
+    if mt5:
+        values.update(tie_word_embeddings=False, feed_forward_proj="gated-gelu")
+    values.update(overrides)
+    return (MT5Config if mt5 else T5Config)(**values)
+
+
+def tiny_whisper_config(layers: int = 2, **overrides) -> WhisperConfig:
+    """A Whisper with d_model 16, `layers` encoder and `layers` decoder layers, 8 mel bins and 32 input
+    frames (16 after its stride-2 convolution), over 64 tokens; no tokens suppressed; dropout off."""
+    values = dict(
+        vocab_size=64, d_model=16, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_mel_bins=8,
+        max_source_positions=16, max_target_positions=32, pad_token_id=1, bos_token_id=2, eos_token_id=3,
+        decoder_start_token_id=2, suppress_tokens=[], begin_suppress_tokens=[], dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0,
+    )  # fmt: skip
+    values.update(overrides)
+    return WhisperConfig(**values)
 
 
 def write_tiny_vocab(directory: str | os.PathLike) -> Path:
@@ -227,6 +311,71 @@ class PatternQA:
         }
 
 
+class PatternClassification:
+    """Learnable synthetic sequence classification: the label says whether token 7 is in the sequence."""
+
+    def __init__(self, n: int, seed: int = 0, seq: int = 12):
+        g = torch.Generator().manual_seed(seed)
+        self.seq = seq
+        self.ids = torch.randint(10, 100, (n, seq), generator=g)
+        self.labels = torch.randint(0, 2, (n,), generator=g)
+        at = torch.randint(1, seq - 1, (n,), generator=g)
+        self.ids[torch.arange(n)[self.labels == 1], at[self.labels == 1]] = 7
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        mask = torch.ones(self.seq, dtype=torch.long)
+        return {"input_ids": self.ids[i], "attention_mask": mask, "labels": self.labels[i]}
+
+
+class SyntheticAudio:
+    """Random waveforms (`samples` long, 16 kHz-like) with CTC transcripts of `label_length` tokens in
+    1..`vocab`-1 (0 is CTC's blank), or with one class out of `num_labels` when `task="classification"`.
+    Nothing to learn beyond the data set itself: enough to check the arithmetic of training."""
+
+    def __init__(self, n: int, samples: int = 1600, task: str = "ctc", label_length: int = 3, vocab: int = 16,
+                 num_labels: int = 3, seed: int = 0):  # fmt: skip
+        g = torch.Generator().manual_seed(seed)
+        self.values = torch.randn(n, samples, generator=g)
+        if task == "ctc":
+            self.labels = torch.randint(1, vocab, (n, label_length), generator=g)
+        else:
+            self.labels = torch.randint(0, num_labels, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_values": self.values[i], "labels": self.labels[i]}
+
+
+class SyntheticSeq2Seq:
+    """Learnable synthetic sequence-to-sequence pairs: the target is the source's first tokens reversed.
+
+    Sources are `source_length` ids in 4..`vocab`-1 (0..3 are special); targets `target_length` ids
+    ending in `eos`. With `features=(mel_bins, frames)` the source is a random log-mel spectrogram
+    (`input_features`, Whisper's input) instead of token ids.
+    """
+
+    def __init__(self, n: int, source_length: int = 10, target_length: int = 5, vocab: int = 64, eos: int = 2,
+                 seed: int = 0, features: tuple[int, int] | None = None):  # fmt: skip
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(4, vocab, (n, source_length), generator=g)
+        self.labels = torch.cat([self.ids[:, : target_length - 1].flip(1), torch.full((n, 1), eos)], dim=1)
+        self.features = None if features is None else torch.randn(n, *features, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        if self.features is not None:
+            return {"input_features": self.features[i], "labels": self.labels[i]}
+        mask = torch.ones(self.ids.shape[1], dtype=torch.long)
+        return {"input_ids": self.ids[i], "attention_mask": mask, "labels": self.labels[i]}
+
+
 # --- Launcher (tests/launcher): local files an Optimum Graphcore script reads ----------------------
 
 
@@ -280,3 +429,79 @@ def write_tiny_imagefolder(
                 directory / name / f"{i}.png"
             )
     return directory
+
+
+def write_wav(path: str | os.PathLike, samples, sampling_rate: int = 16000) -> Path:
+    """`samples` (floats in [-1, 1], mono) as a 16-bit PCM WAV file, with Python's `wave` module."""
+    import wave
+
+    import numpy as np
+
+    pcm = np.clip(np.round(np.asarray(samples) * 32767), -32768, 32767).astype("<i2")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(sampling_rate)
+        writer.writeframes(pcm.tobytes())
+    return path
+
+
+def _tone(rng, frequency: float, seconds: float, sampling_rate: int = 16000):
+    import numpy as np
+
+    t = np.arange(int(sampling_rate * seconds)) / sampling_rate
+    return 0.5 * np.sin(2 * np.pi * frequency * t) + 0.05 * rng.standard_normal(t.size)
+
+
+def write_tiny_audiofolder(directory: str | os.PathLike, classes=("high", "low"), per_class: int = 4) -> Path:
+    """An `audiofolder` of generated 16 kHz tones (split/label/N.wav): train and validation, `per_class`
+    clips of 0.1-0.2 s per class in each (a higher tone per class); return the folder."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    directory = Path(directory)
+    for split in ("train", "validation"):
+        for index, name in enumerate(classes):
+            for i in range(per_class):
+                frequency = 220.0 * (index + 1) * (1 + 0.05 * rng.random())
+                write_wav(
+                    directory / split / name / f"{i}.wav", _tone(rng, frequency, 0.1 + 0.1 * rng.random())
+                )
+    return directory
+
+
+def write_tiny_speech_corpus(directory: str | os.PathLike, clips: int = 8) -> Path:
+    """An `audiofolder` of transcribed clips (split/N.wav + metadata.csv with file_name, text) for CTC: each
+    letter of an upper-case two-word text with punctuation is a 30 ms tone of its own pitch; train and test."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    words = ["yes", "no", "up", "down", "go", "stop"]
+    directory = Path(directory)
+    for split in ("train", "test"):
+        rows = ["file_name,text"]
+        for i in range(clips):
+            text = " ".join(words[j] for j in rng.integers(0, len(words), 2))
+            audio = np.concatenate([_tone(rng, 200 + 40 * (ord(c) - 96), 0.03) for c in text])
+            write_wav(directory / split / f"{i}.wav", audio)
+            rows.append(f'{i}.wav,"{text.upper()}."')
+        (directory / split / "metadata.csv").write_text("\n".join(rows) + "\n")
+    return directory
+
+
+def tiny_speech_model_dir(directory: str | os.PathLike, task: str = "classification", **overrides) -> Path:
+    """A tiny random Wav2Vec2 (or HuBERT with model_type="hubert") and its feature extractor saved in `directory`:
+    for "classification" an audio classifier, for "ctc" the bare encoder (the CTC head is made by the script,
+    sized to the vocabulary it builds, as from a pretrained checkpoint)."""
+    from transformers import AutoModel, AutoModelForAudioClassification, Wav2Vec2FeatureExtractor
+
+    seeded(0)
+    config = tiny_speech_config(**overrides)
+    model_class = AutoModelForAudioClassification if task == "classification" else AutoModel
+    model_class.from_config(config).save_pretrained(directory)
+    Wav2Vec2FeatureExtractor(
+        feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True, return_attention_mask=True
+    ).save_pretrained(directory)
+    return Path(directory)

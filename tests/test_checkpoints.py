@@ -1,6 +1,6 @@
 """Checkpoints are complete or absent; resuming takes the newest complete one; a changed setup is named.
 
-Covers optimum_ipu/checkpoints.py: the completeness rule, `get_last_checkpoint`, atomic saves with
+Covers optimum_ipu/checkpoints/: the completeness rule, `get_last_checkpoint`, atomic saves with
 rotation after the rename, a kill -9 at 20+ random moments of a run that saves every step, the setup
 comparison on resume, and the transformers contract of the private Trainer methods it wraps.
 """
@@ -307,7 +307,7 @@ def test_an_accepted_batch_change_continues_from_the_same_samples(saved_at_step_
 
 
 def test_the_private_trainer_methods_wrapped_keep_their_contract():
-    """If this fails, transformers changed a private method optimum_ipu/checkpoints.py wraps: update it."""
+    """If this fails, transformers changed a private method optimum_ipu/checkpoints/trainer_hooks.py wraps: update it."""
     expected = {
         "_save_checkpoint": ["self", "model", "trial"],
         "_get_output_dir": ["self", "trial"],

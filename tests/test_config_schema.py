@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from optimum_ipu._config_schema import (
+from optimum_ipu.configuration.schema import (
     FIELD_DEFAULTS,
     IPUConfigError,
     IPUConfigTypeError,

@@ -223,14 +223,14 @@ def _table_rows(page: Path, header_start: str) -> list[list[str]]:
 
 
 def _json_default(name: str, default) -> str:
-    from optimum_ipu._config_schema import DERIVABLE
+    from optimum_ipu.configuration.schema import DERIVABLE
 
     return "derived" if default is None and name in DERIVABLE else json.dumps(default)
 
 
 def test_ipu_config_page_lists_every_attribute_with_its_default():
     """Every attribute of ipu_config.json has a row with its default, and its inference twin's."""
-    from optimum_ipu._config_schema import FIELD_DEFAULTS
+    from optimum_ipu.configuration.schema import FIELD_DEFAULTS
 
     documented = {}
     for name_cell, default_cell, twin_cell, *_ in _table_rows(

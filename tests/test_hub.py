@@ -9,8 +9,7 @@ import huggingface_hub.constants
 import pytest
 
 import optimum_ipu
-from optimum_ipu import hub
-from optimum_ipu.configuration import CONFIG_NAME, IPUConfig
+from optimum_ipu.configuration import CONFIG_NAME, IPUConfig, hub
 
 # Section 8 of the semantics reference: (ipus_per_replica, layers_per_ipu, matmul_proportion, GA, other values)
 SECTION_8 = {
@@ -169,7 +168,7 @@ def test_when_the_hub_fails_the_bundled_copy_is_used_with_a_warning(monkeypatch,
     monkeypatch.setattr(hub, "_download", unreachable)
     config = IPUConfig.from_pretrained("Graphcore/roberta-base-ipu")
     assert config.source == "bundled"
-    records = [r for r in caplog.records if r.name == "optimum_ipu.hub" and r.levelno == logging.WARNING]
+    records = [r for r in caplog.records if r.name == "optimum_ipu.configuration.hub" and r.levelno == logging.WARNING]
     assert len(records) == 1 and "ConnectionError: no route" in records[0].getMessage()
 
 

@@ -1,4 +1,4 @@
-"""`optimum.graphcore.trainer_utils`: PopTorch data loaders have no equivalent; using the name says why."""
+"""`optimum.graphcore.trainer_utils`: `to_poptorch_dataloader`, on optimum-ipu's `poptorch.DataLoader`."""
 
 from optimum_ipu.compat._names import bind
 

@@ -1,4 +1,4 @@
-"""`optimum.graphcore.training_args_seq2seq`: no equivalent here; using its name says what to use instead."""
+"""`optimum.graphcore.training_args_seq2seq`: `IPUSeq2SeqTrainingArguments` (optimum_ipu/trainer_seq2seq.py)."""
 
 from optimum_ipu.compat._names import bind
 

@@ -41,6 +41,9 @@ def run(args: argparse.Namespace) -> int:
     from optimum_ipu.costmodel.workload import Workload
 
     training = not args.inference
+    if args.pipelined and training:
+        print("error: --pipelined is for --inference (training on several IPUs is always pipelined).", file=sys.stderr)
+        return 2
     try:
         if args.micro_batch < 1:
             raise ValueError(f"--micro-batch must be >= 1, got {args.micro_batch}.")
@@ -55,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             training=training,
             optimizer=args.optimizer,
             fp32=args.fp32,
+            pipelined_inference=args.pipelined,
         )
         profile = model_profile(source, workload, args.seq_len, args.image_size, use_cache=not args.no_cache)
         placement = profile.placement(ipu_config.layers_per_ipu, workload.ipus_per_replica)
@@ -120,13 +124,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--ipu-config", required=True, help="IPU config: Hub id (Graphcore/bert-base-ipu) or path."
     )
     pods = parser.add_mutually_exclusive_group()
-    pods.add_argument("--pod", "--pod-type", dest="pod", type=pod_size, default=None, help="Total IPUs as a pod size: 16, pod16, 64 ...")
+    pods.add_argument(
+        "--pod",
+        "--pod-type",
+        dest="pod",
+        type=pod_size,
+        default=None,
+        help="Total IPUs as a pod size: 16, pod16, 64 ...",
+    )
     pods.add_argument(
         "--n-ipu", type=positive_int, default=None, help="Total IPUs (replicas = n_ipu / ipus_per_replica)."
     )
-    parser.add_argument("--micro-batch", type=positive_int, default=1, help="Samples per micro-batch (default 1).")
     parser.add_argument(
-        "--seq-len", type=positive_int, default=384, help="Sequence length of text models (default 384)."
+        "--micro-batch", type=positive_int, default=1, help="Samples per micro-batch (default 1)."
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=positive_int,
+        default=384,
+        help="Sequence length of text models, or feature frames of speech models (20 ms each; default 384).",
     )
     parser.add_argument(
         "--image-size", type=positive_int, default=None, help="Image side of vision models (default: config)."
@@ -141,6 +157,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--fp32", action="store_true", help="Compute in fp32 instead of fp16.")
     parser.add_argument(
         "--inference", action="store_true", help="Plan (sharded) inference instead of training."
+    )
+    parser.add_argument(
+        "--pipelined",
+        action="store_true",
+        help="With --inference: pipelined inference (PopTorch's default for a model placed on several IPUs; "
+        "the stages overlap across device iterations) instead of sharded (Optimum Graphcore's).",
     )
     parser.add_argument(
         "--overrides", default=None, help='Like --ipu_config_overrides: "k1=v1,k2=[0.1 0.2]".'

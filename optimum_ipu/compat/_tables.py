@@ -9,21 +9,16 @@ from __future__ import annotations
 
 from optimum_ipu.compat._names import Missing
 
-_SEQ2SEQ = Missing(
-    "encoder-decoder pipelining and on-device `generate` are not simulated",
-    "transformers' `Seq2SeqTrainer` / `Seq2SeqTrainingArguments` (CPU/GPU) for encoder-decoder models, or "
-    "`IPUTrainer` / `IPUTrainingArguments` for the architectures optimum-ipu places (BERT, RoBERTa, "
-    "DistilBERT, GPT-2, ViT, or any model with a list of layers via `force_to_pipelined=True`)",
-)
 _OTHER_PIPELINE = Missing(
-    "speech and sequence-to-sequence pipelines (speech recognition, summarization, translation, text2text) "
-    "need encoder-decoder pipelining or on-device generation, which are not simulated",
+    "the speech recognition pipeline is not written for the simulated IPU yet",
     "`optimum.graphcore.pipeline(task, ...)` for the tasks it lists (`list_tasks()`), or transformers' "
-    "`pipeline(task)` on CPU/GPU for these",
+    '`pipeline("automatic-speech-recognition")` on CPU/GPU',
 )
 _GENERATION = Missing(
-    "text generation on the IPU (the on-device decoding loop, a KV cache in IPU memory) is not simulated",
-    "transformers' `model.generate()` on CPU/GPU",
+    "they are the original's PopTorch decoding internals (an on-device loop, attention classes with a KV cache "
+    "in IPU memory)",
+    "transformers' `model.generate()` on the placed model (`IPUSeq2SeqTrainer` with `predict_with_generate`), "
+    "inside `optimum_ipu.generation.static_generation(model)` for the IPU's fixed-size KV cache",
 )
 _DIFFUSERS = Missing(
     "Stable Diffusion on IPUs is not simulated",
@@ -42,7 +37,8 @@ _POPTORCH_LAYER = Missing(
 
 def _pipelined_missing(transformers_class: str) -> Missing:
     return Missing(
-        "optimum-ipu has no cut spec for this architecture (it places BERT, RoBERTa, DistilBERT, GPT-2 and ViT)",
+        "optimum-ipu has no cut spec for this architecture (it places BERT, RoBERTa, DistilBERT, GPT-2, ViT, "
+        "MPNet, Wav2Vec2, HuBERT, BART, T5, MT5 and Whisper)",
         f"load `transformers.{transformers_class}` and call `to_pipelined(model, ipu_config, force=True)` "
         "(the generic cut: the largest list of layers spread over the IPUs), or add a `CutSpec` to "
         "`optimum_ipu.pipelining.CUT_SPECS`",
@@ -61,14 +57,12 @@ PIPELINED_SUPPORTED = (
     "PipelinedRobertaForMaskedLM", "PipelinedRobertaForMultipleChoice", "PipelinedRobertaForQuestionAnswering",
     "PipelinedRobertaForSequenceClassification", "PipelinedRobertaForTokenClassification",
     "PipelinedViTForImageClassification",
-)  # fmt: skip
-PIPELINED_UNSUPPORTED = (
-    "PipelinedBartForConditionalGeneration", "PipelinedBartForSequenceClassification",
-    "PipelinedConvNextForImageClassification", "PipelinedHubertForSequenceClassification",
-    "PipelinedLxmertForQuestionAnswering", "PipelinedMT5ForConditionalGeneration",
-    "PipelinedT5ForConditionalGeneration", "PipelinedT5EncoderModel", "PipelinedWav2Vec2ForPreTraining",
+    "PipelinedHubertForSequenceClassification", "PipelinedWav2Vec2ForPreTraining",
     "PipelinedMPNetModel", "PipelinedMPNetForMaskedLM",
+    "PipelinedBartForConditionalGeneration", "PipelinedBartForSequenceClassification",
+    "PipelinedMT5ForConditionalGeneration", "PipelinedT5ForConditionalGeneration", "PipelinedT5EncoderModel",
 )  # fmt: skip
+PIPELINED_UNSUPPORTED = ("PipelinedConvNextForImageClassification", "PipelinedLxmertForQuestionAnswering")
 
 _CONFIG = {
     "IPUConfig": "optimum_ipu.configuration:IPUConfig",
@@ -85,10 +79,7 @@ _PIPELINES = {
     "pipeline": "optimum_ipu.compat.pipelines:pipeline",
     "SUPPORTED_TASKS": "optimum_ipu.compat.pipelines:SUPPORTED_TASKS",
     "list_tasks": "optimum_ipu.compat.pipelines:list_tasks",
-    "get_poplar_executor": Missing(
-        "PopTorch executors do not exist on the simulated IPU",
-        "`optimum.graphcore.pipeline(task, model=..., ipu_config=...)`, which builds the IPU executable itself",
-    ),
+    "get_poplar_executor": "optimum_ipu.compat.poptorch_helpers:get_poplar_executor",
     "TASK_ALIASES": "optimum_ipu.compat.pipelines:TASK_ALIASES",
     **{
         name: f"optimum_ipu.compat.pipelines:{name}"
@@ -96,23 +87,22 @@ _PIPELINES = {
             "IPUFillMaskPipeline",
             "IPUTokenClassificationPipeline",
             "IPUZeroShotClassificationPipeline",
-        )  # fmt: skip
-    },
-    **{
-        name: _OTHER_PIPELINE
-        for name in (
-            "IPUAutomaticSpeechRecognitionPipeline",
             "IPUSummarizationPipeline",
             "IPUText2TextGenerationPipeline",
             "IPUTranslationPipeline",
         )  # fmt: skip
     },
+    "IPUAutomaticSpeechRecognitionPipeline": _OTHER_PIPELINE,
 }
 _DATA = {
     "pad_on_batch_axis": "optimum_ipu.compat.data:pad_on_batch_axis",
     "DataCollatorForLanguageModelingWithMaxTokensMasked": (
         "optimum_ipu.compat.data:DataCollatorForLanguageModelingWithMaxTokensMasked"
     ),
+}
+_SEQ2SEQ_TRAINER = {
+    "IPUSeq2SeqTrainer": "optimum_ipu.trainer_seq2seq:IPUSeq2SeqTrainer",
+    "IPUSeq2SeqTrainingArguments": "optimum_ipu.trainer_seq2seq:IPUSeq2SeqTrainingArguments",
 }
 _VERSION = {"__version__": "optimum_ipu.compat.versions:OPTIMUM_GRAPHCORE_API_VERSION"}
 
@@ -122,8 +112,7 @@ TABLES: dict[str, dict[str, str | Missing]] = {
         **_CONFIG,
         **_TRAINER,
         **_VERSION,
-        "IPUSeq2SeqTrainer": _SEQ2SEQ,
-        "IPUSeq2SeqTrainingArguments": _SEQ2SEQ,
+        **_SEQ2SEQ_TRAINER,
         "pipeline": _PIPELINES["pipeline"],
         "IPUFillMaskPipeline": _PIPELINES["IPUFillMaskPipeline"],
         "IPUTokenClassificationPipeline": _PIPELINES["IPUTokenClassificationPipeline"],
@@ -142,36 +131,23 @@ TABLES: dict[str, dict[str, str | Missing]] = {
             "in the IPU config",
         ),
         "shift_tokens_right": "transformers.models.bart.modeling_bart:shift_tokens_right",
-        "PipelineMixin": Missing(
-            "a pipelined model here is the unchanged transformers module plus a stage plan, not a subclass",
-            "`to_pipelined(model, ipu_config)`; for an architecture without a cut spec "
-            "`to_pipelined(model, ipu_config, force=True)` or a `CutSpec` in `optimum_ipu.pipelining.CUT_SPECS`",
-        ),
-        "register": Missing(
-            "architectures are registered as declarative cut specs, not as pipelined classes",
-            "add a `CutSpec` to `optimum_ipu.pipelining.CUT_SPECS` under the config's `model_type`",
-        ),
-        "recomputation_checkpoint": Missing(
-            "it annotated the PopTorch graph",
-            "`recompute_checkpoint_every_layer=True` in the IPU config (or `--gradient_checkpointing`): "
-            "`parallelize()` then checkpoints every layer",
-        ),
+        "PipelineMixin": "optimum_ipu.compat.poptorch_helpers:PipelineMixin",
+        "register": "optimum_ipu.compat.poptorch_helpers:register",
+        "recomputation_checkpoint": "optimum_ipu.compat.poptorch_helpers:recomputation_checkpoint",
         "outline_attribute": Missing("it annotated the PopTorch graph for outlining", "remove the call"),
-        "split_encoder_decoder_ipu_config": _SEQ2SEQ,
+        "split_encoder_decoder_ipu_config": "optimum_ipu.pipelining.encoder_decoder:split_encoder_decoder_ipu_config",
         "SplitProjection": _POPTORCH_LAYER,
         "SharedEmbedding": _POPTORCH_LAYER,
         "OnehotGather": _POPTORCH_LAYER,
     },
     f"{G}.trainer": _TRAINER,
     f"{G}.training_args": {"IPUTrainingArguments": _TRAINER["IPUTrainingArguments"]},
-    f"{G}.trainer_seq2seq": {"IPUSeq2SeqTrainer": _SEQ2SEQ},
-    f"{G}.training_args_seq2seq": {"IPUSeq2SeqTrainingArguments": _SEQ2SEQ},
+    f"{G}.trainer_seq2seq": _SEQ2SEQ_TRAINER,
+    f"{G}.training_args_seq2seq": {
+        "IPUSeq2SeqTrainingArguments": _SEQ2SEQ_TRAINER["IPUSeq2SeqTrainingArguments"]
+    },
     f"{G}.trainer_utils": {
-        "to_poptorch_dataloader": Missing(
-            "PopTorch data loaders do not exist on the simulated IPU",
-            "IPUTrainer, which builds combined-batch loaders itself; in your own loop a torch `DataLoader` "
-            "with batch_size = micro-batch x `ipu_config.batch_size_factor()`",
-        )
+        "to_poptorch_dataloader": "optimum_ipu.compat.poptorch_helpers:to_poptorch_dataloader",
     },
     f"{G}.pipelines": _PIPELINES,
     f"{G}.data": _DATA,

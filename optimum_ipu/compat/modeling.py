@@ -9,6 +9,7 @@ this `to_pipelined` keeps the old call pattern by passing every other attribute 
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
@@ -66,18 +67,29 @@ class PipelinedModelView:
         return f"PipelinedModelView({self.pipelined.module.__class__.__name__}, {self.pipelined.plan.ipus_per_replica} IPUs)"
 
 
-def to_pipelined(model: nn.Module, ipu_config, force: bool = False) -> PipelinedModelView:
+def to_pipelined(model: nn.Module, ipu_config, force: bool = False):
     """Optimum Graphcore's `to_pipelined(model, ipu_config, force=False)`, on optimum-ipu's pipelining.
 
     Args:
-        model: a transformers model.
+        model: a transformers model, or a user's model that subclasses `PipelineMixin`.
         ipu_config: its `IPUConfig`; the config's current mode (`train()`/`eval()`) picks the layout.
         force: place an architecture without a cut spec with the generic cut
             (`force_to_pipelined=True` in optimum-ipu).
 
     Returns:
-        A `PipelinedModelView`: call `.parallelize()` on it, then use it as the model.
+        As the original: for a class registered with `register`, that class built with
+        `from_transformers(model, ipu_config)`; for a `PipelineMixin` model, a copy carrying a copy of
+        `ipu_config`. Otherwise a `PipelinedModelView`: call `.parallelize()` on it, then use it as the model.
     """
+    from optimum_ipu.compat.poptorch_helpers import PipelineMixin, pipelined_class_for
+
+    registered = pipelined_class_for(model)
+    if registered is not None:
+        return registered.from_transformers(model, ipu_config)
+    if isinstance(model, PipelineMixin):
+        clone = copy.deepcopy(model)
+        clone.ipu_config = copy.deepcopy(ipu_config)
+        return clone
     return PipelinedModelView(_to_pipelined(model, ipu_config, force_to_pipelined=force))
 
 

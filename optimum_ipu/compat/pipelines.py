@@ -13,7 +13,8 @@ The tasks are Optimum Graphcore's for the architectures optimum-ipu places: "ima
 (transformers v5 removed its extractive pipeline, so `IPUQuestionAnsweringPipeline` provides one, see
 `question_answering.py`), and "text-classification" ("sentiment-analysis"), "token-classification"
 ("ner"), "fill-mask", "zero-shot-classification" and "text-generation" (transformers' pipelines with
-the model call on the IPU, see `text_pipelines.py`). As in the original, the text tasks pad every
+the model call on the IPU, see `text_pipelines.py`), and "summarization", "translation" and
+"text2text-generation" (which transformers v5 removed; see `seq2seq_pipelines.py`). As in the original, the text tasks pad every
 input to the task's default length (128 tokens) unless `padding=` / `max_length=` say otherwise,
 and text generation stops at 50 tokens unless `max_length=` / `max_new_tokens=` say otherwise.
 """
@@ -32,6 +33,7 @@ from transformers import (
     AutoModelForImageClassification,
     AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
+    AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     AutoTokenizer,
@@ -41,6 +43,11 @@ from transformers import (
 from transformers.utils import ModelOutput
 
 from optimum_ipu.compat.question_answering import IPUQuestionAnsweringPipeline, RunsOnIPU
+from optimum_ipu.compat.seq2seq_pipelines import (
+    IPUSummarizationPipeline,
+    IPUText2TextGenerationPipeline,
+    IPUTranslationPipeline,
+)
 from optimum_ipu.compat.text_pipelines import (
     IPUFillMaskPipeline,
     IPUTextClassificationPipeline,
@@ -63,6 +70,9 @@ __all__ = [
     "IPUFillMaskPipeline",
     "IPUImageClassificationPipeline",
     "IPUInference",
+    "IPUSummarizationPipeline",
+    "IPUText2TextGenerationPipeline",
+    "IPUTranslationPipeline",
     "IPUTextClassificationPipeline",
     "IPUTextGenerationPipeline",
     "IPUTokenClassificationPipeline",
@@ -128,10 +138,25 @@ class IPUInference:
     def generating(self, prompt: Mapping[str, Any]) -> Iterator[None]:
         """Around transformers' `generate` on the placed model: compiled for the prompt, no gradients,
         every step's forward with the IPU's fp16 arithmetic (fp32 partials)."""
-        self.compile({k: v for k, v in prompt.items() if k in ("input_ids", "attention_mask")})
+        self.compile(_forward_sample(self.pipelined.module, prompt))
         self.pipelined.module.eval()
         with torch.no_grad(), fp16_compute_context(self.fp16_compute, self.pipelined.module.parameters()):
             yield
+
+
+def _forward_sample(model, prompt: Mapping[str, Any]) -> dict[str, Any]:
+    """What the compile step traces for a generation: the prompt's model inputs, and for an
+    encoder-decoder model one decoder step (the decoder start token), as each step of the loop runs."""
+    sample = {k: v for k, v in prompt.items() if k in ("input_ids", "attention_mask", "input_features")}
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False):
+        first = next(iter(sample.values()))
+        start = getattr(config, "decoder_start_token_id", None)
+        start = 0 if start is None else start
+        sample["decoder_input_ids"] = torch.full(
+            (first.shape[0], 1), start, dtype=torch.long, device=first.device
+        )
+    return sample
 
 
 class IPUImageClassificationPipeline(RunsOnIPU, ImageClassificationPipeline):
@@ -205,9 +230,48 @@ SUPPORTED_TASKS: dict[str, dict[str, Any]] = {
         "default": {"model": "gpt2", "ipu_config": {}, "max_length": 50},
         "type": "text",
     },
+    # Optimum Graphcore's defaults: inputs padded (and cut) to max_input_length tokens, up to max_length
+    # generated, on 2 IPUs (the encoder's and the decoder's).
+    "summarization": {
+        "impl": IPUSummarizationPipeline,
+        "class": (AutoModelForSeq2SeqLM,),
+        "default": {
+            "model": "ainize/bart-base-cnn",
+            "ipu_config": {"ipus_per_replica": 2},
+            "max_length": 20,
+            "max_input_length": 50,
+            "truncation": "only_first",
+        },  # fmt: skip
+        "type": "text",
+    },
+    "translation": {
+        "impl": IPUTranslationPipeline,
+        "class": (AutoModelForSeq2SeqLM,),
+        "default": {
+            "model": "t5-small",
+            "ipu_config": {"ipus_per_replica": 2},
+            "max_length": 50,
+            "max_input_length": 45,
+            "truncation": "only_first",
+        },  # fmt: skip
+        "type": "text",
+    },
+    "text2text-generation": {
+        "impl": IPUText2TextGenerationPipeline,
+        "class": (AutoModelForSeq2SeqLM,),
+        "default": {
+            "model": "t5-small",
+            "ipu_config": {"ipus_per_replica": 2},
+            "max_length": 50,
+            "max_input_length": 50,
+            "truncation": "only_first",
+        },  # fmt: skip
+        "type": "text",
+    },
 }
 TASK_ALIASES = {"sentiment-analysis": "text-classification", "ner": "token-classification"}
-GENERATION_TASKS = frozenset({"text-generation"})
+SEQ2SEQ_TASKS = frozenset({"summarization", "translation", "text2text-generation"})
+GENERATION_TASKS = frozenset({"text-generation"}) | SEQ2SEQ_TASKS
 
 
 def list_tasks() -> list[str]:
@@ -252,7 +316,8 @@ def pipeline(
     Args:
         task: one of `list_tasks()`: "question-answering", "image-classification", "text-classification"
             (alias "sentiment-analysis"), "token-classification" ("ner"), "fill-mask",
-            "zero-shot-classification", "text-generation".
+            "zero-shot-classification", "text-generation", "summarization", "translation" (or
+            "translation_xx_to_yy"), "text2text-generation".
         model: a model name or path, or a loaded transformers model (then pass its `tokenizer` or
             `feature_extractor` too). None loads the original's default model from the Hub.
         ipu_config: an `IPUConfig`, a config name or path, or a dict; None takes the original's default
@@ -278,6 +343,8 @@ def pipeline(
             f"Pass the task: one of {list_tasks()} (the task cannot be looked up on the Hub offline)."
         )
     targeted = TASK_ALIASES.get(task, task)
+    if task.startswith("translation_"):  # translation_en_to_fr: the languages pick the model's prefix
+        targeted = "translation"
     if targeted not in SUPPORTED_TASKS:
         raise ValueError(
             f"Task {task!r} has no pipeline on the simulated IPU; supported tasks: {', '.join(list_tasks())}. "
@@ -352,6 +419,9 @@ def _task_defaults(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     if task in GENERATION_TASKS:
         if "max_new_tokens" not in kwargs:
             kwargs.setdefault("max_length", length)
+        if task in SEQ2SEQ_TASKS:
+            for name in ("max_input_length", "truncation"):
+                kwargs.setdefault(name, SUPPORTED_TASKS[task]["default"][name])
         return kwargs
     if "max_length" not in kwargs and "padding" not in kwargs:
         logger.warning(

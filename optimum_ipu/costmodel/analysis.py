@@ -42,6 +42,7 @@ def analyse(
     optimizer: str = "adamw",
     fp32: bool = False,
     cache_dir: str | None = None,
+    pipelined_inference: bool = False,
 ) -> CompileReport:
     """Estimate per-IPU memory and throughput of `model` laid out by `plan` under `ipu_config`.
 
@@ -59,6 +60,7 @@ def analyse(
         fp32: compute in fp32 instead of fp16.
         cache_dir: keep the traced profile in this folder (the IPU config's `executable_cache_dir`),
             so analysing the same model, layout and inputs again skips the trace; None: no cache.
+        pipelined_inference: price inference as pipelined (PopTorch's default) instead of sharded.
 
     Returns:
         A `CompileReport` (`report.from_cache` tells whether the trace was reused);
@@ -67,7 +69,7 @@ def analyse(
     spec = chip(hardware)
     workload = Workload.from_ipu_config(
         ipu_config, micro_batch_size=micro_batch_size, training=training, optimizer=optimizer, fp32=fp32,
-        ipus_per_replica=plan.ipus_per_replica,
+        ipus_per_replica=plan.ipus_per_replica, pipelined_inference=pipelined_inference,
     )  # fmt: skip
     if sample_inputs is None:
         sample_inputs = sample_inputs_for(model, micro_batch_size, seq_len, image_size)

@@ -29,6 +29,15 @@ _GPT2_MEDIUM = dict(_GPT2, n_embd=1024, n_layer=24, n_head=16)
 _VIT_BASE = dict(model_type="vit", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                  intermediate_size=3072, image_size=224, patch_size=16, num_channels=3, hidden_dropout_prob=0.0,
                  attention_probs_dropout_prob=0.0)  # fmt: skip
+_MPNET_BASE = dict(model_type="mpnet", vocab_size=30527, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                   intermediate_size=3072, max_position_embeddings=514, layer_norm_eps=1e-5)  # fmt: skip
+# Wav2Vec2Config's and HubertConfig's defaults are the base checkpoints' (7 convolutions of 512 channels,
+# group norm, 12 post-norm layers); the CTC fine-tunes add a 32-character vocabulary.
+_WAV2VEC2_BASE = dict(model_type="wav2vec2", vocab_size=32)
+_WAV2VEC2_LARGE = dict(_WAV2VEC2_BASE, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                       intermediate_size=4096, feat_extract_norm="layer", do_stable_layer_norm=True,
+                       conv_bias=True)  # fmt: skip
+_HUBERT_BASE = dict(model_type="hubert", vocab_size=32)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "bert-base-uncased": _BERT_BASE,
@@ -42,6 +51,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpt2-medium": _GPT2_MEDIUM,
     "google/vit-base-patch16-224-in21k": _VIT_BASE,
     "google/vit-base-patch16-224": dict(_VIT_BASE, num_labels=1000),
+    "microsoft/mpnet-base": _MPNET_BASE,
+    "facebook/wav2vec2-base": _WAV2VEC2_BASE,
+    "facebook/wav2vec2-large-lv60": _WAV2VEC2_LARGE,
+    "facebook/hubert-base-ls960": _HUBERT_BASE,
 }
 # Hub ids that name the same checkpoints (the Hub's renamed repos, Graphcore's copies).
 ALIASES = {
@@ -53,6 +66,9 @@ ALIASES = {
     "distilbert/distilbert-base-uncased": "distilbert-base-uncased",
     "openai-community/gpt2": "gpt2",
     "openai-community/gpt2-medium": "gpt2-medium",
+    "facebook/wav2vec2-base-960h": "facebook/wav2vec2-base",
+    "facebook/wav2vec2-large-960h-lv60-self": "facebook/wav2vec2-large-lv60",
+    "sentence-transformers/all-mpnet-base-v2": "microsoft/mpnet-base",
 }
 # --task -> transformers Auto class building that head.
 TASKS = {
@@ -63,9 +79,27 @@ TASKS = {
     "pretraining": "AutoModelForPreTraining",
     "causal-lm": "AutoModelForCausalLM",
     "image-classification": "AutoModelForImageClassification",
+    "ctc": "AutoModelForCTC",
+    "audio-classification": "AutoModelForAudioClassification",
+    # Encoder-decoder models: the LM head, trained on (source, target) pairs of --seq-len tokens each.
+    "summarization": "AutoModelForSeq2SeqLM",
+    "translation": "AutoModelForSeq2SeqLM",
     "base": "AutoModel",
 }
-_DEFAULT_TASK = {"vit": "image-classification", "gpt2": "causal-lm"}  # others: question-answering
+# Others: question-answering. The speech defaults are the heads of the bundled configs
+# (Graphcore/wav2vec2-ctc-*-ipu, Graphcore/hubert-base-ipu).
+_DEFAULT_TASK = {
+    "vit": "image-classification",
+    "gpt2": "causal-lm",
+    "wav2vec2": "ctc",
+    "hubert": "audio-classification",
+    "bart": "summarization",
+    "t5": "summarization",
+    "mt5": "summarization",
+}
+
+
+AUDIO_MODEL_TYPES = ("wav2vec2", "hubert")
 
 
 @dataclass(frozen=True)
@@ -80,12 +114,18 @@ class ModelSource:
     def is_vision(self) -> bool:
         return "image_size" in self.config and "num_channels" in self.config
 
+    @property
+    def is_audio(self) -> bool:
+        """A speech model: its `--seq-len` counts feature frames (20 ms each for Wav2Vec2 and HuBERT)."""
+        return self.config.get("model_type") in AUDIO_MODEL_TYPES
+
 
 def resolve_model(name_or_path: str, task: str | None = None) -> ModelSource:
     """Find the config of `name_or_path` (folder, config.json or preset) and the class to build.
 
     Without `task` a config.json's `architectures` decides; else ViT plans image classification,
-    GPT-2 causal LM, and the BERT family question answering.
+    GPT-2 causal LM, Wav2Vec2 CTC, HuBERT audio classification, and the BERT family (MPNet too)
+    question answering.
 
     Raises:
         ValueError: unknown name (the message lists the presets) or unknown task.
@@ -124,4 +164,7 @@ def build_meta_model(source: ModelSource):
     config._name_or_path = source.name
     cls = getattr(transformers, source.builder)
     with torch.device("meta"):
-        return cls.from_config(config) if source.builder.startswith("AutoModel") else cls(config)
+        model = cls.from_config(config) if source.builder.startswith("AutoModel") else cls(config)
+    # A parameter made with the legacy `torch.Tensor(n)` constructor ignores the device context
+    # (Wav2Vec2's and HuBERT's `masked_spec_embed`, one vector): move it too.
+    return model.to("meta")

@@ -165,14 +165,28 @@ class ModelProfile:
 
     def placement(self, layers_per_ipu: Sequence[int], ipus_per_replica: int) -> dict[str, int]:
         """IPU of every block for another `layers_per_ipu`: layers by `pipelining.placement` (the rule
-        `build_stage_plan` applies), embeddings and tied heads on IPU 0, other heads on the last."""
+        `build_stage_plan` applies), embeddings and tied heads on IPU 0, other heads on the last; an
+        "attached" block (a stack's final norm) with the layer before it, a "leading" one (Whisper's
+        decoder embedding) with the layer after it."""
         rule = placement_rule()
         layer_ipus = iter(rule.ipu_of_each_layer(self.num_layers, layers_per_ipu, ipus_per_replica))
         last = ipus_per_replica - 1
-        return {
-            b.name: next(layer_ipus) if b.kind == "layer" else (0 if b.on_first_ipu else last)
-            for b in self.blocks
-        }
+        ipus: dict[str, int] = {}
+        previous_layer, leading = None, []
+        for b in self.blocks:
+            if b.kind == "layer":
+                ipus[b.name] = previous_layer = next(layer_ipus)
+                for name in leading:
+                    ipus[name] = previous_layer
+                leading = []
+            elif b.kind == "attached" and previous_layer is not None:
+                ipus[b.name] = previous_layer
+            elif b.kind == "leading":
+                leading.append(b.name)
+            else:
+                ipus[b.name] = 0 if b.on_first_ipu else last
+        ipus.update({name: last for name in leading})  # no layer after them
+        return {b.name: ipus[b.name] for b in self.blocks}
 
     @property
     def output_bytes(self) -> int:

@@ -15,9 +15,11 @@ one element is not counted as moved data, a kink at 1.
 
 The shipped set records the hash of the tracer's source (`trace.py`, `profile.py`): a profile traced
 by another tracer is never used, and `python tools/trace_shipped_profiles.py` traces them again. The
-torch and transformers versions they were traced with are recorded, not enforced: the modelling code
-of these architectures gives the same shapes across the versions this package supports
-(`tests/costmodel/test_shipped.py` compares shipped profiles with fresh traces).
+torch and transformers versions they were traced with are recorded, and a shipped profile is used only
+where it is proven: with a transformers release from `LOWEST_PROVEN_TRANSFORMERS` (the lowest that
+`pyproject.toml` admits) up to the release they were traced with. CI compares shipped profiles with
+fresh traces on both ends (`tests/costmodel/test_shipped.py`); outside that range the model is traced
+(once, then cached), because the modelling code of another release may give other shapes.
 """
 
 from __future__ import annotations
@@ -37,6 +39,21 @@ MICRO_BATCHES = (1, 2, 4)
 _TRACER_SOURCES = ("trace.py", "profile.py")
 # Heads shipped besides each preset's default: what the calibration's published BERT runs train.
 _EXTRA_TASKS = {"bert-base-uncased": ("pretraining",), "bert-large-uncased": ("pretraining",)}
+
+
+# The lowest transformers release the shipped profiles are checked against (CI's second leg).
+LOWEST_PROVEN_TRANSFORMERS = "5.18"
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string: "5.24.0" -> (5, 24), "5.25.0.dev0" -> (5, 25)."""
+    parts = [int("".join(c for c in p if c.isdigit()) or 0) for p in version.split(".")[:2]]
+    return (parts + [0, 0])[0], (parts + [0, 0])[1]
+
+
+def proven_for(installed: str, traced: str) -> bool:
+    """Whether profiles traced with transformers `traced` are proven for the `installed` release."""
+    return _release(LOWEST_PROVEN_TRANSFORMERS) <= _release(installed) <= _release(traced)
 
 
 def tracer_hash() -> str:
@@ -103,6 +120,15 @@ def derive_micro_batch(at2: ModelProfile, at4: ModelProfile, size: int) -> Model
     return ModelProfile.from_dict(data)
 
 
+def _installed_transformers() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
 def _read(model_key: str) -> dict[str, Any] | None:
     try:
         with gzip.open(SHIPPED_DIR / f"{model_key}.json.gz", "rt") as file:
@@ -118,6 +144,8 @@ def load_shipped(
     """The shipped profile for these settings, or None (not shipped, or traced by another tracer)."""
     shipped = _read(_model_key(config, builder))
     if shipped is None or shipped.get("tracer") != tracer_hash():
+        return None
+    if not proven_for(_installed_transformers(), shipped.get("versions", {}).get("transformers", "0")):
         return None
     entry = shipped["profiles"].get(_shape_key(seq_len, image_size, training, float_bytes))
     if entry is None:
@@ -141,7 +169,8 @@ def shipped_settings():
             if source.is_vision:
                 yield source, None, source.config.get("image_size")
             else:
+                # Speech models count frames and have no position table to limit them.
                 limit = source.config.get("max_position_embeddings") or source.config.get("n_positions")
                 for seq_len in SEQ_LENS:
-                    if seq_len <= limit:
+                    if limit is None or seq_len <= limit:
                         yield source, seq_len, None

@@ -43,6 +43,33 @@ _FREE = {
 }  # fmt: skip
 
 
+def _static_masked_select(tensor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # The selected count depends on the data; a static IPU graph holds the largest: every element.
+    return torch.empty(
+        torch.broadcast_shapes(tensor.shape, mask.shape).numel(), dtype=tensor.dtype, device="meta"
+    )
+
+
+def _meta_ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, *_args, **_kwargs):
+    # (negative log-likelihood per sample, the alpha table: time x (2 x longest target + 1) per sample);
+    # flattened targets are bounded by their total length.
+    frames, batch = log_probs.shape[0], log_probs.shape[1]
+    longest = targets.shape[-1] if targets.dim() == 2 else targets.numel()
+    return (
+        torch.empty(batch, dtype=log_probs.dtype, device="meta"),
+        torch.empty(batch, frames, 2 * longest + 1, dtype=log_probs.dtype, device="meta"),
+    )
+
+
+# Operators without a meta kernel that models use (CTC's loss and its target selection): their output
+# shapes, as a static graph would have them.
+_META_SHAPES = {
+    aten.masked_select.default: _static_masked_select,
+    aten._ctc_loss.default: _meta_ctc_loss,
+    aten._ctc_loss.Tensor: _meta_ctc_loss,
+}
+
+
 # -- the meta copy ------------------------------------------------------------------------------------
 
 
@@ -102,7 +129,9 @@ def sample_inputs_for(
 
     Text models get `input_ids` / `attention_mask` (/ `token_type_ids`) of length `seq_len` (default
     the smaller of 384 and the model's maximum); vision models get `pixel_values` of `image_size`
-    (default the config's).
+    (default the config's); speech models (Wav2Vec2, HuBERT) get `input_values`, a waveform just long
+    enough for their feature encoder to make `seq_len` frames (default 384, 7.7 s at 16 kHz), and CTC
+    transcripts of a quarter as many tokens (12.5 a second; read speech runs at about 15 characters).
     """
     config = model.config
     accepted = set(inspect.signature(model.forward).parameters)
@@ -116,6 +145,10 @@ def sample_inputs_for(
         if "interpolate_pos_encoding" in accepted and size != getattr(config, "image_size", size):
             inputs["interpolate_pos_encoding"] = True
         token_shape: tuple[int, ...] = (b,)
+    elif "input_values" in accepted:
+        frames = int(seq_len or 384)
+        inputs["input_values"] = torch.empty(b, _waveform_length(config, frames), device=meta)
+        token_shape = (b,) if _is_classifier(model) else (b, max(1, frames // 4))
     else:
         max_len = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 512)
         length = int(seq_len or min(384, max_len))
@@ -125,7 +158,6 @@ def sample_inputs_for(
             inputs["attention_mask"] = torch.empty(token_shape, **long)
         if "token_type_ids" in accepted and getattr(config, "type_vocab_size", 0):
             inputs["token_type_ids"] = torch.empty(token_shape, **long)
-    name = type(model).__name__
     if "start_positions" in accepted:
         inputs["start_positions"] = torch.empty(b, **long)
         inputs["end_positions"] = torch.empty(b, **long)
@@ -133,7 +165,7 @@ def sample_inputs_for(
         inputs["labels"] = torch.empty(token_shape, **long)
         inputs["next_sentence_label"] = torch.empty(b, **long)
     elif "labels" in accepted:
-        if name.endswith(("SequenceClassification", "ImageClassification")):
+        if _is_classifier(model):
             if getattr(config, "problem_type", None) == "multi_label_classification":
                 inputs["labels"] = torch.empty(b, config.num_labels, device=meta)
             else:
@@ -141,6 +173,18 @@ def sample_inputs_for(
         elif len(token_shape) == 2:
             inputs["labels"] = torch.empty(token_shape, **long)
     return inputs
+
+
+def _is_classifier(model: nn.Module) -> bool:
+    return type(model).__name__.endswith(("SequenceClassification", "ImageClassification"))
+
+
+def _waveform_length(config, frames: int) -> int:
+    """The fewest samples from which the convolutional feature encoder makes `frames` frames."""
+    length = frames
+    for kernel, stride in reversed(list(zip(config.conv_kernel, config.conv_stride))):
+        length = (length - 1) * stride + kernel
+    return length
 
 
 # -- the recorder ------------------------------------------------------------------------------------
@@ -180,7 +224,10 @@ class _Recorder(TorchDispatchMode):
             return False if args[0].dtype == torch.bool else 1
         if func is aten._to_copy.default and kwargs.get("device") is not None:
             kwargs = {**kwargs, "device": torch.device("meta")}  # device moves of a parallelized model
-        out = func(*args, **kwargs)
+        if func in _META_SHAPES and any(isinstance(t, torch.Tensor) and t.is_meta for t in tree_leaves(args)):
+            out = _META_SHAPES[func](*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
         self._record(func, args, kwargs, out)
         return out
 

@@ -97,8 +97,13 @@ class Workload:
         optimizer: str = "adamw",
         fp32: bool = False,
         ipus_per_replica: int | None = None,
+        pipelined_inference: bool = False,
     ) -> Workload:
-        """Read `ipu_config` in its current mode; `ipus_per_replica` defaults to the config's."""
+        """Read `ipu_config` in its current mode; `ipus_per_replica` defaults to the config's.
+
+        `pipelined_inference`: inference as PopTorch's `PipelinedExecution` (the stages overlap across
+        device iterations) instead of Optimum Graphcore's sharded inference.
+        """
         ipus = int(ipus_per_replica or _attr(ipu_config, "ipus_per_replica", None) or 0)
         if ipus < 1:
             ipus = len(_attr(ipu_config, "layers_per_ipu", [-1]))
@@ -125,6 +130,7 @@ class Workload:
             optimizer=optimizer.lower(),
             fp32=fp32,
             half_first_order_momentum=bool(_attr(ipu_config, "enable_half_first_order_momentum", False)),
+            pipelined_inference=pipelined_inference and not training,
         )
 
     @property

@@ -29,10 +29,21 @@ class RunContext:
     path: Path | None = None
     kind: str = "script"
     data_flags: list[str] = field(default_factory=list)
+    model_flags: list[str] = field(default_factory=list)
     serve_metrics: bool = True
 
 
 _current = RunContext()
+_MODEL_FIELD = re.compile(
+    r"^\s+(model_name_or_path|config_name|tokenizer_name|feature_extractor_name|image_processor_name|"
+    r"ipu_config_name)\s*:",
+    re.MULTILINE,
+)
+
+
+def model_flags(source: str) -> list[str]:
+    """The `--flags` of a script's argument dataclasses that name a model, config or tokenizer."""
+    return [f"--{name}" for name in dict.fromkeys(_MODEL_FIELD.findall(source))]
 
 
 def current() -> RunContext:

@@ -21,6 +21,7 @@ from optimum_ipu.launcher import _context
 from optimum_ipu.launcher._report import LauncherError, note
 from optimum_ipu.launcher.runner import (
     exit_code,
+    hub_offline_error,
     print_user_traceback,
     program_environment,
     where_in_user_code,
@@ -129,6 +130,9 @@ def run_notebook(path: str | os.PathLike, args: list[str], serve_metrics: bool =
             except KeyboardInterrupt:
                 raise
             except BaseException as error:
+                offline = hub_offline_error(error, user_files)
+                if offline is not None:
+                    raise offline from None
                 print_user_traceback(error, user_files)
                 print(f"{notebook.name}: cell {cell.number} raised {type(error).__name__}; the cells after it did "
                       "not run.", file=sys.stderr)  # fmt: skip

@@ -76,6 +76,56 @@ def where_in_user_code(error: BaseException, user_files: tuple[str, ...]) -> str
     return place
 
 
+_OFFLINE_MARKERS = (
+    "couldn't connect to 'https://huggingface.co'",
+    "offlinemodeisenabled",
+    "offline mode is enabled",
+)
+_REPO_ARGUMENTS = ("pretrained_model_name_or_path", "path_or_repo_id", "repo_id", "name_or_path")
+
+
+def _chain(error: BaseException):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def hub_offline_error(error: BaseException, user_files: tuple[str, ...]) -> LauncherError | None:
+    """One line for a `from_pretrained` that needed the Hub while offline (or unreachable), else None.
+
+    transformers raises an `OSError` whose traceback runs through its own hub code and names no
+    model; the line names the model id (read from the failing call's frame), where in the user's
+    code it was asked for, and the way out: the script's own model flags, or a local folder.
+    """
+    if not any(
+        any(marker in f"{type(e).__name__} {e}".lower() for marker in _OFFLINE_MARKERS) for e in _chain(error)
+    ):
+        return None
+    name = None
+    tb = error.__traceback__
+    while tb is not None:
+        for argument in _REPO_ARGUMENTS:
+            value = tb.tb_frame.f_locals.get(argument)
+            if isinstance(value, (str, os.PathLike)) and name is None:
+                name = str(value)
+        tb = tb.tb_next
+    offline = any(os.environ.get(v, "") not in ("", "0") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    why = "which is offline here" if offline else "which could not be reached"
+    context = _context.current()
+    if context.kind == "script" and context.model_flags:
+        way_out = f"give a local model folder with the script's {', '.join(context.model_flags)}"
+    else:
+        way_out = "load it from a local folder (one written by save_pretrained)"
+    way_out += ", or put the model in the local Hugging Face cache first (`hf download MODEL` while online)"
+    place = where_in_user_code(error, user_files)
+    what = f"{name!r}" if name else "a model, config or tokenizer"
+    return LauncherError(
+        f"{place + ': ' if place else ''}{what} needs the Hugging Face Hub, {why}: {way_out}."
+    )
+
+
 def run_script(path: str | os.PathLike, args: list[str], serve_metrics: bool = True) -> int:
     """Run the Python script `path` with command-line `args` as `__main__`; return its exit status.
 
@@ -96,7 +146,7 @@ def run_script(path: str | os.PathLike, args: list[str], serve_metrics: bool = T
     except (OSError, UnicodeDecodeError) as error:
         raise LauncherError(f"{path}: cannot read the script ({error}).") from None
     context = _context.RunContext(path=script, kind="script", data_flags=_context.data_file_flags(source),
-                                  serve_metrics=serve_metrics)  # fmt: skip
+                                  model_flags=_context.model_flags(source), serve_metrics=serve_metrics)  # fmt: skip
     user_files = (str(script),)
     with program_environment(context, [str(path), *args]), compatibility_shims(notebook=False):
         try:
@@ -109,6 +159,9 @@ def run_script(path: str | os.PathLike, args: list[str], serve_metrics: bool = T
         except KeyboardInterrupt:
             raise
         except BaseException as error:  # the script's own failure: its traceback, status 1
+            offline = hub_offline_error(error, user_files)
+            if offline is not None:
+                raise offline from None
             print_user_traceback(error, user_files)
             return 1
     return 0

@@ -115,27 +115,48 @@ class PipelinedModel:
 
     def _serialize_embedding(self) -> None:
         factor = self._serialization_factor()
-        if factor <= 1 or self.spec.word_embedding is None:
-            return
-        path = self.path_of(self.spec.word_embedding)
+        if factor > 1 and self.spec.word_embedding is not None:
+            path = self.path_of(self.spec.word_embedding)
+            table = self.module.get_submodule(path)
+            if not isinstance(table, nn.Embedding):
+                raise TypeError(f"{path} is a {type(table).__name__}, expected nn.Embedding to serialize.")
+            weight = table.weight
+            for module_path, module in list(self.module.named_modules(remove_duplicate=False)):
+                # Every module reading the table: the embedding itself, the copies an encoder-decoder
+                # model's encoder and decoder hold (sharing the weight), and a head tied to it, which is
+                # as large as the table and serialized the same way.
+                if isinstance(module, nn.Embedding) and module.weight is weight:
+                    self._replace(module_path, SerializedEmbedding(module, factor))
+                elif isinstance(module, nn.Linear) and module.weight is weight:
+                    self._replace(module_path, SerializedLinear(module, factor))
+        self._serialize_projection()
+
+    def _serialize_projection(self) -> None:
+        """An output projection not tied to the word embedding (MT5's LM head), serialized by
+        `projection_serialization_factor` or `serialized_projection_splits_per_ipu` (their sum)."""
+        splits = getattr(self.ipu_config, "serialized_projection_splits_per_ipu", None)
+        factor = (
+            int(sum(splits))
+            if splits
+            else int(getattr(self.ipu_config, "projection_serialization_factor", 1) or 1)
+        )
+        path = untied_output_projection(self.module)
+        if factor > 1 and path is not None:
+            self._replace(path, SerializedLinear(self.module.get_submodule(path), factor))
+
+    def _replace(self, path: str, module: nn.Module) -> None:
         original = self.module.get_submodule(path)
-        if not isinstance(original, nn.Embedding):
-            raise TypeError(f"{path} is a {type(original).__name__}, expected nn.Embedding to serialize.")
-        _set_submodule(self.module, path, SerializedEmbedding(original, factor))
+        _set_submodule(self.module, path, module)
         self._undo.append(lambda: _set_submodule(self.module, path, original))
 
-        # A head tied to the word embedding is as large as it: serialize it the same way.
-        for head_path, head in list(self.module.named_modules()):
-            if isinstance(head, nn.Linear) and head.weight is original.weight:
-                _set_submodule(self.module, head_path, SerializedLinear(head, factor))
-                self._undo.append(lambda p=head_path, h=head: _set_submodule(self.module, p, h))
-
     def _add_recompute_checkpoints(self) -> None:
-        config = getattr(self.module, "config", None)
-        if getattr(config, "use_cache", False):
-            # A KV cache would be written a second time when a layer is recomputed in backward.
-            config.use_cache = False
-            self._undo.append(lambda: setattr(config, "use_cache", True))
+        # A KV cache would be written a second time when a layer is recomputed in backward. The stacks
+        # of an encoder-decoder model (T5's) hold configs of their own.
+        configs = {id(c): c for m in self.module.modules() if (c := getattr(m, "config", None)) is not None}
+        for config in configs.values():
+            if getattr(config, "use_cache", False) is True:
+                config.use_cache = False
+                self._undo.append(lambda c=config: setattr(c, "use_cache", True))
         for block in self.plan.layer_blocks:
             layer = self.module.get_submodule(block.modules[0])
             layer.forward = _checkpointed(layer, layer.forward)
@@ -143,7 +164,9 @@ class PipelinedModel:
 
     def _place_on_devices(self, devices: list[torch.device]) -> None:
         if len(devices) < self.plan.ipus_per_replica:
-            raise ValueError(f"{len(devices)} devices given for {self.plan.ipus_per_replica} IPUs per replica.")
+            raise ValueError(
+                f"{len(devices)} devices given for {self.plan.ipus_per_replica} IPUs per replica."
+            )
         if len(set(devices)) == 1:
             # Every IPU maps to the same torch device: move once, no per-block hooks on the hot path.
             self.module.to(devices[0])
@@ -158,6 +181,23 @@ class PipelinedModel:
                     with_kwargs=True,
                 )
                 self._undo.append(handle.remove)
+        # Parameters held directly by a module no block owns (Wav2Vec2's `masked_spec_embed`, a
+        # weighted layer sum's `layer_weights`) live with the first IPU's blocks.
+        for name, param in self.module.named_parameters():
+            if self.plan.ipu_of_module(name.rpartition(".")[0]) is None:
+                param.data = param.data.to(devices[0])
+
+
+def untied_output_projection(model: nn.Module) -> str | None:
+    """Path of `model`'s output projection (`get_output_embeddings()`) when it is an `nn.Linear` whose
+    weight is not shared with an input embedding (MT5's LM head); None otherwise."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if not isinstance(head, nn.Linear) or type(head) is not nn.Linear:
+        return None
+    if any(isinstance(m, nn.Embedding) and m.weight is head.weight for m in model.modules()):
+        return None
+    return next((path for path, m in model.named_modules() if m is head), None)
 
 
 def to_pipelined(model: nn.Module, ipu_config, force_to_pipelined: bool = False) -> PipelinedModel:

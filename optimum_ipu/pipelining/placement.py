@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from optimum_ipu._config_schema import IPUConfigError
+from optimum_ipu.configuration.schema import IPUConfigError
 
 
 class PlacementError(IPUConfigError):
@@ -110,3 +110,37 @@ def stage_of_each_block(ipus: Sequence[int], ipus_per_replica: int) -> list[int]
             returned = True
             stages.append(max(ipus_per_replica, stages[-1] + 1))
     return stages
+
+
+def encoder_decoder_cut(
+    counts: Sequence[int], num_encoder_layers: int, attribute: str = "layers_per_ipu"
+) -> int:
+    """How many of a pipeline's IPUs (with `counts` layers each, encoder then decoder) the encoder takes
+    when the encoder and the decoder run as two pipelines of their own, as for generation.
+
+    The cut must fall between two IPUs (no IPU holds layers of both) and give the encoder a power of
+    two of IPUs; of the cuts that qualify (empty IPUs make several), the largest, as Optimum Graphcore
+    chose it. `attribute` names the setting in the error (`inference_layers_per_ipu`).
+
+    >>> encoder_decoder_cut([0, 8, 8, 0], 8)
+    2
+    """
+    running, ends, cuts = 0, [], []
+    for ipus, count in enumerate(counts, start=1):
+        running += count
+        if running == num_encoder_layers:
+            ends.append(ipus)
+            if ipus & (ipus - 1) == 0:
+                cuts.append(ipus)
+    if not cuts:
+        where = (
+            f"they end with IPU {ends[-1] - 1}, so the encoder would take {ends[-1]} IPUs"
+            if ends
+            else "an IPU holds layers of both"
+        )
+        raise PlacementError(
+            f"{attribute}={list(counts)} cannot be split between the encoder ({num_encoder_layers} layers) and the "
+            f"decoder ({sum(counts) - num_encoder_layers} layers): the encoder's layers must fill the first 1, 2, 4, "
+            f"... IPUs exactly, and {where}. Move layers so the encoder's end on IPU 0, 1, 3, 7, ..."
+        )
+    return max(cuts)

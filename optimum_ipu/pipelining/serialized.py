@@ -42,6 +42,8 @@ class SerializedEmbedding(nn.Module):
         self.embedding_dim = embedding.embedding_dim
         self.padding_idx = embedding.padding_idx
         self.max_norm = embedding.max_norm
+        # transformers' scaled word embeddings (BART's with `scale_embedding`) multiply the lookup by this.
+        self.embed_scale = getattr(embedding, "embed_scale", None)
         self.original = [embedding]  # a list so the original is not registered as a submodule
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -60,6 +62,8 @@ class SerializedEmbedding(nn.Module):
             )
             piece = piece * in_slice.unsqueeze(-1).to(piece.dtype)
             out = piece if out is None else out + piece
+        if self.embed_scale is not None:
+            out = out * self.embed_scale
         return out
 
     def extra_repr(self) -> str:

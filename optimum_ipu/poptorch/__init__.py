@@ -9,6 +9,7 @@ simulated and what has no effect here: docs/poptorch.md.
 from optimum_ipu.poptorch import enums, ops, optim
 from optimum_ipu.poptorch._annotations import BeginBlock, Block, BlockFunction, removeBlocks
 from optimum_ipu.poptorch._dataloader import AsynchronousDataAccessor, DataLoader
+from optimum_ipu.poptorch._export import load
 from optimum_ipu.poptorch._logging import Error, RecoverableError, UnrecoverableError, logger, setLogLevel
 from optimum_ipu.poptorch._poplar_executor import PoplarExecutor, inferenceModel, trainingModel
 from optimum_ipu.poptorch.blocks import (
@@ -47,6 +48,17 @@ from optimum_ipu.poptorch.options import Options, TensorLocationSettings
 
 __version__ = "3.4.0+optimum_ipu"
 
+
+def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
+    """Whether `num_ipus` IPUs can be used: the simulated IPU provides up to 64 per process (PopTorch's limit)."""
+    return 0 < num_ipus <= 64
+
+
+def ipuHardwareVersion() -> int:
+    """The IPU version the programs run on: 2 (Mk2 GC200, which the simulated IPU models)."""
+    return 2
+
+
 __all__ = [
     "AsynchronousDataAccessor",
     "AutoStage",
@@ -83,6 +95,9 @@ __all__ = [
     "identity_loss",
     "inferenceModel",
     "ipu_print_tensor",
+    "ipuHardwareIsAvailable",
+    "ipuHardwareVersion",
+    "load",
     "logger",
     "nop",
     "ops",

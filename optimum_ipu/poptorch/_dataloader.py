@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from optimum_ipu.poptorch import _distributed
 from optimum_ipu.poptorch._logging import logger
 from optimum_ipu.poptorch.enums import DataLoaderMode
 from optimum_ipu.poptorch.options import Options
@@ -23,10 +24,11 @@ __all__ = ["AsynchronousDataAccessor", "DataLoader"]
 
 
 def combined_batch_factor(options: Options) -> int:
-    """Micro-batches per host call that read distinct data: DI x (replicas / input group size) x GA."""
+    """Micro-batches per host call that read distinct data: DI x (replicas / input group size) x GA,
+    of this process's replicas under torchrun (`_distributed`)."""
     return (
         options.device_iterations
-        * (options.replication_factor // options.input_group_size)
+        * (options.replication_factor // options.input_group_size // _distributed.processes(options))
         * options.Training.gradient_accumulation
     )
 
@@ -40,6 +42,8 @@ class DataLoader(torch.utils.data.DataLoader):
         batch_size: the micro-batch size (samples per replica per step), or None for unbatched items.
         shuffle, num_workers, drop_last (default True), persistent_workers: as torch's DataLoader.
         mode: `DataLoaderMode.Sync` (default), `Async` or `AsyncRebatched` (load ahead in workers).
+        auto_distributed_partitioning: under torchrun, hand each process its replicas' part of every
+            combined batch (default True; False: each process's dataset is its own).
         async_options, rebatched_worker_size: accepted for PopTorch compatibility.
         **kwargs: passed to `torch.utils.data.DataLoader`.
     """
@@ -80,6 +84,28 @@ class DataLoader(torch.utils.data.DataLoader):
             num_workers = 1  # an asynchronous loader loads in a worker process
         if persistent_workers is None:
             persistent_workers = num_workers > 0
+        share = (
+            _distributed.processes(options) > 1 and auto_distributed_partitioning and batch_size is not None
+        )
+        if share and not isinstance(dataset, torch.utils.data.IterableDataset):
+            # Under torchrun: one shuffle for every process, and each takes its replicas' samples.
+            sampler = kwargs.pop("sampler", None)
+            if sampler is None:
+                sampler = (
+                    _distributed.SharedShuffle(dataset)
+                    if shuffle
+                    else torch.utils.data.SequentialSampler(dataset)
+                )
+            kwargs["batch_sampler"] = _distributed.LocalReplicaBatches(
+                torch.utils.data.BatchSampler(sampler, self._combined_batch_size * _distributed.processes(options),
+                                              drop_last),
+                batch_size, options.device_iterations, options.Training.gradient_accumulation,
+                options.replication_factor, _distributed.local_replicas(options),
+            )  # fmt: skip
+            super().__init__(
+                dataset, num_workers=num_workers, persistent_workers=persistent_workers, **kwargs
+            )
+            return
         super().__init__(
             dataset, batch_size=self._combined_batch_size, shuffle=bool(shuffle), num_workers=num_workers,
             drop_last=drop_last, persistent_workers=persistent_workers, **kwargs,

@@ -15,6 +15,7 @@ other's weights at once (PopTorch copies them lazily; the result is the same), a
 
 from __future__ import annotations
 
+import contextlib
 import types
 import weakref
 from typing import Any
@@ -23,14 +24,22 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from optimum_ipu.poptorch import _outputs
+from optimum_ipu.poptorch import _distributed, _export, _outputs
 from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._logging import Error, logger
+from optimum_ipu.poptorch._recompute import finding_recomputed_modules, recomputing
+from optimum_ipu.poptorch._report import (
+    PopTorchOutOfMemoryError,
+    compile_report,
+    recording_module_blocks,
+    stage_plan_from_blocks,
+)
 from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
 from optimum_ipu.poptorch.enums import AutoStage, CommGroupType, OutputMode, ReductionType
-from optimum_ipu.poptorch.optim import _IPUMixin
+from optimum_ipu.poptorch.optim import AMSGRAD, _IPUMixin
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.batches import move_to
+from optimum_ipu.runtime.distributed import build_process_replicas
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
 from optimum_ipu.runtime.loss_scaling import LossScaler
@@ -43,6 +52,12 @@ GA_INFERENCE = (
     "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its default value (1) "
     "when running a poptorch.inferenceModel(). Use poptorch.Options().deviceIterations to process a sufficient "
     "number of batches each run for pipelined execution instead."
+)
+
+BACKWARD_ON_OUTPUT = (
+    "backward() cannot be called explicitly on outputs of a PopTorch model. If you're using a trainingModel, the "
+    "backwards pass is performed automatically when invoking the model. If you're using an inferenceModel, you "
+    "should use a trainingModel instead."
 )
 
 _training_wrappers: weakref.WeakKeyDictionary[nn.Module, PoplarExecutor] = weakref.WeakKeyDictionary()
@@ -69,6 +84,8 @@ class PoplarExecutor:
     """A model wrapped by `trainingModel` or `inferenceModel`; call it like the module it wraps."""
 
     def __init__(self, model: nn.Module, options: Options | None, training: bool, optimizer=None):
+        if isinstance(model, PoplarExecutor):  # a wrapped model: wrap its module (PopTorch does the same)
+            model = model._user_model
         if not isinstance(model, nn.Module):
             raise TypeError(f"poptorch wraps a torch.nn.Module, got {type(model).__name__}.")
         options = options if options is not None else Options()
@@ -77,6 +94,8 @@ class PoplarExecutor:
         options._freeze()
         self._options = options.clone()
         self._options._freeze()
+        self._local = _distributed.local_replicas(self._options)  # the replicas this process runs
+        self._process_replicas = None
         self._user_model = model
         self._training = training
         if training:
@@ -85,6 +104,13 @@ class PoplarExecutor:
                     "Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() on the "
                     "model to unwrap before wrapping again."
                 )
+            if next(model.parameters(), None) is None:
+                raise Error(
+                    f"The model ({type(model).__name__}) has no parameters: a poptorch.trainingModel has no weights "
+                    "to train. Use poptorch.inferenceModel to run it."
+                )
+            if optimizer is not None and any(group.get("amsgrad") for group in optimizer.param_groups):
+                raise ValueError(AMSGRAD)
             _training_wrappers[model] = self
             if optimizer is None:
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -104,6 +130,11 @@ class PoplarExecutor:
         self._loss_index: int | None = None
         self._streams: ReplicaStreams | None = None
         self._micro_model = _MicroBatchModel(self)
+        self._checkpointed: list[nn.Module] = []  # modules whose outputs the forward checkpoints
+        self._recomputed: list[nn.Module] = []  # those recomputed in backward (when recomputation is on)
+        # (plain tensor attribute, its value when traced): constants of the compiled model
+        self._constants: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.compile_result = None  # the cost model's report of the last compile (optimum-ipu's addition)
 
     # -- the module it wraps ---------------------------------------------------------------------
     @property
@@ -134,16 +165,23 @@ class PoplarExecutor:
         ga = o.Training.gradient_accumulation if self._training else 1
         return o.device_iterations, ga, o.replication_factor, o.replication_factor // o.input_group_size
 
+    def _local_count(self) -> int:
+        """Replicas this process runs: all of them, or replicas / processes under torchrun."""
+        return len(self._local)
+
     def _check_batch(self, leaves: list[Any]) -> None:
         o = self._options
-        di, ga, _, fed = self._counts()
-        per_call = di * fed * ga
+        di, ga, r, fed = self._counts()
+        per_call = di * fed * ga * self._local_count() // r
+        replicas = f"Options.replicationFactor({o.replication_factor})"
+        if self._local_count() != r:
+            replicas = f"{replicas} / processes({r // self._local_count()})"
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] % per_call:
                 raise AssertionError(
                     f"Invalid batch dimension: In the input {list(leaf.shape)}, the batch dimension "
                     f"({leaf.shape[0]}) must be a multiple of Options.deviceIterations({di}) * "
-                    f"(Options.replicationFactor({o.replication_factor}) / "
+                    f"({replicas} / "
                     f"Options.inputReplicaGrouping.input_group_size({o.input_group_size})) * "
                     f"Options.Training.gradientAccumulation({ga}) = {per_call} because it is used to calculate "
                     "the batch size which will be executed on the device in any given iteration. For a full "
@@ -155,6 +193,14 @@ class PoplarExecutor:
         if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
             return leaf
         di, ga, r, fed = self._counts()
+        local = self._local
+        if (
+            len(local) != r
+        ):  # under torchrun: this process's replicas, at their places in the runtime's layout
+            x = leaf.reshape(di, ga, len(local), -1, *leaf.shape[1:]).transpose(1, 2)
+            full = x.new_zeros((di, r, *x.shape[2:]))  # the other processes' replicas do not run here
+            full[:, local.start : local.stop] = x
+            return full.reshape(-1, *leaf.shape[1:])
         if fed != r:
             x = leaf.reshape(di, ga, fed, -1, *leaf.shape[1:])
             group = self._options.input_group_size
@@ -191,14 +237,21 @@ class PoplarExecutor:
         )
         return _outputs.loss_for_backward(loss)
 
-    def _fp16_compute(self) -> str:
+    def _fp16_compute(self) -> str | None:
+        """How fp16 ops are computed: None (plain dispatch) for a model with no fp16 weight or buffer,
+        as IPUTrainer does with --fp32; the fp16 layer costs a dispatch per op, which fp32 models skip."""
+        tensors = [*self._user_model.parameters(), *self._user_model.buffers()]
+        if not any(t.dtype == torch.float16 for t in tensors):
+            return None
+        return resolve_fp16_compute(None, tensors[0].device)
+
+    def _reference_tensor(self) -> torch.Tensor | None:
+        """The tensor whose device (and dtype, for floating inputs) inputs are fed in: the first weight,
+        else the first buffer; None for a module with neither (an adder), whose inputs stay as given."""
         first = next(self._user_model.parameters(), None)
-        device = first.device if first is not None else "cpu"
-        return resolve_fp16_compute(None, device)
+        return first if first is not None else next(self._user_model.buffers(), None)
 
     def _build(self) -> None:
-        if next(self._user_model.parameters(), None) is None:
-            raise Error("The model has no parameters: there is nothing for the IPU to run.")
         di, ga, r, _ = self._counts()
         if not self._training:
             self._executable = InferenceExecutable(self._micro_model, 1, self._fp16_compute())
@@ -222,8 +275,15 @@ class PoplarExecutor:
         config = types.SimpleNamespace(device_iterations=di, replication_factor=r, gradient_accumulation_steps=ga,
                                        output_mode="all")  # fmt: skip
         reduction = self._options.Training.accumulation_and_replication_reduction_type
+        replicas = None
+        if self._local_count() != r:  # under torchrun: gradient sums all-reduced over the processes
+            _distributed.join_process_group()
+            _distributed.broadcast_module(self._user_model)
+            device = self._reference_tensor().device
+            self._process_replicas = self._process_replicas or build_process_replicas(r, 1, device)
+            replicas = self._process_replicas
         self._executable = TrainingExecutable(
-            self._user_model, config, loss_fn=self._training_loss, optimizer=opt,
+            self._user_model, config, loss_fn=self._training_loss, optimizer=opt, replicas=replicas,
             loss_scaler=LossScaler(float(getattr(opt, "loss_scaling", 1.0) or 1.0),
                                    auto=self._options.Training.automatic_loss_scaling),
             streams=self._streams, max_grad_norm=0.0 if max_norm == float("inf") else float(max_norm),
@@ -233,9 +293,9 @@ class PoplarExecutor:
     # -- PopTorch's API ------------------------------------------------------------------------------
     def _trace_ipus(self, leaves: list[Any], spec) -> list[int]:
         """The IPUs the forward visits, in order: one micro-batch through the model, in eval mode, no grad."""
-        di, ga, _, fed = self._counts()
+        di, ga, r, fed = self._counts()
         micro = [
-            leaf[: max(1, leaf.shape[0] // (di * ga * fed))]
+            leaf[: max(1, leaf.shape[0] // (di * ga * fed * self._local_count() // r))]
             if isinstance(leaf, torch.Tensor) and leaf.dim()
             else leaf
             for leaf in leaves
@@ -243,19 +303,28 @@ class PoplarExecutor:
         args, kwargs = pytree.tree_unflatten(micro, spec)
         modes = [(m, m.training) for m in self._user_model.modules()]
         try:
-            with recording_ipus() as trace, torch.no_grad(), torch.random.fork_rng(devices=[]):
+            with recording_ipus() as trace, recording_module_blocks(self._user_model, trace) as module_blocks, \
+                    finding_recomputed_modules(self._user_model) as checkpointed, \
+                    torch.no_grad(), torch.random.fork_rng(devices=[]):  # fmt: skip
                 self._user_model.eval()
-                first = next(self._user_model.parameters())
+                first = self._reference_tensor()
                 args, kwargs = pytree.tree_map(  # as the executable feeds it: on the model's device and dtype
                     lambda t: t.to(first.device, first.dtype if t.is_floating_point() else t.dtype)
-                    if isinstance(t, torch.Tensor) else t,
+                    if isinstance(t, torch.Tensor) and first is not None and first.is_floating_point() else t,
                     (args, kwargs),
                 )  # fmt: skip
                 self._user_model(*args, **kwargs)
         finally:
             for module, was_training in modes:
                 module.training = was_training
+        self._checkpointed = checkpointed
+        self._traced = (list(trace), module_blocks, micro, spec)
         return [ipu for _, ipu in trace]
+
+    def _recomputation_on(self, pipelined_stages: int) -> bool:
+        """PopTorch recomputes in pipelined training over 2+ stages, or when `autoRecomputation` is set."""
+        auto = self._options._Popart._values.get("autoRecomputation")
+        return self._training and (pipelined_stages >= 2 or bool(auto))
 
     def _check_placement(self, ipus: list[int]) -> None:
         """PopTorch's compile checks on the blocks' IPUs (PopART's wording)."""
@@ -287,6 +356,10 @@ class PoplarExecutor:
             logger.warning("Reserving %d IPUs when the model specifices the use of only %d%s. %d will be reserved but "
                            "not used.", rounded, total, common, rounded - total)  # fmt: skip
         pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution)
+        self._recomputed = self._checkpointed if self._recomputation_on(stages if pipelined else 0) else []
+        if self._recomputed:
+            names = {m: name for name, m in self._user_model.named_modules()}
+            logger.info("Recomputed in backward: %s", ", ".join(names.get(m, "?") for m in self._recomputed))
         if not pipelined or stages < 2:
             return
         if self._training:
@@ -307,10 +380,66 @@ class PoplarExecutor:
         """Compile for inputs shaped like `args`/`kwargs`: the batch and placement checks, then the executable."""
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._check_batch(leaves)
-        self._check_placement(self._trace_ipus(leaves, spec))
+        constants = _constant_tensors(self._user_model)
+        as_traced = [t.detach().clone() for t in constants]
+        buffers = [(b, b.detach().clone()) for b in self._user_model.buffers()]
+        try:
+            self._check_placement(self._trace_ipus(leaves, spec))
+        finally:
+            # the trace changes no buffer (a forward that updates one runs again on the IPU)
+            with torch.no_grad():
+                for buffer, value in buffers:
+                    buffer.copy_(value)
+        self._constants = list(zip(constants, as_traced))
+        self._report()
         self._build()
+        self._example = _export.example_of(args, kwargs)
         self._attached = True
         self._loss_index = None
+
+    def _report(self) -> None:
+        """The cost model's memory table and throughput for the blocks as placed (logged; kept in `compile_result`)."""
+        entries, module_blocks, micro, spec = self._traced
+        if next(self._user_model.parameters(), None) is None:
+            self.compile_result = None  # no weights: nothing to place, no memory to report
+            return
+        plan = stage_plan_from_blocks(self._user_model, module_blocks, entries, self.num_ipus)
+        try:
+            self.compile_result = compile_report(
+                self._user_model, plan, self._options, micro, spec, training=self._training,
+                optimizer=self._optimizer, num_ipus=self.num_ipus * self._options.replication_factor,
+                recomputed=bool(self._recomputed),
+            )  # fmt: skip
+        except PopTorchOutOfMemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the estimate is a report; the model still runs
+            self.compile_result = None
+            logger.warning("No compile report for this model (the cost model could not trace it): %s", error)
+
+    def compileAndExport(self, filename: str, *args: Any, export_model: bool = True, **kwargs: Any) -> None:
+        """Compile for inputs like `args` / `kwargs` (unless compiled already) and save to `filename` for `poptorch.load`.
+
+        The file holds the module, options, optimizer state and input shapes (`_export.py`);
+        `export_model=False` is accepted, and the model is saved anyway (it *is* the executable here).
+        """
+        if args or kwargs or self._executable is None:
+            self.compile(*args, **kwargs)
+        _export.export(self, filename, self._example)
+
+    def save(self, filename: str, export_model: bool = True, save_rng_state: bool = True) -> None:
+        """Save the compiled model to `filename` for `poptorch.load` (as `compileAndExport`, without compiling)."""
+        if self._executable is None:
+            raise Error(NOT_COMPILED)
+        _export.export(self, filename, self._example)
+
+    def loadExecutable(self, filename: str) -> None:
+        """Compile this model as the one `compileAndExport` saved to `filename` was (its input shapes).
+
+        The weights are this model's own, as on PopTorch, where attaching writes the host's weights to
+        the device: the file supplies the executable, here the compile for those shapes.
+        """
+        args, kwargs = _export.example_inputs(_export.read(filename))
+        self.compile(*args, **kwargs)
 
     def isCompiled(self) -> bool:
         return self._executable is not None
@@ -369,40 +498,69 @@ class PoplarExecutor:
         elif not self._attached:
             self._attached = True
         self._check_batch(leaves)
-        first = next(self._user_model.parameters())
+        first = self._reference_tensor()
         batch = {
-            str(i): move_to(self._to_runtime_layout(leaf), first.device) for i, leaf in enumerate(leaves)
+            str(i): move_to(self._to_runtime_layout(leaf), first.device) if first is not None else leaf
+            for i, leaf in enumerate(leaves)
         }
         modes = [(m, m.training) for m in self._user_model.modules()]
         self._recorded = []
         try:
-            if self._training:
-                with self._optimizer_as_set():
-                    self._executable(batch)
-                runtime_order = self._recorded
-                di, ga, r, _ = self._counts()
-                recorded = [
-                    runtime_order[(d * r + k) * ga + g]
-                    for d in range(di)
-                    for g in range(ga)
-                    for k in range(r)
-                ]
-            else:
-                di, _, r, _ = self._counts()
-                size = next(
-                    (leaf.shape[0] for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.dim() > 0),
-                    di * r,
-                )
-                self._executable.micro_batch_size = max(1, size // (di * r))
-                self._executable(batch)
-                recorded = self._recorded
+            with self._constants_as_traced():
+                recorded = self._run(batch, leaves)
         finally:
             self._recorded = []
             for module, was_training in modes:
                 module.training = was_training
-        di, ga, r, _ = self._counts()
+        di, ga, _, _ = self._counts()
         mode, period = self._output_mode()
-        return _outputs.select_outputs(recorded, di, ga, r, mode, period)
+        outputs = _outputs.select_outputs(recorded, di, ga, self._local_count(), mode, period)
+        _refuse_backward(outputs)
+        return outputs
+
+    def _run(self, batch: dict[str, Any], leaves: list[Any]) -> list[Any]:
+        """One host call: every micro-batch's outputs, in PopTorch's [DI][GA][R] order."""
+        if self._training:
+            with self._optimizer_as_set(), recomputing(self._recomputed):
+                self._executable(batch)
+            runtime_order = self._recorded  # this process's replicas, [DI][R][GA]
+            di, ga, _, _ = self._counts()
+            r = self._local_count()
+            recorded = [
+                runtime_order[(d * r + k) * ga + g] for d in range(di) for g in range(ga) for k in range(r)
+            ]
+        else:
+            di, r = self._counts()[0], self._local_count()
+            size = next(
+                (leaf.shape[0] for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.dim() > 0), None
+            )
+            if size is None:  # no batched input (a forward of no arguments): each micro-batch runs once
+                self._user_model.eval()
+                with torch.no_grad():
+                    for _ in range(di * r):
+                        self._micro_model(**batch)
+            else:
+                self._executable.micro_batch_size = max(1, size // (di * r))
+                self._executable(batch)
+            recorded = self._recorded
+        if self._constants:  # outputs may be constants themselves: keep the values this call computed
+            recorded = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, recorded)
+        return recorded
+
+    @contextlib.contextmanager
+    def _constants_as_traced(self):
+        """Tensors held as plain module attributes are constants of the traced graph, as on PopTorch: each
+        call sees the values they had when the model was compiled, and the host keeps its own values."""
+        with torch.no_grad():
+            host = [(t, t.detach().clone()) for t, _ in self._constants]
+            for t, traced in self._constants:
+                t.copy_(traced)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for t, value in host:
+                    t.copy_(value)
 
     def _optimizer_as_set(self):
         """PopTorch uses the hyper-parameters of the last `setOptimizer` (or wrap) until the next one."""
@@ -426,6 +584,29 @@ class PoplarExecutor:
                     group.update(values)
 
         return swapped()
+
+
+def _refuse_backward(outputs: Any) -> None:
+    """`backward()` on a returned tensor raises PopTorch's error (the call already ran backward and the update)."""
+
+    def error_on_backward(*_: Any, **__: Any) -> None:
+        raise Error(BACKWARD_ON_OUTPUT)
+
+    if isinstance(outputs, (list, tuple)):
+        for element in outputs:
+            _refuse_backward(element)
+    elif isinstance(outputs, torch.Tensor):
+        outputs.backward = error_on_backward
+
+
+def _constant_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """Tensors held as plain attributes of the model's modules (neither parameters nor buffers)."""
+    found: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                found[id(value)] = value
+    return list(found.values())
 
 
 def _max_norm(optimizer) -> float:

@@ -57,6 +57,13 @@ class _ExecutionStrategy:
         self.stages = stages
         self.auto_stage = AutoStage(auto_stage)
 
+    def stage(self, block_id: str) -> Stage:
+        """The stage block `block_id` belongs to (to place it: `strategy.stage("B1").ipu(0)`)."""
+        for stage in self.stages:
+            if str(block_id) in stage._blocks:
+                return stage
+        raise AssertionError(f"Unknown block {block_id}")
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({', '.join(map(repr, self.stages))}, auto_stage={self.auto_stage.name})"
@@ -72,19 +79,38 @@ class ShardedExecution(_ExecutionStrategy):
 
 
 class Phase:
-    """A phase of a phased strategy: stages that run together."""
+    """A phase of a phased strategy: stages that run together (`Phase("A", "B")` is one stage of two blocks)."""
 
-    def __init__(self, *stages):
-        self.stages = [s if isinstance(s, Stage) else Stage(s) for s in stages]
+    def __init__(self, *arg):
+        if all(isinstance(a, Stage) for a in arg):
+            self.stages = list(arg)
+        else:
+            if not all(isinstance(a, str) for a in arg):
+                raise AssertionError(
+                    "All arguments must either be block IDs (strings) or Stages: "
+                    + str([type(a) for a in arg])
+                )
+            self.stages = [Stage(*arg)]
+
+    def stage(self, idx: int) -> Stage:
+        return self.stages[idx]
 
     def ipus(self, *ipus: int) -> Phase:
+        """One IPU for each stage of the phase."""
+        if len(ipus) != len(self.stages):
+            raise AssertionError(
+                f"Phase contains {len(self.stages)} stages but you provided {len(ipus)} ipus"
+            )
         for stage, ipu in zip(self.stages, ipus):
             stage.ipu(ipu)
         return self
 
 
 class _PhasedExecution(ShardedExecution):
-    """Phased strategies stream weights in and out per phase; the arithmetic is sharded execution's."""
+    """Phased strategies stream weights in and out per phase; the arithmetic is sharded execution's.
+
+    A phase is a `Phase`, a list of `Stage`s, or a list of block ids (one stage).
+    """
 
     def __init__(self, *phases, **kwargs):
         from optimum_ipu.poptorch._logging import no_effect
@@ -92,11 +118,16 @@ class _PhasedExecution(ShardedExecution):
         no_effect(
             type(self).__name__, "phases run as sharded execution (same arithmetic; streaming not simulated)."
         )
-        stages = [s for p in phases for s in (p.stages if isinstance(p, Phase) else [p])]
-        super().__init__(*stages, **kwargs)
+        self._phases = []
+        for phase in phases:
+            if not isinstance(phase, Phase):
+                phase = Phase(*(phase if isinstance(phase, list) else [phase]))
+            self._phases.append(phase)
+        super().__init__(*[s for p in self._phases for s in p.stages], **kwargs)
 
     def phase(self, phase: int) -> Phase:
-        return Phase(self.stages[phase])
+        """The `phase`-th phase (place its stages with `.ipus(...)`)."""
+        return self._phases[phase]
 
     def useSeparateBackwardPhase(self, use: bool = True):
         return self

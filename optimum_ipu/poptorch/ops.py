@@ -6,6 +6,7 @@ import torch
 
 from optimum_ipu.poptorch._logging import Error, no_effect
 from optimum_ipu.poptorch._outputs import IDENTITY_LOSS
+from optimum_ipu.poptorch._recompute import note_checkpoint
 
 __all__ = [
     "custom_op",
@@ -58,12 +59,14 @@ def ipu_print_tensor(
 
 
 def recomputationCheckpoint(*tensors: torch.Tensor):
-    """Keep these tensors for backward instead of recomputing them (returns them unchanged).
+    """Keep these tensors for backward; recompute what was computed since the previous checkpoint.
 
-    On the simulated IPU every activation is kept, so a checkpoint changes neither values nor
-    gradients; the cost model reads checkpoints when it estimates the memory a stage needs.
+    Returns the tensors unchanged. In training with recomputation on (a pipelined model of two or
+    more stages, or `opts._Popart.set("autoRecomputation", n)` with n > 0, as on PopTorch) the module
+    whose output a checkpointed tensor is runs again during backward, from its input, instead of
+    keeping its inner activations (`optimum_ipu/poptorch/_recompute.py`).
     """
-    no_effect("poptorch.recomputationCheckpoint", "activations are kept for backward; values are unchanged.")
+    note_checkpoint(tensors)
     return tensors[0] if len(tensors) == 1 else tensors
 
 

@@ -5,8 +5,10 @@ multiplied before backward, the gradients divided before the update: the runtime
 `max_grad_norm` (global-norm clipping before the update), `accum_type` and the momentum types
 (fp32 or fp16), `velocity_scaling`. On fp16 parameters (`model.half()`) the update is computed in
 fp32 from the runtime's fp32 gradient sums and written back to fp16, with stochastic rounding when
-`opts.Precision.enableStochasticRounding(True)`; the optimizer state is fp32 unless an accumulation
-type says fp16. torch optimizers passed as they are work too, on fp32 models.
+`opts.Precision.enableStochasticRounding(True)`. `accum_type` is the gradient accumulator's type
+(fp16: the loss-scaled gradient is rounded to fp16 before the update); the momentum types
+(`velocity_accum_type`, `first/second_order_momentum_accum_type`) keep that state in fp16 between
+steps; the update itself is computed in fp32. torch optimizers passed as they are work too, on fp32 models.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from optimum_ipu.runtime.rounding import write_back
 __all__ = ["LAMB", "SGD", "Adam", "AdamW", "RMSprop", "VariableAttributes"]
 
 _ACCUM_TYPES = (torch.float32, torch.float16)
+AMSGRAD = "Only non-amsgrad Adam/AdamW optimizers are supported."  # PopTorch's message
 
 
 def _check_accum(**types: Any) -> None:
@@ -65,16 +68,30 @@ class _IPUMixin:
         self.variable_attrs = VariableAttributes()
         self._rounding = torch.Generator().manual_seed(0)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """torch's state plus PopTorch's attributes (loss scaling, clipping, types), so pickling keeps them."""
+        state = super().__getstate__()
+        extra = {k: v for k, v in self.__dict__.items() if k not in state and not k.startswith("_optimizer_")}
+        return {**state, **extra}
+
     @torch.no_grad()
     def step(self, closure=None, gradients: dict | None = None):
-        """One update; `gradients` maps fp16 parameters to their fp32 gradients (the runtime's sums)."""
-        if not gradients:
-            return super().step(closure)
+        """One update; `gradients` maps fp16 parameters to their fp32 gradients (the runtime's sums).
+
+        The update runs in fp32: fp16 weights on fp32 working copies (written back to fp16, with
+        stochastic rounding when it is on), state kept in fp16 by an accumulation type on fp32 copies
+        (stored back in fp16), and with `accum_type=torch.float16` the gradient is first rounded as
+        an fp16 accumulator holds it (loss-scaled).
+        """
+        gradients = gradients or {}
         halves = [p for g in self.param_groups for p in g["params"] if p in gradients]
         stored = {p: p.data for p in halves}
         for p in halves:  # the update runs on fp32 working copies
             p.data = p.data.float()
             p.grad = gradients[p]
+        if self.accum_type == torch.float16:
+            self._round_gradients_as_fp16_accumulator()
+        self._store_state(fp16=False)
         try:
             loss = super().step(closure)
         finally:
@@ -84,16 +101,38 @@ class _IPUMixin:
                 write_back(
                     p, value, self.stochastic_rounding, self._rounding if p.device.type == "cpu" else None
                 )
-        self._store_state_as(torch.float16 if self.accum_type == torch.float16 else None, halves)
+        self._store_state(fp16=True)
         return loss
 
-    def _store_state_as(self, dtype, params) -> None:
-        if dtype is None:
-            return
-        for p in params:
-            for key, value in self.state.get(p, {}).items():
-                if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
-                    self.state[p][key] = value.to(dtype)
+    def _round_gradients_as_fp16_accumulator(self) -> None:
+        scale = self.loss_scaling
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and p.grad.dtype == torch.float32:
+                    p.grad.copy_((p.grad * scale).half().float() / scale)
+
+    def _state_type(self, key: str) -> torch.dtype | None:
+        """The accumulation type PopTorch gives optimizer state `key` (None: fp32)."""
+        types = self.accum_types
+        if key == "momentum_buffer":  # SGD's velocity, RMSprop's momentum
+            return types.get("velocity_accum_type") or types.get("first_order_momentum_accum_type")
+        if key in ("exp_avg", "grad_avg"):
+            return types.get("first_order_momentum_accum_type")
+        if key in ("exp_avg_sq", "square_avg"):
+            return types.get("second_order_momentum_accum_type")
+        return None
+
+    def _store_state(self, fp16: bool) -> None:
+        """State tensors with an fp16 accumulation type: fp16 between steps, fp32 during one."""
+        for state in self.state.values():
+            for key, value in state.items():
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.is_floating_point()
+                    and value.dim() > 0
+                    and self._state_type(key) == torch.float16
+                ):
+                    state[key] = value.half() if fp16 else value.float()
 
 
 class SGD(_IPUMixin, torch.optim.SGD):
@@ -121,9 +160,7 @@ class Adam(_IPUMixin, torch.optim.Adam):
                  second_order_momentum_accum_type: torch.dtype | None = None,
                  max_grad_norm: float | None = None):  # fmt: skip
         if amsgrad:
-            raise ValueError(
-                "Only non-amsgrad Adam optimizers are supported on the IPU (amsgrad=True given)."
-            )
+            raise ValueError(AMSGRAD)
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
                          maximize=maximize)  # fmt: skip
         self._ipu_init(loss_scaling, max_grad_norm, accum_type,
@@ -142,9 +179,7 @@ class AdamW(_IPUMixin, torch.optim.AdamW):
                  second_order_momentum_accum_type: torch.dtype | None = None,
                  max_grad_norm: float | None = None):  # fmt: skip
         if amsgrad:
-            raise ValueError(
-                "Only non-amsgrad AdamW optimizers are supported on the IPU (amsgrad=True given)."
-            )
+            raise ValueError(AMSGRAD)
         if not bias_correction:
             raise NotImplementedError(
                 "poptorch.optim.AdamW(bias_correction=False) is not simulated yet: leave it True, or use "

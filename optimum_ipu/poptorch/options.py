@@ -79,13 +79,22 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
+# PopART options the simulated IPU reads (the others are recorded, with a "no effect" note).
+_READ_POPART_KEYS = (
+    "enableStochasticRounding",
+    "partialsTypeMatMuls",
+    "convolutionOptions",
+    "autoRecomputation",
+)
+
+
 class _PopartOptions(_OptionsDict):
     """Raw PopART session options (`opts._Popart.set(key, value)`): recorded, no effect here."""
 
     def set(self, key: str, value: Any) -> _PopartOptions:  # type: ignore[override]
         self.checkIsFrozen()
         self._values[key] = value
-        if key not in ("enableStochasticRounding", "partialsTypeMatMuls", "convolutionOptions"):
+        if key not in _READ_POPART_KEYS:
             no_effect(f"opts._Popart.set({key!r})", "PopART session options tune a real IPU's compiler.")
         return self
 

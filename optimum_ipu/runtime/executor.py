@@ -32,7 +32,7 @@ from optimum_ipu.runtime.checks import micro_batch_size_of
 from optimum_ipu.runtime.fp16_compute import fp16_compute_context
 from optimum_ipu.runtime.gradients import GradientAccumulator, clip_
 from optimum_ipu.runtime.loss_scaling import LossScaler
-from optimum_ipu.runtime.replicas import LocalReplicas, ReplicaStreams
+from optimum_ipu.runtime.replicas import LocalReplicas, Replicas, ReplicaStreams
 
 OUTPUT_MODES = ("final", "all", "sum", "default")
 
@@ -67,7 +67,7 @@ class TrainingExecutable:
         *,
         max_grad_norm: float = 0.0,
         fp16_compute: str = "emulated",
-        replicas=None,
+        replicas: Replicas | None = None,
         stages=None,
         reduction: str = "mean",
     ):
@@ -162,7 +162,8 @@ class InferenceExecutable:
         self.model = model
         self.micro_batch_size = micro_batch_size
         self.fp16_compute = fp16_compute
-        self.dtype = next(model.parameters()).dtype
+        first = next(model.parameters(), None)  # a model with no weights (PopTorch runs those) casts nothing
+        self.dtype = first.dtype if first is not None else None
 
     @torch.no_grad()
     def __call__(
@@ -182,7 +183,8 @@ class InferenceExecutable:
                 of the micro-batch's loss items): each micro-batch's loss is computed for itself.
         """
         self.model.eval()
-        batch = cast_floating(batch, self.dtype)
+        if self.dtype is not None:
+            batch = cast_floating(batch, self.dtype)
         size = batch_size_of(batch)
         real = size if real_samples is None else real_samples
         starts = range(0, size, self.micro_batch_size)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -78,6 +79,31 @@ class ReplicaStreams:
         self.seed = state["seed"]
         self.states = [s.clone() for s in state["cpu"]]
         self.cuda_states = list(state["cuda"])
+
+
+@runtime_checkable
+class Replicas(Protocol):
+    """Which replicas this process runs and how their values meet: what an executable asks of replicas.
+
+    `LocalReplicas` (every replica in this process, the reference) and `distributed.ProcessReplicas`
+    (replicas spread over torch.distributed processes) implement it, so an executable runs unchanged
+    on one process or many.
+    """
+
+    def local_replicas(self, replication_factor: int) -> range:
+        """Indices of the replicas this process runs."""
+
+    def sum_(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Sum `tensors` in place over the processes that hold other replicas."""
+
+    def any(self, flag: bool) -> bool:
+        """True if `flag` is True in any process."""
+
+    def sum_over_stages(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum a per-stage value over the pipeline stages of one replica."""
+
+    def gather_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        """Every replica's losses, in replica order."""
 
 
 class LocalReplicas:

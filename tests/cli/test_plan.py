@@ -159,3 +159,43 @@ def test_the_ipu_count_picks_the_pod_keyed_values_of_an_old_config(capsys, tmp_p
     )
     code, out, _ = _run(capsys, "plan", "bert-base-uncased", "--ipu-config", str(tmp_path), *ipus)
     assert code in (0, 1) and "micro-batch 1 x GA 64 x replicas 4" in out
+
+
+@pytest.mark.parametrize(
+    "model,ipu_config,task,layers",
+    [
+        ("facebook/wav2vec2-base", "Graphcore/wav2vec2-ctc-base-ipu", "ctc", "[9, 4, 4, 4]"),
+        ("facebook/hubert-base-ls960", "Graphcore/hubert-base-ipu", "audio-classification", "[0, 4, 4, 4]"),
+        ("microsoft/mpnet-base", "Graphcore/mpnet-base-ipu", "masked-lm", "[0, 4, 4, 4]"),
+    ],
+)
+def test_plan_prices_the_bundled_speech_and_mpnet_configs(capsys, model, ipu_config, task, layers):
+    code, out, err = _run(capsys, "plan", model, "--ipu-config", ipu_config, "--task", task, "--seq-len", "128")
+    assert code == 0, err
+    assert f"Layers per IPU: {layers}" in out and "Estimated throughput:" in out
+
+
+def _call_ms(out: str) -> float:
+    """Device time of one host call from the summary: '... per 32.6 ms call; host 8.6 ms)'."""
+    import re
+
+    call, host = re.search(r"per ([\d.]+) ms call; host ([\d.]+) ms", out).groups()
+    return float(call) - float(host)
+
+
+def test_pipelined_inference_overlaps_the_stages_across_device_iterations(capsys):
+    # Hand-worked reference: S equal stages, DI micro-batches. Sharded: DI x S stage times per call;
+    # pipelined: DI + S - 1 cycles of one stage time each (copies between IPUs add to both).
+    overrides = "inference_layers_per_ipu=[3 3 3 3],inference_ipus_per_replica=4,inference_device_iterations=8"
+    argv = ["plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--inference", "--overrides", overrides]
+    code, sharded_out, _ = _run(capsys, *argv)
+    assert code == 0 and "Sharded inference" in sharded_out
+    code, pipelined_out, _ = _run(capsys, *argv, "--pipelined")
+    assert code == 0 and "Pipelined inference: 11 cycles per call (DI 8 + 4 - 1)" in pipelined_out
+    ratio = _call_ms(pipelined_out) / _call_ms(sharded_out)
+    assert ratio == pytest.approx((8 + 4 - 1) / (8 * 4), rel=0.2)
+
+
+def test_pipelined_is_refused_for_training_with_the_reason(capsys):
+    code, _, err = _run(capsys, "plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--pipelined")
+    assert code == 2 and "--pipelined is for --inference" in err

@@ -61,3 +61,32 @@ def test_an_unshipped_shape_or_model_is_not_invented():
     other = dict(source.config, num_hidden_layers=3)
     assert shipped.load_shipped(other, source.builder, micro_batch=1, seq_len=128, image_size=None,
                                 training=True, float_bytes=2) is None  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "installed,traced,proven",
+    [
+        ("5.18.0", "5.24.0", True),  # the lowest release pyproject.toml admits
+        ("5.24.1", "5.24.0", True),  # a patch release of the one traced with
+        ("5.21.0", "5.24.0", True),
+        ("5.17.0", "5.24.0", False),  # below the lowest checked
+        ("5.25.0", "5.24.0", False),  # newer than the one traced with: not proven, traced instead
+        ("6.0.0", "5.24.0", False),
+    ],
+)
+def test_shipped_profiles_are_used_only_for_the_transformers_releases_they_are_proven_for(installed, traced, proven):
+    assert shipped.proven_for(installed, traced) is proven
+
+
+def test_a_newer_transformers_traces_instead_of_using_a_shipped_profile(monkeypatch):
+    source = resolve_model("bert-base-uncased")
+    assert _load(source, 1, 128) is not None
+    monkeypatch.setattr(shipped, "_installed_transformers", lambda: "99.0.0")
+    assert _load(source, 1, 128) is None
+
+
+def test_the_lowest_proven_release_is_the_lowest_pyproject_admits():
+    from pathlib import Path
+
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert f'"transformers>={shipped.LOWEST_PROVEN_TRANSFORMERS}"' in pyproject

@@ -153,3 +153,38 @@ def test_sample_inputs_follow_the_task():
     assert "token_type_ids" in text
     image = sample_inputs_for(vit, 2)
     assert image["pixel_values"].shape == (2, 3, 32, 32) and image["labels"].shape == (2,)
+
+
+def test_a_ctc_speech_model_traces_on_meta_with_its_convolutions_charged_to_their_blocks():
+    """A waveform just long enough for 20 frames; each convolution a matmul of the im2col shape
+    (frames x kernel*channels x channels); CTC's loss (no meta kernel) traced with static shapes."""
+    from fixtures import tiny_speech_config
+    from transformers import Wav2Vec2ForCTC
+
+    with torch.device("meta"):
+        model = Wav2Vec2ForCTC(tiny_speech_config())  # convolutions (10, 5), (3, 2), (3, 2) of 16 channels
+    inputs = sample_inputs_for(model, BATCH, seq_len=20)
+    lengths = [83, 41, 20]  # each convolution's output: 20 <- (41 - 1) * 2 + 3 = 83 <- (83 - 1) * 5 + 10
+    assert inputs["input_values"].shape == (BATCH, (83 - 1) * 5 + 10)
+    assert inputs["labels"].shape == (BATCH, 5)
+    plan = build_stage_plan(model, spec_for(model), [4, 3], 2)
+    profile = profile_model(model, plan, inputs)
+    assert [(m.m, m.k, m.n) for m in profile.block("Conv 0").matmuls] == [(BATCH * lengths[0], 10, 16)]
+    assert [(m.m, m.k, m.n) for m in profile.block("Conv 1").matmuls] == [(BATCH * lengths[1], 3 * 16, 16)]
+    assert [(m.m, m.k, m.n) for m in profile.block("Conv 2").matmuls][0] == (BATCH * lengths[2], 3 * 16, 16)
+    # The feature projection (16 -> 32) rides with the last convolution.
+    assert (1, BATCH * 20, 16, 32) in [(m.batch, m.m, m.k, m.n) for m in profile.block("Conv 2").matmuls]
+    assert profile.parameters == sum(p.numel() for p in model.parameters())
+    assert profile.num_layers == 3 + 1 + 2 + 1  # what layers_per_ipu counts
+
+
+def test_audio_classification_inputs_have_one_label_per_waveform():
+    from fixtures import tiny_speech_config
+    from transformers import HubertForSequenceClassification
+
+    with torch.device("meta"):
+        model = HubertForSequenceClassification(tiny_speech_config("hubert"))
+    inputs = sample_inputs_for(model, BATCH, seq_len=20)
+    assert set(inputs) == {"input_values", "labels"} and inputs["labels"].shape == (BATCH,)
+    profile = profile_model(model, build_stage_plan(model, spec_for(model), [0, 2], 2), inputs)
+    assert [b.name for b in profile.blocks] == ["Embedding", "Encoder 0", "Encoder 1", "Projector", "Classifier"]

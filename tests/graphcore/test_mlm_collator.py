@@ -120,8 +120,10 @@ def test_where_the_cap_binds_the_count_is_the_capped_binomial_and_80_10_10_holds
         counts.append(chosen.sum(-1).float())
         mask_token.append((batch["input_ids"][chosen] == tokenizer.mask_token_id).float())
         unchanged.append((batch["input_ids"][chosen] == original[chosen]).float())
-    # E[min(Bin(40, 0.4), 16)] = 15.1 against 16 uncapped: the cap binds in ~half the sequences.
-    assert float(torch.cat(counts).mean()) == pytest.approx(expected_capped_count(40, 0.4, 16), abs=0.1)
+    # E[min(Bin(40, 0.4), 16)] = 14.77 against 16 uncapped: the cap binds in ~half the sequences. The
+    # mean of 1,280 counts has a standard error of about 0.05: 0.2 is 4 of them (the seeded stream
+    # differs between transformers releases), and still far from 16 or from a cap of 15 (14.1).
+    assert float(torch.cat(counts).mean()) == pytest.approx(expected_capped_count(40, 0.4, 16), abs=0.2)
     assert float(torch.cat(mask_token).mean()) == pytest.approx(0.8, abs=0.02)
     # 10% kept, plus the random replacements that happen to draw the same token (1 in len(tokenizer)).
     assert float(torch.cat(unchanged).mean()) == pytest.approx(0.1 + 0.1 / len(tokenizer), abs=0.015)

@@ -8,7 +8,7 @@ from transformers import BertForQuestionAnswering
 from optimum.graphcore import (
     IPUConfig,
     PipelinedBertForQuestionAnswering,
-    PipelinedT5ForConditionalGeneration,
+    PipelinedConvNextForImageClassification,
 )
 from optimum.graphcore.ipu_configuration import IncompatibleIPUConfigError
 from optimum.graphcore.modeling_utils import get_layer_ipu, to_pipelined
@@ -109,4 +109,4 @@ def test_pipelined_classes_build_from_transformers_models(tmp_path):
     with pytest.raises(NoEquivalentError, match=r"transformers.BertForQuestionAnswering\(config\)"):
         PipelinedBertForQuestionAnswering(model.config)
     with pytest.raises(NoEquivalentError, match=r"force=True"):
-        PipelinedT5ForConditionalGeneration.from_transformers(model, config)
+        PipelinedConvNextForImageClassification.from_transformers(model, config)

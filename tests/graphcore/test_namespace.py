@@ -61,7 +61,7 @@ def test_optimum_is_a_namespace_package_shared_with_other_extensions(tmp_path):
         tmp_path / "site",
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["fake", "optimum_ipu.configuration"]
+    assert done.stdout.split() == ["fake", "optimum_ipu.configuration.ipu_config"]
     assert not (ROOT / "optimum" / "__init__.py").exists()
 
 
@@ -112,21 +112,31 @@ def test_every_name_without_equivalent_imports_and_says_what_to_use_on_use(modul
 
 
 def test_a_missing_name_fails_on_every_use_with_the_same_message():
-    from optimum.graphcore import IPUSeq2SeqTrainer
     from optimum.graphcore.generation import MODELS_SUPPORTING_KV_CACHE
+    from optimum.graphcore.pipelines import IPUAutomaticSpeechRecognitionPipeline as Missing
 
     for use in (
-        lambda: IPUSeq2SeqTrainer(model=None, args=None),
-        lambda: IPUSeq2SeqTrainer.from_pretrained,
-        lambda: type("MyTrainer", (IPUSeq2SeqTrainer,), {}),
+        lambda: Missing(model=None, args=None),
+        lambda: Missing.from_pretrained,
+        lambda: type("MyPipeline", (Missing,), {}),
         lambda: object in MODELS_SUPPORTING_KV_CACHE,
     ):
-        with pytest.raises(NoEquivalentError, match=r"IPUSeq2SeqTrainer|MODELS_SUPPORTING_KV_CACHE"):
+        with pytest.raises(NoEquivalentError, match=r"IPUAutomaticSpeechRecognitionPipeline|MODELS_SUPPORTING_KV_CACHE"):
             use()
-    with pytest.raises(NoEquivalentError, match="Seq2SeqTrainer"):
-        IPUSeq2SeqTrainer()
+    with pytest.raises(NoEquivalentError, match=r"optimum\.graphcore\.pipeline"):
+        Missing()
     assert isinstance(NoEquivalentError("x"), NotImplementedError)
-    assert not hasattr(IPUSeq2SeqTrainer, "__wrapped__")  # introspection still answers plainly
+    assert not hasattr(Missing, "__wrapped__")  # introspection still answers plainly
+
+
+def test_the_seq2seq_trainer_names_are_ours():
+    from optimum.graphcore import IPUSeq2SeqTrainer, IPUSeq2SeqTrainingArguments
+    from optimum.graphcore.trainer_seq2seq import IPUSeq2SeqTrainer as from_module
+    from optimum.graphcore.training_args_seq2seq import IPUSeq2SeqTrainingArguments as args_from_module
+    from optimum_ipu import trainer_seq2seq
+
+    assert IPUSeq2SeqTrainer is from_module is trainer_seq2seq.IPUSeq2SeqTrainer
+    assert IPUSeq2SeqTrainingArguments is args_from_module is trainer_seq2seq.IPUSeq2SeqTrainingArguments
 
 
 def test_unknown_names_are_plain_attribute_errors():

@@ -150,13 +150,13 @@ def test_seed_001_model_card_command_runs_with_the_original_imports(command):
 
 def test_ipu_config_from_pretrained_accepts_the_original_use_auth_token_keyword(caplog, monkeypatch):
     """Optimum Graphcore's run_qa.py passes `use_auth_token=`: it is read as `token=`, not as an attribute."""
-    import optimum_ipu.hub
+    import optimum_ipu.configuration.hub
 
     config = IPUConfig.from_pretrained("Graphcore/bert-base-ipu", use_auth_token=None)
     assert "use_auth_token" not in config.to_dict()
     seen = []
-    resolve = optimum_ipu.hub.resolve_config_file
-    monkeypatch.setattr(optimum_ipu.hub, "resolve_config_file", lambda *a, **k: seen.append(k["token"]) or resolve(*a, **k))
+    resolve = optimum_ipu.configuration.hub.resolve_config_file
+    monkeypatch.setattr(optimum_ipu.configuration.hub, "resolve_config_file", lambda *a, **k: seen.append(k["token"]) or resolve(*a, **k))
     IPUConfig.from_pretrained("Graphcore/bert-base-ipu", use_auth_token="hf_old")
     IPUConfig.from_pretrained("Graphcore/bert-base-ipu", token="hf_new", use_auth_token=True)  # True: "a token"
     assert seen == ["hf_old", "hf_new"]

@@ -27,6 +27,9 @@ def state():
     seen["evaluate.load"] = id(getattr(evaluate, "load", None))
     seen["has send_example_telemetry"] = hasattr(transformers.utils, "send_example_telemetry")
     seen["notebook_login"] = id(vars(huggingface_hub).get("notebook_login"))
+    seen["Audio coding"] = [id(vars(datasets.Audio).get(n)) for n in ("encode_example", "decode_example")]
+    seen["has config.tokenizer_class"] = "tokenizer_class" in vars(transformers.PretrainedConfig)
+    seen["Trainer.train"] = id(vars(transformers.Trainer).get("train"))
     seen["stand-in modules"] = [m for m in ("torchvision", "IPython") if m in sys.modules]
     return seen
 

@@ -258,6 +258,28 @@ def test_rouge_f_measures():
     assert partial["rouge1"] == [pytest.approx(0.8)] and partial["rouge2"] == [pytest.approx(2 / 3)]
 
 
+def test_wer_and_cer_sum_edits_over_all_reference_words_and_characters():
+    pytest.importorskip("jiwer")
+    # "a b c d" -> "a c": 2 deletions / 4 words; "x y" -> "x y z": 1 insertion / 2 words; together 3 / 6.
+    # (The mean of the per-pair rates, (0.5 + 0.5) / 2, would be the same here; the next case tells them apart.)
+    predictions, references = ["a c", "x y z"], ["a b c d", "x y"]
+    assert compute("wer", predictions=predictions, references=references) == pytest.approx(3 / 6)
+    # "one two three four" -> "one too": 1 substitution + 2 deletions over 4 words; "hi" -> "hi": 0 over 1.
+    assert compute("wer", predictions=["one too", "hi"], references=["one two three four", "hi"]) == 3 / 5
+    # Spaces around and between words do not count for wer; "cat" -> "cut ": 1 substitution / 3 characters.
+    assert compute("wer", predictions=["  one   too "], references=["one two"]) == 1 / 2
+    assert compute("cer", predictions=["cut "], references=["cat"]) == pytest.approx(1 / 3)
+    # Hub examples: wer 0.5; cer 14 edits over 41 reference characters (spaces count as characters).
+    hub_predictions = ["this is the prediction", "there is an other sample"]
+    hub_references = ["this is the reference", "there is another one"]
+    assert compute("wer", predictions=hub_predictions, references=hub_references) == 0.5
+    assert compute("cer", predictions=hub_predictions, references=hub_references) == pytest.approx(14 / 41)
+    # concatenate_texts: jiwer's figure for all pairs at once (the same totals here).
+    assert compute(
+        "wer", predictions=predictions, references=references, concatenate_texts=True
+    ) == pytest.approx(0.5)
+
+
 def test_add_batch_then_compute_is_evaluates_own_machinery():
     metric = build_metric("accuracy")
     metric.add_batch(predictions=[0, 1], references=[0, 0])

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fixtures import tiny_bert_config, tiny_vit_config
+from fixtures import tiny_bert_config, tiny_mpnet_config, tiny_vit_config
 from torch import nn
 from transformers import (
     BertForMaskedLM,
@@ -23,6 +23,12 @@ from transformers import (
     DistilBertForSequenceClassification,
     GPT2Config,
     GPT2LMHeadModel,
+    MPNetForMaskedLM,
+    MPNetForMultipleChoice,
+    MPNetForQuestionAnswering,
+    MPNetForSequenceClassification,
+    MPNetForTokenClassification,
+    MPNetModel,
     RobertaConfig,
     RobertaForMaskedLM,
     RobertaForQuestionAnswering,
@@ -76,6 +82,11 @@ TEXT_MODELS = [
     (DistilBertForSequenceClassification, _distilbert, {"labels": "cls"}),
     (DistilBertForQuestionAnswering, _distilbert, {"start_positions": "pos", "end_positions": "pos"}),
     (GPT2LMHeadModel, _gpt2, {"labels": "mlm"}),
+    (MPNetModel, tiny_mpnet_config, {}),
+    (MPNetForMaskedLM, tiny_mpnet_config, {"labels": "mlm"}),
+    (MPNetForSequenceClassification, tiny_mpnet_config, {"labels": "cls"}),
+    (MPNetForTokenClassification, tiny_mpnet_config, {"labels": "tok"}),
+    (MPNetForQuestionAnswering, tiny_mpnet_config, {"start_positions": "pos", "end_positions": "pos"}),
 ]
 
 
@@ -133,6 +144,27 @@ def test_pipelined_text_models_match_plain(model_cls, make_config, labels):
 def test_multiple_choice_matches_plain():
     inputs = _text_inputs({"labels": "mc"}, multiple_choice=True)
     _assert_equivalent(BertForMultipleChoice, tiny_bert_config(), inputs, ipu_cfg(recompute_checkpoint_every_layer=True))
+
+
+def test_mpnet_multiple_choice_matches_plain():
+    inputs = _text_inputs({"labels": "mc"}, multiple_choice=True)
+    cfg = ipu_cfg(recompute_checkpoint_every_layer=True)
+    _assert_equivalent(MPNetForMultipleChoice, tiny_mpnet_config(), inputs, cfg)
+
+
+def test_mpnet_is_placed_as_optimum_graphcore_places_it():
+    """Relative position bias with the embeddings on IPU 0, pooler back on IPU 0 (PipelinedMPNetModel),
+    the tied masked-LM head on IPU 0 (PipelinedMPNetForMaskedLM), other heads on the last IPU."""
+    cfg = ipu_cfg(ipus_per_replica=4, layers_per_ipu=[0, 2, 1, 1])
+    base = to_pipelined(MPNetModel(tiny_mpnet_config()), cfg).plan
+    assert [(b.name, b.ipu) for b in base.blocks] == [
+        ("Embedding", 0), ("Encoder 0", 1), ("Encoder 1", 1), ("Encoder 2", 2), ("Encoder 3", 3), ("Pooler", 0),
+    ]  # fmt: skip
+    assert base.blocks[0].modules == ("embeddings", "encoder.relative_attention_bias")
+    mlm = to_pipelined(MPNetForMaskedLM(tiny_mpnet_config()), cfg).plan
+    assert (mlm.blocks[-1].name, mlm.blocks[-1].ipu) == ("LM Head", 0)
+    cls = to_pipelined(MPNetForSequenceClassification(tiny_mpnet_config()), cfg).plan
+    assert (cls.blocks[-1].name, cls.blocks[-1].ipu) == ("Classifier", 3)
 
 
 def test_vit_matches_plain():

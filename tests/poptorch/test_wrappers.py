@@ -134,3 +134,36 @@ def test_wrapper_reads_through_to_the_module():
     model = poptorch.trainingModel(module)
     assert model.linear is module.linear and model.model is module
     assert list(model.parameters()) == list(module.parameters())
+
+
+def test_backward_on_an_output_is_poptorchs_error():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            out = self.fc(x)
+            return out, out.pow(2).mean()
+
+    message = (
+        r"backward\(\) cannot be called explicitly on outputs of a PopTorch model. If you're using a trainingModel, "
+        r"the backwards pass is performed automatically when invoking the model. If you're using an "
+        r"inferenceModel, you should use a trainingModel instead."
+    )
+    out, loss = poptorch.trainingModel(Net())(torch.randn(3, 4))
+    for tensor in (loss, out):
+        with pytest.raises(poptorch.Error, match=message):
+            tensor.backward()
+    with pytest.raises(poptorch.Error, match=message):
+        poptorch.inferenceModel(Net())(torch.randn(3, 4))[1].backward()
+
+
+@pytest.mark.parametrize(
+    "optimizer", [torch.optim.Adam, torch.optim.AdamW, poptorch.optim.Adam, poptorch.optim.AdamW]
+)
+def test_amsgrad_is_poptorchs_error(optimizer):
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"^Only non-amsgrad Adam/AdamW optimizers are supported.$"):
+        poptorch.trainingModel(model, optimizer=optimizer(model.parameters(), amsgrad=True))
+    poptorch.trainingModel(model, optimizer=optimizer(model.parameters()))  # the model was not left wrapped

@@ -80,6 +80,20 @@ def test_the_trainers_own_stream_does_not_depend_on_the_replicas():
     assert torch.equal(torch.rand(4), after_one)
 
 
+def test_both_kinds_of_replicas_give_the_executable_the_whole_interface():
+    import inspect
+
+    from optimum_ipu.runtime.distributed import ProcessReplicas
+    from optimum_ipu.runtime.replicas import LocalReplicas, Replicas
+
+    wanted = {n for n, _ in inspect.getmembers(Replicas, inspect.isfunction) if not n.startswith("_")}
+    assert wanted == {"local_replicas", "sum_", "any", "sum_over_stages", "gather_losses"}
+    for kind in (LocalReplicas, ProcessReplicas):
+        signatures = {n: list(inspect.signature(getattr(kind, n)).parameters) for n in wanted}
+        assert signatures == {n: list(inspect.signature(getattr(Replicas, n)).parameters) for n in wanted}, kind
+    assert isinstance(LocalReplicas(), Replicas)
+
+
 def test_no_replica_replays_the_run_seeds_own_stream():
     # The trainer draws data order and initial weights from torch.manual_seed(seed): a replica seeded
     # with the same number would drop out in step with them.

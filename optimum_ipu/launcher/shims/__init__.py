@@ -13,11 +13,14 @@ from collections.abc import Iterator
 from optimum_ipu.launcher._report import note
 from optimum_ipu.launcher.shims._base import Shim, Skip
 from optimum_ipu.launcher.shims._patch import Patches
+from optimum_ipu.launcher.shims.audio_decoding import AUDIO_DECODING
 from optimum_ipu.launcher.shims.datasets_api import LOAD_DATASET
 from optimum_ipu.launcher.shims.metrics_api import EVALUATE_LOAD, LOAD_METRIC
 from optimum_ipu.launcher.shims.stand_ins import IPYTHON_DISPLAY, NOTEBOOK_LOGIN, TORCHVISION
+from optimum_ipu.launcher.shims.trainer_api import RESUME_FROM_MODEL_FOLDER
 from optimum_ipu.launcher.shims.transformers_api import (
     AUTO_FEATURE_EXTRACTOR,
+    CONFIG_DEFAULTS,
     SEND_EXAMPLE_TELEMETRY,
     USE_AUTH_TOKEN,
 )
@@ -29,9 +32,12 @@ SHIMS: tuple[Shim, ...] = (
     SEND_EXAMPLE_TELEMETRY,
     USE_AUTH_TOKEN,
     AUTO_FEATURE_EXTRACTOR,
+    CONFIG_DEFAULTS,
     LOAD_DATASET,
+    AUDIO_DECODING,
     LOAD_METRIC,
     EVALUATE_LOAD,
+    RESUME_FROM_MODEL_FOLDER,
     TORCHVISION,
     IPYTHON_DISPLAY,
     NOTEBOOK_LOGIN,

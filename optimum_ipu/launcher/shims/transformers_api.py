@@ -4,6 +4,7 @@
 - `use_auth_token=` on `from_pretrained`: gone in v5 (models then fail with "unexpected keyword",
   tokenizers store it in their saved config); the scripts pass it on every load.
 - `AutoFeatureExtractor` for an image model: v5 maps ViT & co. to image processors only.
+- `config.tokenizer_class`: v5 no longer sets it on every config (the CTC example reads it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from optimum_ipu.launcher._report import note_once
 from optimum_ipu.launcher.shims._base import Shim, Skip
 from optimum_ipu.launcher.shims._patch import Patches, wrap_classmethod
 
-__all__ = ["AUTO_FEATURE_EXTRACTOR", "SEND_EXAMPLE_TELEMETRY", "USE_AUTH_TOKEN", "adapt_use_auth_token"]
+__all__ = [
+    "AUTO_FEATURE_EXTRACTOR",
+    "CONFIG_DEFAULTS",
+    "REMOVED_CONFIG_DEFAULTS",
+    "SEND_EXAMPLE_TELEMETRY",
+    "USE_AUTH_TOKEN",
+    "adapt_use_auth_token",
+]
 
 
 def _send_example_telemetry(*args, **kwargs) -> None:
@@ -150,4 +158,57 @@ AUTO_FEATURE_EXTRACTOR = Shim(
     by="`AutoImageProcessor.from_pretrained` of the same checkpoint, when no feature extractor is found (same "
     "`size`, `image_mean`, `image_std`, and callable on images the same way)",
     install=_install_auto_feature_extractor,
+)
+
+
+class _RemovedConfigDefault:
+    """A config attribute transformers 4 set on every config (to `default`) and v5 no longer sets.
+
+    Reads give the value the config holds, or transformers 4's default (noted once); writes and
+    `to_dict()` are as for any attribute (the value lives in the instance's `__dict__`).
+    """
+
+    def __init__(self, name: str, default) -> None:
+        self.name, self.default = name, default
+
+    def __get__(self, config, owner=None):
+        if config is None:
+            return self
+        if self.name in config.__dict__:
+            return config.__dict__[self.name]
+        note_once(f"config.{self.name}", f"config.{self.name} is no longer set on every config in transformers v5: "
+                  f"read as transformers 4's default, {self.default!r}.")  # fmt: skip
+        return self.default
+
+    def __set__(self, config, value) -> None:
+        config.__dict__[self.name] = value
+
+    def __delete__(self, config) -> None:
+        config.__dict__.pop(self.name, None)
+
+
+# What transformers 4's PretrainedConfig.__init__ set on every config, that Optimum Graphcore 0.7's examples read
+# (run_speech_recognition_ctc.py: `config.tokenizer_class`).
+REMOVED_CONFIG_DEFAULTS = {"tokenizer_class": None}
+
+
+def _install_config_defaults(patches: Patches) -> Skip | None:
+    config_class = _owner("transformers.configuration_utils:PretrainedConfig")
+    if config_class is None:
+        return Skip("transformers has no PretrainedConfig where transformers 5 defines it", problem=True)
+    sample = config_class()
+    missing = [name for name in REMOVED_CONFIG_DEFAULTS if not hasattr(sample, name)]
+    if not missing:
+        return Skip("transformers still sets these attributes on every config")
+    for name in missing:
+        patches.set(config_class, name, _RemovedConfigDefault(name, REMOVED_CONFIG_DEFAULTS[name]))
+    return None
+
+
+CONFIG_DEFAULTS = Shim(
+    name="config.tokenizer_class",
+    replaces="`config.tokenizer_class` on a model config that does not set it (transformers v5 no longer sets it on "
+    "every config: AttributeError)",
+    by="transformers 4's default, None, when the config does not hold a value; a config that sets it is unchanged",
+    install=_install_config_defaults,
 )

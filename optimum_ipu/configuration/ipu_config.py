@@ -4,8 +4,9 @@ The attribute names, defaults and file format are Optimum Graphcore's, so its Hu
 work unchanged. What is ours: legacy files load with one warning instead of an error, overrides
 re-run the derived defaults and the cross-field checks, and a config remembers where it came from.
 
-The rules of what is valid live in `_config_schema`, old-file handling in `_config_legacy`, and the
-`--ipu_config_overrides` syntax in `_config_parsing`.
+The rules of what is valid live in `schema.py`, old-file handling in `legacy.py`, the
+`--ipu_config_overrides` syntax in `parsing.py`, where a name is looked up in `hub.py`, and the one
+sequence every entry point loads a run's config with in `loading.py`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from optimum_ipu._config_legacy import n_ipu_from_pod_type, normalize_config_dict
-from optimum_ipu._config_parsing import parse_overrides, split_overrides
-from optimum_ipu._config_schema import (
+from optimum_ipu.configuration.legacy import n_ipu_from_pod_type, normalize_config_dict
+from optimum_ipu.configuration.parsing import parse_overrides
+from optimum_ipu.configuration.schema import (
     CONFIG_NAME,
     DERIVABLE,
     FIELD_DEFAULTS,
@@ -35,7 +36,7 @@ from optimum_ipu._config_schema import (
     validate_values,
 )
 
-__all__ = ["CONFIG_NAME", "IPUConfig", "IPUConfigError", "load_ipu_config", "n_ipu_from_pod_type", "total_ipus"]
+__all__ = ["CONFIG_NAME", "IPUConfig", "IPUConfigError", "n_ipu_from_pod_type"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class _ModeManaged:
 class IPUConfig:
     """An Optimum Graphcore IPU configuration: pipelining, replication, batching and memory settings.
 
-    Attributes are those of `ipu_config.json` (see `FIELD_DEFAULTS` in `_config_schema` and the
+    Attributes are those of `ipu_config.json` (see `FIELD_DEFAULTS` in `schema.py` and the
     project's semantics reference). A config has a mode, one of `IPUConfig.modes` ("training",
     "inference"; `train()` / `eval()` or `config.mode = ...`). The attributes with an `inference_` twin
     (`layers_per_ipu`, `ipus_per_replica`, `matmul_proportion`, `replication_factor`,
@@ -308,6 +309,24 @@ class IPUConfig:
             )
         return self.update(replication_factor=n_ipu // ipus, inference_replication_factor=n_ipu // inference_ipus)
 
+    # ----- PopTorch ------------------------------------------------------------------------------
+
+    def to_options(self, for_inference: bool = False, compile_only: bool = False):
+        """The `poptorch.Options` for this config, built as Optimum Graphcore 0.7 built them.
+
+        Training (default) or inference (`for_inference=True`: the `inference_*` values, sharded
+        execution, every output returned); the mapping is listed in `optimum_ipu.poptorch.ipu_options`.
+        The config's mode is left as it was.
+        """
+        # The one import from this layer up to the PopTorch front end (allowed in tests/test_layers.py's
+        # BRIDGES): Optimum Graphcore's API returns a poptorch.Options from a config, so the config must
+        # reach PopTorch; importing it here, at call time, keeps `import optimum_ipu.configuration` light.
+        from optimum_ipu.poptorch.ipu_options import options_from_ipu_config
+
+        return options_from_ipu_config(self, for_inference=for_inference, compile_only=compile_only)
+
+    _to_options = to_options  # the original's private name, which its trainer called
+
     # ----- serialization -------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -395,7 +414,7 @@ class IPUConfig:
             IPUConfigError: for an invalid file or override.
             FileNotFoundError: when no config is found (the message lists the bundled names).
         """
-        from optimum_ipu.hub import resolve_config_file
+        from optimum_ipu.configuration.hub import resolve_config_file
 
         if "use_auth_token" in overrides:
             old_token = overrides.pop("use_auth_token")
@@ -444,77 +463,3 @@ for _name in MODE_MANAGED:
 for _name in PLACEMENT_MANAGED:
     setattr(IPUConfig, f"_{_name}", _ModeManaged(_name))
 del _name
-
-
-def total_ipus(pod_type: str | None, n_ipu: int | None, flags: tuple[str, str] = ("--pod_type", "--n_ipu")) -> int | None:
-    """The number of IPUs a run asks for by `pod_type` (podN, the older spelling) and/or `n_ipu`.
-
-    None when neither is given. `flags` are the option names the caller's user typed, for the message.
-
-    Raises:
-        IPUConfigError: for a pod type that is not podN with N a power of two, an `n_ipu` below 1, or
-            the two disagreeing.
-    """
-    if n_ipu is not None and (isinstance(n_ipu, bool) or int(n_ipu) < 1):
-        raise IPUConfigError(f"{flags[1]} must be an integer >= 1, got {n_ipu!r}.")
-    if pod_type is None:
-        return n_ipu
-    pod_ipus = n_ipu_from_pod_type(pod_type)
-    if n_ipu is not None and n_ipu != pod_ipus:
-        raise IPUConfigError(
-            f"{flags[0]} {pod_type} means {pod_ipus} IPUs but {flags[1]} is {n_ipu}: give one of them, or "
-            "make them agree."
-        )
-    return pod_ipus
-
-
-def load_ipu_config(
-    name_or_config: str | os.PathLike | IPUConfig,
-    *,
-    n_ipu: int | None = None,
-    pod_type: str | None = None,
-    changes: dict[str, Any] | None = None,
-    overrides: str | None = None,
-    revision: str | None = None,
-    strict: bool = False,
-    mode: str | None = None,
-) -> IPUConfig:
-    """The IPU config a run uses: the one sequence IPUTrainer's arguments and both CLI commands apply.
-
-    1. `name_or_config`: a copy of a given `IPUConfig`, else `IPUConfig.from_pretrained` (a Hub id,
-       its cache, a folder or file, or the bundled copy; pod-keyed values picked by the IPU count);
-    2. `changes`: values the caller's own options set (IPUTrainingArguments' `--seed`,
-       `--gradient_accumulation_steps`, ...);
-    3. `overrides` ("k1=v1,k2=[0.1 0.2]"), which win over both;
-    4. the IPU count (`n_ipu`, or `pod_type`'s) sets the replication factors from the final
-       `ipus_per_replica`, unless an override set a replication factor itself (kept, with a warning).
-
-    `mode` ("training" / "inference") puts the result in that mode; None leaves it as loaded.
-
-    Raises:
-        IPUConfigError: for an invalid value, override or pod type, or an IPU count that is not a
-            multiple of `ipus_per_replica`.
-        FileNotFoundError: when no config can be found under that name.
-    """
-    n_ipu = total_ipus(pod_type, n_ipu)
-    if isinstance(name_or_config, IPUConfig):
-        config = name_or_config.copy()
-    else:
-        config = IPUConfig.from_pretrained(
-            name_or_config, revision=revision, pod_type=pod_type, n_ipu=n_ipu, strict=strict
-        )
-    if mode is not None:
-        config.mode = mode
-    if changes:
-        config.update(**changes)
-    overridden: set[str] = set()
-    if overrides:
-        overridden = {item.partition("=")[0].strip() for item in split_overrides(overrides)}
-        config.update_from_string(overrides)
-    if n_ipu:
-        kept = {k: v for k, v in config.to_dict().items() if k in overridden and k.endswith("replication_factor")}
-        config.for_n_ipu(n_ipu)
-        if kept:
-            config.update(**kept)
-            logger.warning("The overrides set %s; n_ipu=%d does not change it.", kept, n_ipu)
-    return config

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from optimum_ipu._config_schema import IPUConfigError, close_matches
+from optimum_ipu.configuration.schema import IPUConfigError, close_matches
 
 FORMS = (
     "Overrides are `key=value` pairs separated by commas, e.g. "

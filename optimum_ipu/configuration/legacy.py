@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from optimum_ipu._config_schema import FIELD_NAMES, IPUConfigError, close_matches
+from optimum_ipu.configuration.schema import FIELD_NAMES, IPUConfigError, close_matches
 
 # Keys older releases wrote that no longer mean anything; dropped with a note saying why.
 DEPRECATED_KEYS: dict[str, str] = {

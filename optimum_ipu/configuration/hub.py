@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optimum_ipu
-from optimum_ipu._config_schema import CONFIG_NAME
+from optimum_ipu.configuration.schema import CONFIG_NAME
 
 __all__ = [
     "ConfigFile",

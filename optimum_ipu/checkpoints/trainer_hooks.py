@@ -1,0 +1,186 @@
+"""The Trainer side of checkpoints: the private `Trainer` methods this package overrides, in one place.
+
+`AtomicCheckpoints` (a mixin before `transformers.Trainer` in IPUTrainer's bases) overrides
+`_save_checkpoint` (write into a staging folder, publish by rename, rotate after), `train` (resolve
+`resume_from_checkpoint=True` to the newest complete checkpoint and compare its setup),
+`_init_training_state` (count the resumed step in samples after a batch change) and
+`_load_optimizer_and_scheduler` (move the schedule to that step). `tests/test_checkpoints.py` pins
+the transformers contract each relies on, and the code raises instead of guessing when it changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from optimum_ipu.checkpoints.folders import (
+    CHECKPOINT_PREFIX,
+    TRAINER_STATE,
+    check_resumable,
+    get_last_checkpoint,
+    publish,
+    remove_leftover_staging,
+    rotate,
+    staging_folder,
+)
+from optimum_ipu.checkpoints.setup_change import (
+    ACCEPT_BATCH_CHANGE_FLAG,
+    SetupChange,
+    check_same_model,
+    compare_setup,
+)
+
+logger = logging.getLogger(__name__)
+
+
+# -- the Trainer side ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _instance_override(obj: Any, name: str, value: Any) -> Iterator[None]:
+    """Shadow a method or attribute on one instance, restoring exactly what was there."""
+    had = name in vars(obj)
+    saved = vars(obj).get(name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(obj, name, saved)
+        else:
+            delattr(obj, name)
+
+
+class AtomicCheckpoints:
+    """Trainer mixin: atomic checkpoints, resuming from the newest complete one, setup comparison.
+
+    Put it before `transformers.Trainer` in the bases (`class IPUTrainer(AtomicCheckpoints, Trainer)`).
+    It needs `self.ipu_config` (the effective IPU config) from the trainer.
+    """
+
+    _resume_change: SetupChange | None = None
+
+    # -- saving ---------------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """transformers' checkpoint, written into a staging folder and renamed into place last."""
+        args = self.args
+        step = self.state.global_step
+        run_dir = Path(self._get_output_dir(trial=trial))
+        staging = staging_folder(run_dir, step)
+        staged = staging / f"{CHECKPOINT_PREFIX}-{step}"
+        final = run_dir / f"{CHECKPOINT_PREFIX}-{step}"
+        if args.should_save:
+            remove_leftover_staging(run_dir)
+        self.accelerator.wait_for_everyone()  # nobody writes into a staging folder that is being removed
+
+        # transformers joins _get_output_dir() and "checkpoint-N"; rotation is ours, after the rename.
+        with _instance_override(self, "_get_output_dir", lambda trial=None: str(staging)), \
+                _instance_override(args, "save_total_limit", None):  # fmt: skip
+            super()._save_checkpoint(model, trial)
+
+        self.accelerator.wait_for_everyone()  # every process has written its part
+        if args.should_save:
+            if not staged.is_dir():
+                raise RuntimeError(
+                    f"transformers' Trainer._save_checkpoint did not write into {staged}: its contract with "
+                    "_get_output_dir() changed. optimum-ipu's atomic checkpoints need an update for this "
+                    "transformers version (see tests/test_checkpoints.py)."
+                )
+            if self.state.best_model_checkpoint == str(staged):
+                self.state.best_model_checkpoint = str(final)
+                self.state.save_to_json(str(staged / TRAINER_STATE))
+            publish(staged, final)
+            shutil.rmtree(staging, ignore_errors=True)
+            rotate(run_dir, args.save_total_limit, [str(final), self.state.best_model_checkpoint])
+        self.accelerator.wait_for_everyone()
+
+    # -- resuming -------------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """Resolve `resume_from_checkpoint` to a complete checkpoint and check its setup, then train."""
+        checkpoint = self._checkpoint_to_resume(resume_from_checkpoint)
+        self._resume_change = self._check_setup(checkpoint) if checkpoint is not None else None
+        return super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
+
+    def _checkpoint_to_resume(self, resume_from_checkpoint) -> str | None:
+        if resume_from_checkpoint is None or resume_from_checkpoint is False:
+            return None
+        save_only_model = bool(self.args.save_only_model)
+        if resume_from_checkpoint is True:
+            found = get_last_checkpoint(self.args.output_dir, save_only_model)
+            if found is None:
+                raise ValueError(
+                    f"resume_from_checkpoint=True, but {self.args.output_dir} holds no complete checkpoint "
+                    "(incomplete ones are logged above). Start without resuming, or pass a checkpoint path."
+                )
+            return found
+        return check_resumable(resume_from_checkpoint, save_only_model)
+
+    def _check_setup(self, checkpoint: str) -> SetupChange | None:
+        """Compare the checkpoint's setup with this run's: silent, one info line, one warning, or an error."""
+        check_same_model(checkpoint, self.model)
+        change = compare_setup(checkpoint, self.ipu_config.copy().train(), self.args.per_device_train_batch_size)
+        if change is None:
+            return None
+        if change.layout:
+            logger.info("Resuming from %s with a different layout (%s); the weights do not depend on the layout.",
+                        checkpoint, change.describe(change.layout))  # fmt: skip
+        if not change.batch:
+            return change
+        if not getattr(self.args, "allow_batch_change_on_resume", False):
+            raise ValueError(
+                f"Cannot resume from {checkpoint} unchanged: the batch arithmetic differs "
+                f"({change.describe(change.batch)}), so a step no longer means the same number of samples. "
+                f"Resume with the checkpoint's values, or pass {ACCEPT_BATCH_CHANGE_FLAG} to continue from the "
+                f"same number of samples ({change.samples_seen}) with the new combined batch {change.combined_batch}."
+            )
+        logger.warning("%s.", change.batch_message())
+        return change
+
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial):
+        """The Trainer's state restore, with the step counted in samples when the combined batch changed.
+
+        transformers compares `per_device_train_batch_size` with the state's `train_batch_size`, which
+        here is the combined batch, and would warn on every resume; `_check_setup` has compared the
+        real batch arithmetic already, so that comparison is given matching values.
+        """
+        change = self._resume_change if resume_from_checkpoint is not None else None
+        saved_batch = None
+        if resume_from_checkpoint is not None:
+            saved = json.loads((Path(resume_from_checkpoint) / TRAINER_STATE).read_text()).get("train_batch_size")
+            saved_batch = saved // max(1, self.args.n_gpu) if saved else None
+        with contextlib.ExitStack() as stack:
+            if saved_batch:
+                stack.enter_context(_instance_override(self.args, "per_device_train_batch_size", saved_batch))
+            result = super()._init_training_state(
+                max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+            )
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise RuntimeError("transformers' Trainer._init_training_state no longer returns (epochs, steps); "
+                               "optimum_ipu.checkpoints needs an update for this transformers version.")
+        if change is None or not change.batch:
+            return result
+        step = change.resumed_step
+        self.state.global_step = step
+        self.state.train_batch_size = change.combined_batch
+        skipped = 0 if self.args.ignore_data_skip else step % num_update_steps_per_epoch
+        return step // num_update_steps_per_epoch, skipped
+
+    def _load_optimizer_and_scheduler(self, checkpoint) -> None:
+        """Load as transformers does; after a batch change, move the LR schedule to the resumed step."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        change = self._resume_change
+        if checkpoint is None or change is None or not change.batch or self.lr_scheduler is None:
+            return
+        scheduler = getattr(self.lr_scheduler, "scheduler", self.lr_scheduler)  # accelerate may wrap it
+        scheduler.last_epoch = change.resumed_step - 1
+        with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": intended here
+            warnings.simplefilter("ignore")
+            scheduler.step()

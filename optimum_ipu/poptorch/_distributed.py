@@ -1,0 +1,112 @@
+"""PopTorch programs under torchrun: the replicas of `replicationFactor` shared out over the processes.
+
+`torchrun --nproc_per_node P program.py` runs the program P times; `opts.Distributed` reads which
+process this is. The program is the one that runs in one process: `replicationFactor(R)` is the
+whole run's replica count, and process k runs replicas k*R/P ... (k+1)*R/P - 1, as IPUTrainer's
+processes do (`runtime.distributed.ProcessReplicas`: gradient sums all-reduced before every update,
+so every process applies the same update).
+
+The data follows the replicas: `poptorch.DataLoader` hands each process only its replicas' part of
+every combined batch (batch_size x DI x R/P x GA samples, the samples those replicas get in the
+one-process run), with one shuffle shared by all processes (process 0 draws the seed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+from optimum_ipu.poptorch._logging import Error
+
+__all__ = ["join_process_group", "local_replicas", "processes"]
+
+
+def processes(options) -> int:
+    """How many processes share the run's replicas (1 without torchrun, or after `Distributed.disable()`)."""
+    count = options.Distributed.numProcesses
+    if count > 1:
+        replicas = options.replication_factor
+        if replicas % count:
+            raise Error(
+                f"replicationFactor({replicas}) cannot be shared by the {count} processes of this launch: each "
+                f"process runs replicationFactor / processes replicas. Launch torchrun --nproc_per_node with a "
+                f"divisor of {replicas}, or set opts.replicationFactor to a multiple of {count}."
+            )
+        if options.input_group_size != 1:
+            raise Error(
+                "inputReplicaGrouping under torchrun is not simulated: run the program in one process "
+                "(the replicas are simulated there too), or leave the input grouping at 1."
+            )
+    return count
+
+
+def local_replicas(options) -> range:
+    """The replicas this process runs."""
+    count = processes(options)
+    per_process = options.replication_factor // count
+    index = options.Distributed.processId if count > 1 else 0
+    return range(index * per_process, (index + 1) * per_process)
+
+
+def join_process_group() -> None:
+    """Join torchrun's process group (once): gloo for CPU tensors, NCCL beside it for GPU ones."""
+    if dist.is_initialized():
+        return
+    dist.init_process_group(backend="cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+
+
+def broadcast_module(module: torch.nn.Module) -> None:
+    """Every process starts from process 0's weights and buffers (as DistributedDataParallel does)."""
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor.data, src=0)
+
+
+class SharedShuffle(torch.utils.data.RandomSampler):
+    """torch's RandomSampler, with the seed of each pass drawn by process 0 for every process.
+
+    Each process draws as torch's sampler does (so the random state advances alike) and uses process
+    0's draw: the processes shuffle alike, and like a one-process run seeded the same.
+    """
+
+    def __iter__(self) -> Iterator[int]:
+        join_process_group()
+        seed = [int(torch.empty((), dtype=torch.int64).random_().item())]
+        dist.broadcast_object_list(seed, src=0)
+        self.generator = torch.Generator().manual_seed(seed[0])
+        yield from super().__iter__()
+
+
+class LocalReplicaBatches(torch.utils.data.Sampler):
+    """The indices of this process's replicas in each combined batch of `batches`.
+
+    A combined batch is laid out [device iteration][accumulation step][replica][micro-batch]; the
+    process keeps, in that order, the micro-batches of the replicas in `local`.
+    """
+
+    def __init__(
+        self, batches, micro: int, device_iterations: int, accumulation: int, replicas: int, local: range
+    ):
+        self.batches, self.micro, self.local = batches, micro, local
+        self.di, self.ga, self.replicas = device_iterations, accumulation, replicas
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        full = self.micro * self.di * self.ga * self.replicas
+        for indices in self.batches:
+            if len(indices) != full:
+                raise Error(
+                    f"The last combined batch has {len(indices)} samples, not {full}: under torchrun each process "
+                    "takes its replicas' part of full combined batches. Use drop_last=True (PopTorch's default)."
+                )
+            yield [
+                indices[((d * self.ga + g) * self.replicas + r) * self.micro + m]
+                for d in range(self.di)
+                for g in range(self.ga)
+                for r in self.local
+                for m in range(self.micro)
+            ]

@@ -1,0 +1,56 @@
+"""The cost model prices encoder-decoder layouts where pipelining puts them: `optimum-ipu plan --task
+summarization|translation` on BART, T5 and Graphcore/mt5-small-ipu."""
+
+from __future__ import annotations
+
+import pytest
+from fixtures import tiny_bart_config, tiny_t5_config
+
+from optimum_ipu import cli
+from optimum_ipu.costmodel.presets import build_meta_model, resolve_model
+from optimum_ipu.costmodel.profiling import trace_source
+from optimum_ipu.pipelining.placement import stage_of_each_block
+from optimum_ipu.pipelining.plan import build_stage_plan
+from optimum_ipu.pipelining.spec import spec_for
+
+
+@pytest.fixture(autouse=True)
+def profile_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTIMUM_IPU_CACHE", str(tmp_path / "cache"))
+
+
+CONFIGS = {
+    "bart": (lambda: tiny_bart_config(layers=4), "summarization", [1, 3, 2, 2]),
+    "t5": (lambda: tiny_t5_config(layers=4), "translation", [2, 2, 2, 2]),
+    "mt5": (lambda: tiny_t5_config(layers=8, mt5=True), "translation", [0, 8, 8, 0]),
+}
+
+
+@pytest.mark.parametrize("key", list(CONFIGS))
+def test_the_cost_model_places_every_block_where_pipelining_does(tmp_path, key):
+    """Encoder then decoder layers by layers_per_ipu, the stacks' final norms with their last layer, BART's
+    decoder embedding and the tied LM head back on IPU 0: the profile's placement is the stage plan's."""
+    make, task, layers = CONFIGS[key]
+    make().save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path), task)
+    profile = trace_source(source, micro_batch=1, seq_len=16, image_size=None, training=True, float_bytes=2)
+    plan = build_stage_plan(build_meta_model(source), spec_for(build_meta_model(source)), layers, 4)
+    placed = profile.placement(layers, 4)
+    assert placed == {b.name: b.ipu for b in plan.blocks}
+    stages = stage_of_each_block([placed[b.name] for b in profile.blocks], 4)
+    assert max([3, *stages]) + 1 == plan.forward_stages  # the report prices the pipeline that compiles
+
+
+def test_plan_prices_mt5_with_its_bundled_config(tmp_path, capsys):
+    CONFIGS["mt5"][0]().save_pretrained(tmp_path)
+    code = cli.main(["plan", str(tmp_path), "--task", "translation", "--ipu-config", "Graphcore/mt5-small-ipu",
+                     "--seq-len", "32"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "Layers per IPU: [0, 8, 8, 0]" in out and "AutoModelForSeq2SeqLM" in out
+    assert "5 pipeline stages on 4 IPUs" in out  # the tied LM head's return to IPU 0, as pipelining counts
+
+
+def test_encoder_decoder_models_plan_summarization_by_default(tmp_path):
+    tiny_bart_config().save_pretrained(tmp_path)  # a config without `architectures`
+    assert resolve_model(str(tmp_path)).builder == "AutoModelForSeq2SeqLM"
