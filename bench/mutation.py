@@ -1,6 +1,6 @@
 """Mutation testing: does a test fail when a line of a rule-bearing module is changed?
 
-    pip install mutmut==3.8.1
+    pip install -e ".[mutation]"      # mutmut 3.8.1
     python bench/mutation.py runtime/loss_scaling.py [--children 2]
     python bench/mutation.py --list
 
@@ -57,7 +57,7 @@ MODULES: dict[str, list[str]] = {
     "checkpoints/folders.py": ["tests/test_checkpoints.py"],
     "checkpoints/setup_change.py": ["tests/test_checkpoints.py"],
     "checkpoints/trainer_hooks.py": ["tests/test_checkpoints.py"],
-    "configuration/schema.py": ["tests/test_configuration.py"],
+    "configuration/schema.py": ["tests/test_config_schema.py", "tests/test_configuration.py"],
     "pipelining/placement.py": ["tests/pipelining/test_placement.py"],
 }  # fmt: skip
 

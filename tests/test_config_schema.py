@@ -1,0 +1,99 @@
+"""The IPUConfig rules on plain values: each bad value's exact error class and whole message, the
+"did you mean" hint, and the defaults derived the way Optimum Graphcore derives them."""
+
+from __future__ import annotations
+
+import pytest
+
+from optimum_ipu.configuration.schema import (
+    FIELD_DEFAULTS,
+    IPUConfigError,
+    IPUConfigTypeError,
+    close_matches,
+    derive_defaults,
+    validate_value,
+)
+
+TYPE, RANGE = IPUConfigTypeError, IPUConfigError
+BAD_VALUES = [
+    ("gradient_accumulation_steps", "4", TYPE, "must be an integer >= 1"),
+    ("gradient_accumulation_steps", True, TYPE, "must be an integer >= 1"),
+    ("inference_replication_factor", 0, RANGE, "must be an integer >= 1"),
+    ("layers_per_ipu", "2,2", TYPE, "must be a list of layer counts, one integer per IPU (-1: wildcard)"),
+    ("layers_per_ipu", [], RANGE, "must be a non-empty list of layer counts, one per IPU (-1: wildcard)"),
+    ("inference_layers_per_ipu", [2, -2], RANGE, "must hold integers >= -1 (-1 is the wildcard)"),
+    ("matmul_proportion", "0.2", TYPE, "must be a number >= 0, or a non-empty list with one number >= 0 per IPU"),
+    ("matmul_proportion", [], RANGE, "must be a number >= 0, or a non-empty list with one number >= 0 per IPU"),
+    ("matmul_proportion", [0.2, -0.1], RANGE, "must be a number >= 0, or a non-empty list with one number >= 0 per IPU"),
+    ("serialized_embedding_splits_per_ipu", "1", TYPE, "must be None or a list of integers >= 0, one per IPU"),
+    ("serialized_embedding_splits_per_ipu", [1.5], TYPE, "must be None or a list of integers >= 0, one per IPU"),
+    ("serialized_projection_splits_per_ipu", [-1, 2], RANGE, "must be None or a list of integers >= 0, one per IPU"),
+    ("serialized_projection_splits_per_ipu", [0, 0], RANGE, "must place at least one split (its sum must be >= 1)"),
+    ("inference_serialized_embedding_splits_per_ipu", [1, 0, 1], RANGE,
+     "must put its non-zero entries on consecutive IPUs"),
+    ("enable_half_partials", "yes", TYPE, "must be true or false"),
+    ("output_mode", "last", RANGE, "must be one of all, sum, final, default"),
+    ("output_mode", 3, TYPE, "must be one of all, sum, final, default"),
+    ("seed", "1", TYPE, "must be None or an integer"),
+    ("executable_cache_dir", 3, TYPE, 'must be a path ("" disables the cache)'),
+    ("parallelize_kwargs", [], TYPE, "must be a dict of keyword arguments for parallelize()"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,value,error,rule", BAD_VALUES, ids=[f"{c[0]}={c[1]!r}" for c in BAD_VALUES])
+def test_a_bad_value_names_the_attribute_the_rule_and_the_value(name, value, error, rule):
+    with pytest.raises(IPUConfigError) as caught:
+        validate_value(name, value)
+    assert type(caught.value) is error  # wrong type: also a TypeError; out of range: a ValueError only
+    assert str(caught.value) == f"`IPUConfig` attribute `{name}` {rule}, got {value!r}."
+
+
+@pytest.mark.parametrize(
+    "name,value", [("matmul_proportion", 0), ("matmul_proportion", [0.0, 0.3]), ("layers_per_ipu", [0, -1, 3]),
+                   ("serialized_embedding_splits_per_ipu", [0, 2, 1, 0]), ("seed", None), ("output_mode", "sum")],
+)  # fmt: skip
+def test_values_at_the_edge_of_a_rule_are_accepted(name, value):
+    validate_value(name, value)
+
+
+def test_a_mistyped_name_gets_the_close_names():
+    assert close_matches("layer_per_ipu") == " (did you mean `layers_per_ipu`?)"
+    assert close_matches("serialized_embedding_split_per_ipu") == (
+        " (did you mean `serialized_embedding_splits_per_ipu` or `inference_serialized_embedding_splits_per_ipu`?)"
+    )  # at most two names
+    assert close_matches("output") == ""  # `output_mode` is not close enough to suggest
+    assert close_matches("zzz") == ""
+
+
+def derive(**given):
+    return derive_defaults({**FIELD_DEFAULTS, **given}, given)
+
+
+def test_inference_ipus_are_the_length_of_explicit_inference_layers():
+    derived = derive(layers_per_ipu=[-1], ipus_per_replica=4, inference_layers_per_ipu=[-1, -1])
+    assert derived["inference_ipus_per_replica"] == 2
+
+
+def test_copied_inference_layers_are_kept_when_they_fit_the_inference_ipus():
+    assert derive(layers_per_ipu=[2, 2], inference_ipus_per_replica=2)["inference_layers_per_ipu"] == [2, 2]
+    # wildcards fit any count
+    assert derive(layers_per_ipu=[-1, -1], inference_ipus_per_replica=4)["inference_layers_per_ipu"] == [
+        -1,
+        -1,
+    ]
+    # a list of the wrong length is replaced by an even split
+    assert derive(layers_per_ipu=[3, 1], inference_ipus_per_replica=1)["inference_layers_per_ipu"] == [-1]
+
+
+def test_derived_values_share_no_list_with_the_given_ones():
+    given = {**FIELD_DEFAULTS, "layers_per_ipu": [2, 2]}
+    derived = derive_defaults(given, {"layers_per_ipu"})
+    derived["layers_per_ipu"].append(9)
+    derived["inference_layers_per_ipu"].append(7)
+    assert given["layers_per_ipu"] == [2, 2] and derived["inference_layers_per_ipu"] == [2, 2, 7]
+
+
+def test_a_malformed_layer_list_is_left_for_validation_to_name():
+    # Deriving must not crash on a value validation will refuse with the attribute's name.
+    assert derive(layers_per_ipu=4)["ipus_per_replica"] == 1
+    assert derive(inference_layers_per_ipu=4)["inference_ipus_per_replica"] == 1
