@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from optimum_ipu.configuration import IPUConfig, IPUConfigError, load_ipu_config, total_ipus
+from optimum_ipu.configuration import IPUConfig, IPUConfigError, load_ipu_config
 
 _SOURCES = {
     "local": "local file",
@@ -40,10 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace) -> IPUConfig:
-    n_ipu = total_ipus(args.pod_type, args.n_ipu, flags=("--pod-type", "--n-ipu"))
     return load_ipu_config(
-        args.name_or_path, n_ipu=n_ipu, pod_type=args.pod_type, overrides=args.overrides,
-        revision=args.revision, strict=args.strict,
+        args.name_or_path, n_ipu=args.n_ipu, pod_type=args.pod_type, overrides=args.overrides,
+        revision=args.revision, strict=args.strict, flags=("--pod-type", "--n-ipu"),
     )  # fmt: skip
 
 

@@ -51,6 +51,7 @@ def load_ipu_config(
     revision: str | None = None,
     strict: bool = False,
     mode: str | None = None,
+    flags: tuple[str, str] = ("--pod_type", "--n_ipu"),
 ) -> IPUConfig:
     """The IPU config a run uses: the one sequence IPUTrainer's arguments and both CLI commands apply.
 
@@ -62,14 +63,15 @@ def load_ipu_config(
     4. the IPU count (`n_ipu`, or `pod_type`'s) sets the replication factors from the final
        `ipus_per_replica`, unless an override set a replication factor itself (kept, with a warning).
 
-    `mode` ("training" / "inference") puts the result in that mode; None leaves it as loaded.
+    `mode` ("training" / "inference") puts the result in that mode; None leaves it as loaded. `flags`
+    are the caller's names for `pod_type` and `n_ipu`, used in the messages.
 
     Raises:
         IPUConfigError: for an invalid value, override or pod type, or an IPU count that is not a
             multiple of `ipus_per_replica`.
         FileNotFoundError: when no config can be found under that name.
     """
-    n_ipu = total_ipus(pod_type, n_ipu)
+    n_ipu = total_ipus(pod_type, n_ipu, flags)
     if isinstance(name_or_config, IPUConfig):
         config = name_or_config.copy()
     else:
