@@ -1,0 +1,129 @@
+"""Generation on the simulated IPU against transformers' `generate()`, same model, inputs and tokens.
+
+For each model shape (random weights, fp32, eval mode) and each search (greedy; beam search with
+`--beams` beams), these runs are interleaved over `--rounds` rounds on the same machine:
+
+- `generate()`: transformers' `model.generate()` on the plain model (its default dynamic KV cache);
+- `ipu static`: the same model placed for inference on a 2-IPU pipeline (`to_pipelined(...)
+  .parallelize()`, the IPU config's inference layout), generating in the IPU's form
+  (`optimum_ipu.generation.static_generation`: a KV cache of fixed size, one decoder call per token);
+  this is what `IPUSeq2SeqTrainer` runs with `--predict_with_generate --static_generation`;
+- `ipu dynamic`: the placed model with transformers' default cache (what `IPUSeq2SeqTrainer` runs
+  without `--static_generation`), to tell the placement's cost from the static cache's.
+
+Every run generates `--batch` sources of `--source-length` tokens up to `--max-length` tokens
+(`min_length` = `max_length`, so no sequence ends early and each run does the same decoder calls);
+the tokens of every run are checked equal to `generate()`'s before timing. One warm-up call per run
+(the static cache is allocated there, as an IPU compiles once), then per round one timed call of
+each run. Printed: the CPU, each run's median seconds per `generate` call, tokens/s, and
+`generate() / run` (1.0 = as fast as transformers; the target for `ipu static` is >= 0.8, issue 25).
+
+    OMP_NUM_THREADS=1 python bench/generation.py [--rounds 5] [--models t5-small,bart-base]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
+
+from optimum_ipu import IPUConfig
+from optimum_ipu.generation import static_generation
+from optimum_ipu.pipelining import to_pipelined
+
+# The shapes of t5-small and facebook/bart-base (random weights: the speed does not depend on them).
+MODELS: dict[str, Callable[[], torch.nn.Module]] = {
+    "t5-small": lambda: T5ForConditionalGeneration(T5Config(
+        vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8, pad_token_id=0,
+        eos_token_id=1, decoder_start_token_id=0,
+    )),
+    "bart-base": lambda: BartForConditionalGeneration(BartConfig(
+        vocab_size=50265, d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
+        decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072, max_position_embeddings=1024,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None,
+    )),
+}  # fmt: skip
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, and the cores and torch threads in use."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            name = next(
+                (line.partition(":")[2].strip() for line in handle if line.startswith("model name")), name
+            )
+    except OSError:
+        pass
+    return f"CPU: {name} ({os.cpu_count()} cores visible, {torch.get_num_threads()} torch threads)"
+
+
+def placed(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` placed for inference on 2 IPUs (encoder layers, then decoder layers, split evenly)."""
+    copied = copy.deepcopy(model)
+    to_pipelined(copied, IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2).eval()).parallelize()
+    return copied
+
+
+def static(model: torch.nn.Module) -> Callable[..., torch.Tensor]:
+    def generate(**kwargs) -> torch.Tensor:
+        with static_generation(model):
+            return model.generate(**kwargs)
+
+    return generate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--models", default="t5-small,bart-base", help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--source-length", type=int, default=64)
+    parser.add_argument("--max-length", type=int, default=32, help="tokens generated, decoder start included")
+    parser.add_argument("--beams", type=int, default=4)
+    args = parser.parse_args()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    print(cpu_name(), f"torch {torch.__version__}")
+    print(f"fp32, batch {args.batch}, sources of {args.source_length} tokens, {args.max_length} tokens generated; "
+          f"{args.rounds} interleaved rounds, one generate() call per run and round")  # fmt: skip
+    header = f"{'model':<10} {'search':<7} {'run':<12} {'s per call':>11} {'tokens/s':>9} {'generate() / run':>17}"
+    print(header)
+    for key in args.models.split(","):
+        torch.manual_seed(0)
+        model = MODELS[key]().eval()
+        g = torch.Generator().manual_seed(1)
+        sources = torch.randint(4, model.config.vocab_size, (args.batch, args.source_length), generator=g)
+        ipu_model = placed(model)
+        runs = {"generate()": model.generate, "ipu static": static(ipu_model), "ipu dynamic": ipu_model.generate}
+        for search, beams in (("greedy", 1), ("beam", args.beams)):
+            kwargs = dict(input_ids=sources, attention_mask=torch.ones_like(sources), max_length=args.max_length,
+                          min_length=args.max_length, num_beams=beams, do_sample=False)  # fmt: skip
+            with torch.inference_mode():
+                expected = model.generate(**kwargs)
+                for name, run in runs.items():  # warm-up, and the same tokens
+                    if not torch.equal(run(**kwargs), expected):
+                        raise AssertionError(f"{key} {search}: {name} generated other tokens than generate()")
+                times: dict[str, list[float]] = {name: [] for name in runs}
+                for _ in range(args.rounds):
+                    for name, run in runs.items():
+                        start = time.perf_counter()
+                        run(**kwargs)
+                        times[name].append(time.perf_counter() - start)
+            reference = statistics.median(times["generate()"])
+            tokens = args.batch * (args.max_length - 1)
+            for name, values in times.items():
+                median = statistics.median(values)
+                print(f"{key:<10} {search:<7} {name:<12} {median:11.3f} {tokens / median:9.1f} "
+                      f"{reference / median:17.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
