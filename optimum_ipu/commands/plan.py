@@ -85,11 +85,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _generation_asked(args: argparse.Namespace) -> bool:
-    return args.generation_max_length is not None or args.num_beams is not None or args.use_cross_cache
+    given = (args.generation_max_length, args.num_beams, args.on_device_generation_steps)
+    return any(value is not None for value in given) or args.use_cross_cache
 
 
 def _generation_flags(args: argparse.Namespace) -> str:
-    given = [("--generation_max_length", args.generation_max_length), ("--num_beams", args.num_beams)]
+    given = [
+        ("--generation_max_length", args.generation_max_length),
+        ("--num_beams", args.num_beams),
+        ("--on_device_generation_steps", args.on_device_generation_steps),
+    ]
     flags = [f"{flag} {value}" for flag, value in given if value is not None]
     return " ".join(flags + (["--use_cross_cache"] if args.use_cross_cache else []))
 
@@ -134,6 +139,7 @@ def _run_generation(args: argparse.Namespace) -> int:
             max_length=args.generation_max_length or default_length,
             num_beams=args.num_beams or 1,
             cross_cache=args.use_cross_cache,
+            on_device_steps=args.on_device_generation_steps or 0,
         )
         ipu_config = load_ipu_config(
             args.ipu_config, n_ipu=_total_ipus(args), overrides=args.overrides, mode="inference"
@@ -261,6 +267,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="Generation: compute the cross-attention keys/values once per batch (Optimum Graphcore's "
         "use_cross_cache, T5 and Whisper) instead of every step.",
+    )
+    parser.add_argument(
+        "--on_device_generation_steps",
+        "--on-device-generation-steps",
+        type=positive_int,
+        default=None,
+        help="Generation: tokens the decoder makes on the IPUs per host call, choosing them there (Optimum "
+        "Graphcore's on_device_generation_steps; default: one host call per token).",
     )
     parser.add_argument(
         "--overrides", default=None, help='Like --ipu_config_overrides: "k1=v1,k2=[0.1 0.2]".'

@@ -11,16 +11,20 @@ fill and the decoder the rest. Generating a batch of B sources with K beams up t
   `max_length` positions (static shapes: every call costs the same) and returns the next-token logits.
 
 So a batch takes `encoder + (max_length - 1) x step` seconds when no row ends early (a batch whose
-rows all end after n tokens stops after n steps: `encoder + n x step`). Both calls are priced by the
+rows all end after n tokens stops after n steps: `encoder + n x step`). With Optimum Graphcore's
+`on_device_generation_steps` k the decoder's program loops k steps on the IPUs per host call (its
+device iterations; each step's inputs are streamed in, repeated k times, and the tokens chosen on the
+IPUs come back instead of the logits): `(max_length - 1) // k` calls of k tokens each, stopping short
+of `max_length` when k does not divide it, as the original did. Both calls are priced by the
 models every other estimate uses (`performance.estimate_performance` on the programs' traced
 profiles, `decoding_trace.py`): the host's fixed cost per call, its streams, the sharded walk over
 each program's IPUs. The memory of the decoder's IPUs holds the KV cache: per decoder layer
 2 x (B x K) x `max_length` x heads x head size x bytes per element (heads x head size is `d_model`
 for BART and Whisper), plus the cross-attention cache over the source with `cross_cache`.
 
-Left out: the host's own work between steps (beam scoring, logits processors), and the one-off copy
-of the weights to the IPUs. `on_device_generation_steps` (the decoding loop on the IPUs, one host call
-per several tokens) and `use_encoder_output_buffer` are not priced.
+Left out: the host's own work between steps (beam scoring, logits processors), the one-off copy of
+the weights to the IPUs, the filling of the cross-attention cache once per batch, and
+`use_encoder_output_buffer` (the encoder's output kept on the decoder's IPUs).
 """
 
 from __future__ import annotations
@@ -46,11 +50,14 @@ class GenerationSettings:
         num_beams: `generation_num_beams`: the decoder runs on batch x beams rows.
         cross_cache: Optimum Graphcore's `use_cross_cache`: the cross-attention keys and values over
             the encoder's output are computed once per batch and cached, instead of every step.
+        on_device_steps: Optimum Graphcore's `on_device_generation_steps`: tokens chosen on the IPUs
+            per host call (0: one call per token, the next token chosen on the host).
     """
 
     max_length: int
     num_beams: int = 1
     cross_cache: bool = False
+    on_device_steps: int = 0
 
     def __post_init__(self):
         if self.max_length < 2:
@@ -60,11 +67,31 @@ class GenerationSettings:
             )
         if self.num_beams < 1:
             raise ValueError(f"--num_beams {self.num_beams}: give 1 (greedy) or more beams.")
+        if not 0 <= self.on_device_steps <= self.steps:
+            raise ValueError(
+                f"--on_device_generation_steps {self.on_device_steps}: a generation to --generation_max_length "
+                f"{self.max_length} has {self.steps} decoder steps; give 0 (one host call per token) to {self.steps}."
+            )
 
     @property
     def steps(self) -> int:
-        """Decoder calls of a generation that runs to `max_length`."""
+        """Decoder steps of a generation that runs to `max_length`."""
         return self.max_length - 1
+
+    @property
+    def tokens_per_call(self) -> int:
+        """Decoder steps in one host call."""
+        return self.on_device_steps or 1
+
+    @property
+    def calls(self) -> int:
+        """Decoder host calls of a batch: whole calls only (k steps each), stopping short of `max_length`."""
+        return self.steps // self.tokens_per_call
+
+    @property
+    def tokens(self) -> int:
+        """Tokens a batch's rows get (the start token not counted) when none ends early."""
+        return self.calls * self.tokens_per_call
 
 
 @dataclass
@@ -75,39 +102,59 @@ class GenerationProfiles:
         encoder: one forward of the encoder on the batch; the decoder's blocks cost nothing.
         step: one decoder call on batch x beams rows; the encoder's blocks cost nothing.
         kv_cache_bytes: bytes of KV cache each decoder layer keeps, in decoder-layer order.
+        returned_bytes: bytes a decoder step returns to the host when it is not its logits (the tokens
+            chosen on the IPUs with `on_device_generation_steps`); None: the traced outputs.
     """
 
     encoder: ModelProfile
     step: ModelProfile
     kv_cache_bytes: list[int]
+    returned_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "encoder": self.encoder.to_dict(),
             "step": self.step.to_dict(),
             "kv_cache_bytes": self.kv_cache_bytes,
+            "returned_bytes": self.returned_bytes,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GenerationProfiles:
-        return cls(ModelProfile.from_dict(data["encoder"]), ModelProfile.from_dict(data["step"]),
-                   list(data["kv_cache_bytes"]))  # fmt: skip
+        return cls(
+            ModelProfile.from_dict(data["encoder"]),
+            ModelProfile.from_dict(data["step"]),
+            list(data["kv_cache_bytes"]),
+            data.get("returned_bytes"),
+        )
 
 
-def program(profile: ModelProfile) -> ModelProfile:
+@dataclass
+class _Program(ModelProfile):
+    """A program's part of a traced profile, returning `returned_bytes` to the host if given."""
+
+    returned_bytes: int | None = None
+
+    @property
+    def output_bytes(self) -> int:
+        return super().output_bytes if self.returned_bytes is None else self.returned_bytes
+
+
+def program(profile: ModelProfile, returned_bytes: int | None = None) -> ModelProfile:
     """The part of `profile` one program runs: the blocks that did any work in its trace (with their
     parameters) and the tensors between them or from the host.
 
     A block both programs use (BART's and T5's shared word embedding) is in both; its other parameters
     (BART's encoder positions) are then counted on the decoder's first IPU as well, a few MB at most.
+    `returned_bytes`: what a call returns to the host, if not the outputs no block reads.
     """
     ran = [b for b in profile.blocks if b.forward_flops or b.other_ops or b.matmuls or b.embedding_lookups]
     names = {b.name for b in ran}
     transfers: list[Transfer] = [
         t for t in profile.transfers if t.consumer in names and (t.producer in names or t.producer == HOST)
     ]
-    return ModelProfile(ran, transfers, profile.micro_batch_size, profile.float_bytes, profile.input_bytes,
-                        profile.training)  # fmt: skip
+    return _Program(ran, transfers, profile.micro_batch_size, profile.float_bytes, profile.input_bytes,
+                    profile.training, returned_bytes)  # fmt: skip
 
 
 @dataclass
@@ -144,14 +191,20 @@ class GenerationReport:
         return self.encoder.performance.call_time
 
     @property
-    def step_time(self) -> float:
-        """Seconds of one decoder host call: the latency of each generated token."""
+    def call_time(self) -> float:
+        """Seconds of one decoder host call (one token, or `on_device_steps` tokens)."""
         return self.decoder.performance.call_time
 
     @property
+    def step_time(self) -> float:
+        """Seconds per generated token: a decoder call over the tokens it makes."""
+        return self.call_time / self.settings.tokens_per_call
+
+    @property
     def batch_time(self) -> float:
-        """Seconds to generate one batch to `max_length`: encoder + (max_length - 1) x step."""
-        return self.encoder_time + self.settings.steps * self.step_time
+        """Seconds to generate one batch to `max_length`: encoder + calls x call (max_length - 1 steps
+        of one token each by default)."""
+        return self.encoder_time + self.settings.calls * self.call_time
 
     @property
     def samples_per_second(self) -> float:
@@ -161,7 +214,7 @@ class GenerationReport:
     @property
     def tokens_per_second(self) -> float:
         """Tokens generated per second (all replicas; the best beam's only)."""
-        return self.samples_per_second * self.settings.steps
+        return self.samples_per_second * self.settings.tokens
 
     def summary(self) -> str:
         """Text for the terminal: the programs, the memory table, the time of a batch."""
@@ -171,6 +224,12 @@ class GenerationReport:
         precision = "fp32" if enc.fp32 else "fp16"
         name = f"{self.model_name}: " if self.model_name else ""
         rows = self.batch_size * s.num_beams
+        k = s.tokens_per_call
+        per_call = "once per token" if k == 1 else f"once per {k} tokens, chosen on the IPUs"
+        calls = f"{s.calls} tokens x {self.call_time * ms:.2f} ms" if k == 1 else (
+            f"{s.calls} calls x {self.call_time * ms:.2f} ms for {s.tokens} tokens"
+            + (f" (stopping {s.steps - s.tokens} short of generation_max_length)" if s.tokens < s.steps else "")
+        )  # fmt: skip
 
         def device(report: CompileReport) -> float:
             p = report.performance
@@ -186,13 +245,13 @@ class GenerationReport:
             f"Encoder: IPUs 0-{self.encoder_ipus - 1}, layers {self.encoder.layers_per_ipu}; once per batch: "
             f"{self.encoder_time * ms:.2f} ms per call (IPUs {device(self.encoder) * ms:.2f} ms, host "
             f"{self.encoder.performance.host_time * ms:.2f} ms)",
-            f"Decoder: IPUs {self.encoder_ipus}-{last}, layers {self.decoder.layers_per_ipu}; once per token: "
-            f"{self.step_time * ms:.2f} ms per call (IPUs {device(self.decoder) * ms:.2f} ms, host "
+            f"Decoder: IPUs {self.encoder_ipus}-{last}, layers {self.decoder.layers_per_ipu}; {per_call}: "
+            f"{self.call_time * ms:.2f} ms per call (IPUs {device(self.decoder) * ms:.2f} ms, host "
             f"{self.decoder.performance.host_time * ms:.2f} ms)",
             f"Memory per IPU (MiB; limit {self.memory.capacity / MiB:.0f} MiB):",
             self.memory.table(),
-            f"Per batch: encoder {self.encoder_time * ms:.1f} ms + {s.steps} tokens x {self.step_time * ms:.2f} ms = "
-            f"{self.batch_time:.3f} s (a batch whose rows all end after n tokens: encoder + n x step)",
+            f"Per batch: encoder {self.encoder_time * ms:.1f} ms + {calls} = {self.batch_time:.3f} s; "
+            f"{self.step_time * ms:.2f} ms per token (rows that all end after n tokens: encoder + n x that)",
             f"Estimated throughput: {self.samples_per_second:,.2f} samples/s, {self.tokens_per_second:,.1f} tokens/s",
         ]
         warnings = self.memory.warnings + self.notes
@@ -206,12 +265,14 @@ class GenerationReport:
     def to_dict(self) -> dict:
         return {
             "model": self.model_name,
-            "generation": asdict(self.settings) | {"steps": self.settings.steps},
+            "generation": asdict(self.settings)
+            | {"steps": self.settings.steps, "calls": self.settings.calls, "tokens": self.settings.tokens},
             "batch_size": self.batch_size,
             "replication_factor": self.replicas,
             "encoder_ipus": self.encoder_ipus,
             "encoder_seconds": self.encoder_time,
-            "step_seconds": self.step_time,
+            "call_seconds": self.call_time,
+            "token_seconds": self.step_time,
             "batch_seconds": self.batch_time,
             "estimated_samples_per_second": self.samples_per_second,
             "estimated_tokens_per_second": self.tokens_per_second,
@@ -221,11 +282,12 @@ class GenerationReport:
         }
 
 
-def _program_workload(ipu_config, micro_batch: int, fp32: bool) -> Workload:
+def _program_workload(ipu_config, micro_batch: int, fp32: bool, device_iterations: int = 1) -> Workload:
     # Generation calls each program with one batch at a time, as Optimum Graphcore's pipeline() sets
-    # (inference_device_iterations = 1); each program runs sharded over its IPUs.
+    # (inference_device_iterations = 1), but for the decoder's on-device steps; each program runs
+    # sharded over its IPUs.
     workload = Workload.from_ipu_config(ipu_config, micro_batch_size=micro_batch, training=False, fp32=fp32)
-    return workload.replace(device_iterations=1)
+    return workload.replace(device_iterations=device_iterations)
 
 
 def estimate_generation(
@@ -247,15 +309,16 @@ def estimate_generation(
     """
     from optimum_ipu.pipelining.encoder_decoder import split_encoder_decoder_ipu_config
 
-    encoder, step = program(profiles.encoder), program(profiles.step)
+    encoder, step = program(profiles.encoder), program(profiles.step, profiles.returned_bytes)
     encoder_config, decoder_config = split_encoder_decoder_ipu_config(
         ipu_config, encoder.num_layers, step.num_layers
     )
     cut = encoder_config.ipus_per_replica
     reports = []
-    for profile, config, rows in ((encoder, encoder_config, batch_size), (step, decoder_config,
-                                                                          batch_size * settings.num_beams)):  # fmt: skip
-        workload = _program_workload(config, rows, fp32)
+    programs = [(encoder, encoder_config, batch_size, 1),
+                (step, decoder_config, batch_size * settings.num_beams, settings.tokens_per_call)]  # fmt: skip
+    for profile, config, rows, iterations in programs:
+        workload = _program_workload(config, rows, fp32, iterations)
         placement = profile.placement(config.layers_per_ipu, workload.ipus_per_replica)
         reports.append(report_for(profile, placement, workload, hardware, model_name=model_name,
                                   calibration=calibration))  # fmt: skip

@@ -142,6 +142,21 @@ def _attention_shape(model) -> tuple[int, int, int]:
     return int(layers), int(heads), int(head_dim)
 
 
+def _choosing_next_tokens(base: type, batch: int, num_beams: int) -> type:
+    """`base` whose forward also picks the next tokens on the device, as Optimum Graphcore's
+    `on_device_generation_steps` wrapper does: log-softmax of the last logits, then the best token of
+    each row (greedy) or the best 2 x beams of each source's beams x vocabulary (beam search)."""
+
+    def forward(self, **inputs):
+        logits = base.forward(self, **inputs).logits[:, -1]
+        scores = torch.log_softmax(logits, dim=-1)
+        if num_beams == 1:
+            return torch.argmax(scores, dim=-1)
+        return torch.topk(scores.reshape(batch, -1), 2 * num_beams, dim=-1).indices
+
+    return type("_OnDeviceGeneration", (base,), {"forward": forward})
+
+
 def trace_decoder_step(
     source: ModelSource,
     batch: int,
@@ -150,15 +165,18 @@ def trace_decoder_step(
     num_beams: int,
     cross_cache: bool,
     float_bytes: int,
+    on_device: bool = False,
 ) -> tuple[ModelProfile, list[int]]:
     """Profile of one decoder call of a generation, and the bytes of KV cache each decoder layer keeps.
 
     The call reads one token for each of `batch x num_beams` rows, the encoder's output for each row
     (`seq_len` source positions; Whisper's 1500 frames) and attends over a self-attention cache of
     `max_length` positions (see the module's docstring for what it does with the cache). Every call of
-    a generation has these same shapes, so one trace prices them all.
+    a generation has these same shapes, so one trace prices them all. `on_device`: the next tokens are
+    chosen on the IPUs too (`on_device_generation_steps`), charged to the last block.
     """
     model, plan = meta_model_and_plan(source)
+    accepted = set(inspect.signature(model.forward).parameters)
     layers, heads, head_dim = _attention_shape(model)
     rows, source_positions = batch * num_beams, source_length(model, seq_len)
     beam_idx = torch.empty(rows, dtype=torch.int32, device=META) if num_beams > 1 else None
@@ -189,10 +207,11 @@ def trace_decoder_step(
             last_hidden_state=torch.empty(rows, source_positions, d_model, device=META)
         ),
     }
-    accepted = set(inspect.signature(model.forward).parameters)
     if "input_ids" in accepted:  # a text encoder's padding mask, for the cross-attention
         inputs["attention_mask"] = torch.empty(rows, source_positions, dtype=torch.long, device=META)
     inputs["cache" if "cache" in accepted else "past_key_values"] = cache
     inputs["use_cache"] = True
+    if on_device:
+        model.__class__ = _choosing_next_tokens(type(model), batch, num_beams)
     profile = profile_model(model, plan, inputs, training=False, float_bytes=float_bytes)
     return profile, [per_layer] * layers

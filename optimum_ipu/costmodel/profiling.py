@@ -98,8 +98,11 @@ def generation_profiles(source: ModelSource, batch: int, seq_len: int, settings,
     from optimum_ipu.costmodel.decoding_trace import trace_decoder_step, trace_encoder
 
     encoder = trace_encoder(source, batch, seq_len, float_bytes)
+    on_device = settings.on_device_steps > 0
     step, kv_cache = trace_decoder_step(source, batch, seq_len, settings.max_length, settings.num_beams,
-                                        settings.cross_cache, float_bytes)  # fmt: skip
-    profiles = GenerationProfiles(encoder, step, kv_cache)
+                                        settings.cross_cache, float_bytes, on_device)  # fmt: skip
+    # On the device the call returns the chosen tokens (int32, one per row, or 2 x beams per source), not logits.
+    returned = 4 * batch * (1 if settings.num_beams == 1 else 2 * settings.num_beams)
+    profiles = GenerationProfiles(encoder, step, kv_cache, returned if on_device else None)
     save_entry(key, profiles.to_dict())
     return profiles

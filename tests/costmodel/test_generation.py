@@ -116,6 +116,34 @@ def test_a_longer_cache_makes_every_step_slower_and_the_encoder_no_slower():
     assert long.step_time > short.step_time and long.encoder_time == short.encoder_time
 
 
+def _on_device(config, steps, beams=1, length=LENGTH):
+    settings = GenerationSettings(length, beams, on_device_steps=steps)
+    ipu_config = IPUConfig(layers_per_ipu=[2, 2], ipus_per_replica=2).eval()
+    profiles = generation_profiles(_source(config), BATCH, SOURCE, settings, 2)
+    return profiles, estimate_generation(profiles, ipu_config, settings, batch_size=BATCH, hardware=MK2)
+
+
+def test_on_device_steps_loop_the_decoder_on_the_ipus_and_call_the_host_once_per_k_tokens():
+    """on_device_generation_steps k: one call runs k decoder steps (k times the device time of one),
+    streams k steps' inputs and returns the chosen tokens, not logits; a batch makes (max_length - 1) // k
+    calls, stopping short of max_length when k does not divide it."""
+    config = tiny_whisper_config(layers=2)
+    _, one = _on_device(config, 1)
+    profiles, three = _on_device(config, 3)
+    device = [r.call_time - r.decoder.performance.host_time for r in (one, three)]
+    assert device[1] == pytest.approx(3 * device[0], rel=1e-12)
+    assert three.settings.calls == 2 and three.settings.tokens == 6  # 7 steps to max_length 8: one left out
+    assert three.batch_time == pytest.approx(three.encoder_time + 2 * three.call_time, rel=1e-12)
+    assert three.step_time == pytest.approx(three.call_time / 3)
+    assert (
+        program(profiles.step, profiles.returned_bytes).output_bytes == 4 * BATCH
+    )  # one int32 token per row
+    beams, _ = _on_device(config, 1, beams=2)
+    assert beams.returned_bytes == 4 * BATCH * 2 * 2  # the best 2 x beams candidates of each source
+    host_per_token = [r.decoder.performance.host_time / r.settings.tokens_per_call for r in (one, three)]
+    assert host_per_token[1] < host_per_token[0]  # the host's fixed cost is paid once per 3 tokens
+
+
 def test_each_program_runs_on_the_ipus_its_layers_fill():
     """[1, 1, 1, 1] over 2 + 2 layers: the encoder takes IPUs 0-1, the decoder 2-3, as
     split_encoder_decoder_ipu_config cuts them; the tied LM head goes with the decoder."""
@@ -145,8 +173,9 @@ def test_plan_prices_whisper_generation_with_its_bundled_config(tmp_path, capsys
     assert "IPU generation estimate" in out and "once per token" in out and "kv cache" in out
     assert "Batch of 1 x 2 beams = 2 rows; generation_max_length 16" in out
     data = json.loads(json_path.read_text())
-    assert data["generation"] == {"max_length": 16, "num_beams": 2, "cross_cache": False, "steps": 15}
-    assert data["batch_seconds"] == pytest.approx(data["encoder_seconds"] + 15 * data["step_seconds"])
+    assert data["generation"] == {"max_length": 16, "num_beams": 2, "cross_cache": False, "on_device_steps": 0,
+                                  "steps": 15, "calls": 15, "tokens": 15}  # fmt: skip
+    assert data["batch_seconds"] == pytest.approx(data["encoder_seconds"] + 15 * data["call_seconds"])
     assert (
         data["memory"]["ipus"][1]["kv_cache"] == 2 * 4 * 2 * 16 * 16 * 2
     )  # 2 x layers x rows x L x d x bytes
@@ -186,6 +215,10 @@ def _bart_plan(tmp_path, *argv):
             "--num_beams 2 with --pipelined: Optimum Graphcore",
         ),
         (["--inference", "--auto", "--use_cross_cache"], "--use_cross_cache with --auto"),
+        (
+            ["--inference", "--generation_max_length", "8", "--on_device_generation_steps", "9"],
+            "--on_device_generation_steps 9: a generation to --generation_max_length 8 has 7 decoder steps",
+        ),
     ],
 )
 def test_bad_generation_flags_name_the_flag_the_value_and_the_fix(tmp_path, capsys, argv, expected):
