@@ -134,7 +134,11 @@ def check_resumable(path: str | os.PathLike, save_only_model: bool = False) -> s
         return str(path)
     parent = Path(path).parent
     other = get_last_checkpoint(parent, save_only_model) if parent.is_dir() else None
-    hint = f"resume from {other} (the newest complete one) instead" if other else "start without --resume_from_checkpoint"
+    hint = (
+        f"resume from {other} (the newest complete one) instead"
+        if other
+        else "start without --resume_from_checkpoint"
+    )
     raise FileNotFoundError(
         f"Cannot resume from {path}: it is not a complete checkpoint ({'; '.join(problems)}). "
         f"It was probably written by a run that was killed while saving; {hint}, or delete the folder."
@@ -191,7 +195,9 @@ def publish(staged: str | os.PathLike, final: str | os.PathLike) -> None:
     staged, final = Path(staged), Path(final)
     flush_tree(staged)
     old = None
-    if final.exists():  # the same step saved again (a resumed run): keep the old one until the new is in place
+    if (
+        final.exists()
+    ):  # the same step saved again (a resumed run): keep the old one until the new is in place
         old = final.parent / f"{STAGING_PREFIX}{final.name}-replaced"
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
@@ -201,7 +207,9 @@ def publish(staged: str | os.PathLike, final: str | os.PathLike) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def rotate(run_dir: str | os.PathLike, save_total_limit: int | None, protected: list[str | None]) -> list[Path]:
+def rotate(
+    run_dir: str | os.PathLike, save_total_limit: int | None, protected: list[str | None]
+) -> list[Path]:
     """Keep the newest `save_total_limit` checkpoints (and the `protected` ones); return those removed.
 
     A folder is first renamed out of the `checkpoint-N` namespace, then deleted, so a kill during the

@@ -36,13 +36,16 @@ def _total_ipus(args: argparse.Namespace) -> int | None:
 def run(args: argparse.Namespace) -> int:
     """Run `optimum-ipu plan`: 0 when the layout (or the proposal, with --auto) fits, 1 when not."""
     from optimum_ipu.costmodel.hardware import chip
-    from optimum_ipu.costmodel.planner import propose_layout
+    from optimum_ipu.costmodel.layout_search import propose_layout
     from optimum_ipu.costmodel.report import report_for
     from optimum_ipu.costmodel.workload import Workload
 
     training = not args.inference
     if args.pipelined and training:
-        print("error: --pipelined is for --inference (training on several IPUs is always pipelined).", file=sys.stderr)
+        print(
+            "error: --pipelined is for --inference (training on several IPUs is always pipelined).",
+            file=sys.stderr,
+        )
         return 2
     if _generation_asked(args):
         return _run_generation(args)

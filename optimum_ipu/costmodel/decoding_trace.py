@@ -35,8 +35,8 @@ from transformers.modeling_outputs import BaseModelOutput
 from optimum_ipu.costmodel.presets import ModelSource, build_meta_model
 from optimum_ipu.costmodel.profile import ModelProfile
 from optimum_ipu.costmodel.trace import profile_model, sample_inputs_for
-from optimum_ipu.pipelining.plan import build_stage_plan
 from optimum_ipu.pipelining.spec import spec_for
+from optimum_ipu.pipelining.stage_plan import build_stage_plan
 
 META = "meta"
 

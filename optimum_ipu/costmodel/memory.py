@@ -278,7 +278,9 @@ def estimate_memory(
     """Bytes per IPU of one replica for the blocks placed as `ipu_of` says (block name -> IPU)."""
     n = workload.ipus_per_replica
     stages = pipeline_stages(profile, ipu_of, n)
-    entering = stage_input_bytes(profile, {b.name: k for k, (_, blocks) in enumerate(stages) for b in blocks}, len(stages))
+    entering = stage_input_bytes(
+        profile, {b.name: k for k, (_, blocks) in enumerate(stages) for b in blocks}, len(stages)
+    )
     later = [sum(entering[j] for j in range(n, len(stages)) if stages[j][0] == k) for k in range(n)]
     shares = table_shares(profile, ipu_of, workload)
     ipus = [

@@ -19,8 +19,8 @@ def trace_source(source: ModelSource, micro_batch: int, seq_len: int | None, ima
     embedding from the others, which only a plan over more than one IPU shows: trace over two.
     """
     from optimum_ipu.costmodel.trace import profile_model, sample_inputs_for
-    from optimum_ipu.pipelining.plan import build_stage_plan
     from optimum_ipu.pipelining.spec import generic_spec, spec_for
+    from optimum_ipu.pipelining.stage_plan import build_stage_plan
 
     model = build_meta_model(source)
     spec = spec_for(model) or generic_spec(model)

@@ -111,7 +111,9 @@ class CompileReport:
                 for total in p.ipu_stages
                 if len(on[total.ipu]) > 1
             ]
-            rows.append(f"  ({depth} pipeline stages on {n} IPUs: the head tied to the embedding runs on IPU 0 last)")
+            rows.append(
+                f"  ({depth} pipeline stages on {n} IPUs: the head tied to the embedding runs on IPU 0 last)"
+            )
             stages = "\n".join(rows)
         if w.training:
             ga = w.gradient_accumulation_steps

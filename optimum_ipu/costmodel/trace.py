@@ -24,8 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from optimum_ipu.costmodel.profile import HOST, BlockProfile, Matmul, ModelProfile, Transfer
-from optimum_ipu.pipelining.plan import StagePlan
 from optimum_ipu.pipelining.spec import base_model_path, generic_spec, spec_for
+from optimum_ipu.pipelining.stage_plan import StagePlan
 
 aten = torch.ops.aten
 

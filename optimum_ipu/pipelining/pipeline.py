@@ -15,9 +15,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from optimum_ipu.pipelining.plan import StagePlan, build_stage_plan
 from optimum_ipu.pipelining.serialized import SerializedEmbedding, SerializedLinear
 from optimum_ipu.pipelining.spec import CutSpec, base_model_path, generic_spec, spec_for
+from optimum_ipu.pipelining.stage_plan import StagePlan, build_stage_plan
 from optimum_ipu.runtime.batches import move_to
 
 logger = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ from optimum_ipu import cli
 from optimum_ipu.costmodel.presets import build_meta_model, resolve_model
 from optimum_ipu.costmodel.profiling import trace_source
 from optimum_ipu.pipelining.placement import stage_of_each_block
-from optimum_ipu.pipelining.plan import build_stage_plan
 from optimum_ipu.pipelining.spec import spec_for
+from optimum_ipu.pipelining.stage_plan import build_stage_plan
 
 
 @pytest.fixture(autouse=True)

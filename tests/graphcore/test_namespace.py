@@ -121,7 +121,9 @@ def test_a_missing_name_fails_on_every_use_with_the_same_message():
         lambda: type("MyPipeline", (Missing,), {}),
         lambda: object in MODELS_SUPPORTING_KV_CACHE,
     ):
-        with pytest.raises(NoEquivalentError, match=r"IPUAutomaticSpeechRecognitionPipeline|MODELS_SUPPORTING_KV_CACHE"):
+        with pytest.raises(
+            NoEquivalentError, match=r"IPUAutomaticSpeechRecognitionPipeline|MODELS_SUPPORTING_KV_CACHE"
+        ):
             use()
     with pytest.raises(NoEquivalentError, match=r"optimum\.graphcore\.pipeline"):
         Missing()
