@@ -250,7 +250,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         if not args.fp32:
             model.half()  # IPU training default: fp16 weights and activations
             logger.info("fp16 compute: %s", self.fp16_compute)
-        self._pipelined = to_pipelined(model, self.ipu_config, force_to_pipelined=force_to_pipelined)
+        self._pipelined = to_pipelined(model, self.ipu_config, force=force_to_pipelined)
         # One trainer step is one combined batch: `args.train_batch_size` (what the Trainer sizes its loader
         # and step counts from) is micro-batch x GA x replicas x device iterations; evaluation likewise.
         args.set_combined_batch_factors(

@@ -263,13 +263,21 @@ class _Stack(nn.Module):
 
 
 def test_unregistered_models_need_force_and_then_use_the_generic_cut():
-    with pytest.raises(UnsupportedModelError, match="force_to_pipelined=True"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"Pass force=True \(IPUTrainer: force_to_pipelined=True\)"
+    ):
         to_pipelined(_Stack(), ipu_cfg())
     model = _Stack()
     ids = torch.randint(0, 10, (2, 5))
     expected = model(ids)
-    pipelined = to_pipelined(model, ipu_cfg(), force_to_pipelined=True).parallelize()
+    pipelined = to_pipelined(model, ipu_cfg(), force=True).parallelize()
     assert [(b.name, b.ipu) for b in pipelined.plan.blocks] == [
         ("Embedding", 0), ("Layer 0", 0), ("Layer 1", 0), ("Layer 2", 1), ("Layer 3", 1), ("Head", 1),
     ]  # fmt: skip
     torch.testing.assert_close(model(ids), expected)
+
+
+def test_the_earlier_keyword_force_to_pipelined_still_acts_and_says_it_is_renamed():
+    with pytest.warns(FutureWarning, match=r"now to_pipelined\(force=\.\.\.\)"):
+        pipelined = to_pipelined(_Stack(), ipu_cfg(), force_to_pipelined=True)
+    assert [b.ipu for b in pipelined.plan.layer_blocks] == [0, 0, 1, 1]
