@@ -92,7 +92,7 @@ def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: i
     GA x replicas x device iterations. Returns None when the checkpoint has no `ipu_config.json`
     (written by plain transformers: nothing to compare).
     """
-    from optimum_ipu.configuration.schema import FIELD_DEFAULTS
+    from optimum_ipu.configuration.schema import FIELD_DEFAULTS, derive_defaults
 
     checkpoint = Path(checkpoint)
     saved = _saved_ipu_config(checkpoint)
@@ -100,7 +100,11 @@ def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: i
         return None
     state = json.loads((checkpoint / TRAINER_STATE).read_text())
     current = ipu_config.to_dict()
-    saved = {name: saved.get(name, default) for name, default in FIELD_DEFAULTS.items()}
+    # A field the file leaves out (an older or hand-written config) is derived as loading the file would
+    # (ipus_per_replica from layers_per_ipu), not compared as its raw default None.
+    given = {name for name, value in saved.items() if value is not None}
+    saved = derive_defaults({name: saved.get(name, default) for name, default in FIELD_DEFAULTS.items()},
+                            given)  # fmt: skip
     factor = saved["gradient_accumulation_steps"] * saved["replication_factor"] * saved["device_iterations"]
     saved_combined = state.get("train_batch_size") or factor * micro_batch_size
     saved["per_device_train_batch_size"] = max(1, saved_combined // factor)
