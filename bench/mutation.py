@@ -54,9 +54,9 @@ MODULES: dict[str, list[str]] = {
     "runtime/batches.py": ["tests/runtime/test_batches.py", "tests/runtime/test_executor.py"],
     "runtime/checks.py": ["tests/runtime/test_checks.py", "tests/runtime/test_executor.py"],
     "runtime/distributed.py": ["tests/distributed"],
-    "checkpoints/folders.py": ["tests/test_checkpoints.py"],
-    "checkpoints/setup_change.py": ["tests/test_checkpoints.py"],
-    "checkpoints/trainer_hooks.py": ["tests/test_checkpoints.py"],
+    "checkpoints/folders.py": ["tests/checkpoints"],
+    "checkpoints/setup_change.py": ["tests/checkpoints"],
+    "checkpoints/trainer_hooks.py": ["tests/checkpoints"],
     "configuration/schema.py": ["tests/test_config_schema.py", "tests/test_configuration.py"],
     "pipelining/placement.py": ["tests/pipelining/test_placement.py"],
 }  # fmt: skip
