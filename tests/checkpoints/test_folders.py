@@ -401,6 +401,26 @@ def test_publishing_a_step_again_replaces_it_and_leaves_no_old_copy(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [".incomplete-checkpoint-4", "checkpoint-4"]
 
 
+def test_an_old_copy_that_cannot_be_deleted_does_not_stop_the_publish(tmp_path, monkeypatch):
+    final = tmp_path / "checkpoint-4"
+    final.mkdir()
+    (final / "old").write_text("old")
+    staged = _tree(tmp_path / ".incomplete-checkpoint-4" / "checkpoint-4")
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if str(path) == "old":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    publish(staged, final)
+    monkeypatch.undo()
+    assert sorted(os.listdir(final)) == ["a", "sub"]
+    replaced = tmp_path / f"{STAGING_PREFIX}checkpoint-4-replaced"
+    assert remove_leftover_staging(tmp_path) == [tmp_path / ".incomplete-checkpoint-4", replaced]
+
+
 @pytest.mark.parametrize("fail_at", range(4))
 def test_publish_interrupted_at_any_step_leaves_the_old_or_the_new_checkpoint_or_none(
     tmp_path, monkeypatch, fail_at
