@@ -112,8 +112,8 @@ def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: i
     change = SetupChange(str(checkpoint), saved_step=int(state.get("global_step", 0)),
                          saved_combined_batch=int(saved_combined),
                          combined_batch=micro_batch_size * ipu_config.batch_size_factor())  # fmt: skip
-    for name in (*BATCH_FIELDS, *FIELD_DEFAULTS):
-        if name.startswith("inference_") or name in _NOT_COMPARED or name in change.batch or name in change.layout:
+    for name in dict.fromkeys((*BATCH_FIELDS, *FIELD_DEFAULTS)):  # each name once, the batch fields first
+        if name.startswith("inference_") or name in _NOT_COMPARED:
             continue
         old, new = saved.get(name), current.get(name)
         if old != new:

@@ -221,7 +221,7 @@ def test_one_mismatched_shape_among_matching_names_is_enough(tmp_path):
 
 
 def test_a_checkpoint_with_no_name_of_the_model_is_another_model(tmp_path):
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))  # two of its four names shown
     folder = _weights_of(tmp_path / "c", {"encoder.w": torch.zeros(2), "decoder.w": torch.zeros(2),
                                           "head.w": torch.zeros(1)})  # fmt: skip
     with pytest.raises(ValueError) as error:
