@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -153,20 +154,80 @@ def test_saving_a_step_again_replaces_it(tmp_path):
     )
 
 
+class Recording(Trainer):
+    """A Trainer whose hyperparameter-search trials save into their own run folders, recording its save calls."""
+
+    def _get_output_dir(self, trial):
+        return (
+            os.path.join(self.args.output_dir, f"run-{trial}") if trial is not None else self.args.output_dir
+        )
+
+    def _save_checkpoint(self, model, trial):
+        self.seen = (model, trial, self._get_output_dir(trial=trial), self.args.save_total_limit)
+        super()._save_checkpoint(model, trial)
+
+
+class AtomicRecording(AtomicCheckpoints, Recording):
+    pass
+
+
 def test_transformers_writes_into_the_staging_folder_with_its_own_rotation_off(tmp_path):
-    class Recording(Trainer):
-        def _save_checkpoint(self, model, trial):
-            self.seen = (self._get_output_dir(trial=trial), self.args.save_total_limit)
-            super()._save_checkpoint(model, trial)
-
-    class Atomic(AtomicCheckpoints, Recording):
-        pass
-
-    t = trainer(tmp_path, cls=Atomic, save_total_limit=2)
+    t = trainer(tmp_path, cls=AtomicRecording, save_total_limit=2)
     save(t, 6)
-    assert t.seen == (str(staging_folder(tmp_path, 6)), None)
+    assert t.seen == (t.model, None, str(staging_folder(tmp_path, 6)), None)
     assert t.args.save_total_limit == 2 and "_get_output_dir" not in vars(t)  # both restored
     assert t._get_output_dir(trial=None) == str(tmp_path)
+    assert listing(tmp_path) == ["checkpoint-6"]
+
+
+def test_a_trials_checkpoint_is_published_in_the_trials_run_folder(tmp_path):
+    t = trainer(tmp_path, cls=AtomicRecording)
+    other = torch.nn.Linear(2, 2)
+    t.state.global_step = 3
+    t._save_checkpoint(other, "7")
+    run = tmp_path / "run-7"
+    assert t.seen == (other, "7", str(staging_folder(run, 3)), None)  # model and trial handed on unchanged
+    assert listing(tmp_path) == ["run-7"] and listing(run) == ["checkpoint-3"]
+    assert checkpoint_problems(run / "checkpoint-3") == []
+
+
+def test_a_staging_folder_that_cannot_be_removed_after_the_publish_does_not_fail_the_save(
+    tmp_path, monkeypatch
+):
+    # On NFS an emptied folder can refuse rmdir for a moment (a .nfs file); the checkpoint is in place already.
+    t = trainer(tmp_path)
+    real_rmdir = os.rmdir
+
+    def rmdir(path, *args, **kwargs):
+        if Path(path).name == f"{STAGING_PREFIX}2":
+            raise OSError(39, "Directory not empty", str(path))
+        return real_rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rmdir", rmdir)
+    save(t, 2)
+    monkeypatch.undo()
+    assert listing(tmp_path) == [f"{STAGING_PREFIX}2", "checkpoint-2"]
+    assert checkpoint_problems(tmp_path / "checkpoint-2") == []
+    save(t, 3)  # the next save clears it
+    assert listing(tmp_path) == ["checkpoint-2", "checkpoint-3"]
+
+
+def test_the_checkpoint_just_saved_survives_rotation_below_a_newer_number_like_plain_transformers(tmp_path):
+    """A run resumed from checkpoint-2 with checkpoint-6 still there saves checkpoint-4: that one is kept.
+
+    transformers orders by modification time here (saves a minute apart; under 1 s apart it falls back
+    to the step number and would delete the checkpoint it has just written).
+    """
+    ours, plain = trainer(tmp_path / "ours"), trainer(tmp_path / "plain", cls=Trainer)
+    now = time.time()
+    for t in (ours, plain):
+        save(t, 2)
+        save(t, 6)
+        for step, age in ((2, 120), (6, 60)):
+            os.utime(Path(t.args.output_dir) / f"checkpoint-{step}", (now - age, now - age))
+        t.args.save_total_limit = 1
+        save(t, 4)
+    assert listing(tmp_path / "ours") == listing(tmp_path / "plain") == ["checkpoint-4"]
 
 
 def test_a_transformers_that_writes_elsewhere_is_an_error_naming_the_contract(tmp_path):
@@ -414,20 +475,29 @@ def test_resuming_does_not_warn_that_the_micro_batch_differs_from_the_combined_b
     assert t._init_training_state(16, 3, 1, str(checkpoint_4), None) == (1, 1)  # transformers' own arithmetic
 
 
-def test_the_saved_batch_is_divided_over_gpus_as_transformers_divides_it(checkpoint_4):
-    class Base:
-        def _init_training_state(self, *args):
-            self.seen = self.args.per_device_train_batch_size
-            return 0, 0
+class RecordsStateRestore:
+    """Stands in for the Trainer's state restore: records its arguments and the batch size it sees."""
 
-    class Stub(AtomicCheckpoints, Base):
-        pass
+    def _init_training_state(self, *args):
+        self.seen = (self.args.per_device_train_batch_size, args)
+        return 0, 0
 
-    for n_gpu, expected in [(0, 8), (1, 8), (2, 4)]:
-        stub = Stub()
-        stub.args = SimpleNamespace(n_gpu=n_gpu, per_device_train_batch_size=2, ignore_data_skip=False)
-        assert stub._init_training_state(16, 16, 1, str(checkpoint_4), None) == (0, 0)
-        assert (stub.seen, stub.args.per_device_train_batch_size) == (expected, 2)
+
+class AtomicRecordsStateRestore(AtomicCheckpoints, RecordsStateRestore):
+    pass
+
+
+@pytest.mark.parametrize("saved, n_gpu, expected", [(8, 0, 8), (8, 1, 8), (8, 2, 4), (9, 2, 4), (7, 4, 1)])
+def test_the_saved_batch_is_divided_over_gpus_as_transformers_divides_it(tmp_path, saved, n_gpu, expected):
+    # transformers compares per_device_train_batch_size with train_batch_size // max(1, n_gpu): the same value.
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 1, "train_batch_size": saved}))
+    stub = AtomicRecordsStateRestore()
+    stub.args = SimpleNamespace(n_gpu=n_gpu, per_device_train_batch_size=2, ignore_data_skip=False)
+    assert stub._init_training_state(16, 8, 2, str(tmp_path), "trial") == (0, 0)
+    per_device, args = stub.seen
+    assert per_device == expected == saved // max(1, n_gpu) and type(per_device) is int
+    assert args == (16, 8, 2, str(tmp_path), "trial")  # handed on unchanged
+    assert stub.args.per_device_train_batch_size == 2
 
 
 def test_a_state_without_a_batch_size_leaves_the_arguments_alone(checkpoint_4, tmp_path, records):
