@@ -53,7 +53,7 @@ MODULES: dict[str, list[str]] = {
     "runtime/fp16_compute.py": ["tests/runtime/test_fp16_compute.py"],
     "runtime/batches.py": ["tests/runtime/test_batches.py", "tests/runtime/test_executor.py"],
     "runtime/checks.py": ["tests/runtime/test_checks.py", "tests/runtime/test_executor.py"],
-    "runtime/distributed.py": ["tests/distributed"],
+    "runtime/distributed.py": ["tests/runtime/test_process_replicas.py"],
     "checkpoints/folders.py": ["tests/checkpoints"],
     "checkpoints/setup_change.py": ["tests/checkpoints"],
     "checkpoints/trainer_hooks.py": ["tests/checkpoints"],
