@@ -512,19 +512,23 @@ class FakeShutdown:
         self.calls.append(("destroy",))
 
 
+WAIT = ("monitored_barrier", timedelta(seconds=60))
+
+
 @pytest.mark.parametrize(
-    "shutdown, calls",
+    "backend, initialized, fail, calls",
     [
-        (FakeShutdown("gloo"), [("monitored_barrier", timedelta(seconds=60)), ("destroy",)]),
-        (FakeShutdown("nccl"), [("barrier",), ("destroy",)]),
-        (FakeShutdown("gloo", fail=True), [("monitored_barrier", timedelta(seconds=60)), ("destroy",)]),
-        (FakeShutdown("nccl", fail=True), [("barrier",), ("destroy",)]),
-        (FakeShutdown(initialized=False), []),
+        ("gloo", True, False, [WAIT, ("destroy",)]),
+        ("nccl", True, False, [("barrier",), ("destroy",)]),
+        ("gloo", True, True, [WAIT, ("destroy",)]),
+        ("nccl", True, True, [("barrier",), ("destroy",)]),
+        ("gloo", False, False, []),
     ],
 )
 def test_closing_waits_a_minute_at_most_for_the_peers_then_releases_every_holder(
-    monkeypatch, shutdown, calls
+    monkeypatch, backend, initialized, fail, calls
 ):
+    shutdown = FakeShutdown(backend, initialized, fail)
     monkeypatch.setattr(distributed, "dist", shutdown)
     holders = [Holder(), Holder()]
     for holder in holders:
