@@ -132,8 +132,7 @@ def check_resumable(path: str | os.PathLike, save_only_model: bool = False) -> s
     problems = checkpoint_problems(path, save_only_model)
     if not problems:
         return str(path)
-    parent = Path(path).parent
-    other = get_last_checkpoint(parent, save_only_model) if parent.is_dir() else None
+    other = get_last_checkpoint(Path(path).parent, save_only_model)  # None when the parent is no folder
     hint = (
         f"resume from {other} (the newest complete one) instead"
         if other
@@ -194,17 +193,15 @@ def publish(staged: str | os.PathLike, final: str | os.PathLike) -> None:
     """
     staged, final = Path(staged), Path(final)
     flush_tree(staged)
-    old = None
+    old = final.parent / f"{STAGING_PREFIX}{final.name}-replaced"
+    shutil.rmtree(old, ignore_errors=True)  # left by a run killed while it replaced this step
     if (
         final.exists()
     ):  # the same step saved again (a resumed run): keep the old one until the new is in place
-        old = final.parent / f"{STAGING_PREFIX}{final.name}-replaced"
-        shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(staged, final)
     _fsync(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)  # one that cannot be deleted now is removed at the next save
 
 
 def rotate(
@@ -215,7 +212,7 @@ def rotate(
     A folder is first renamed out of the `checkpoint-N` namespace, then deleted, so a kill during the
     deletion leaves a staging folder (removed at the next save), never a half-deleted checkpoint.
     """
-    if not save_total_limit or save_total_limit <= 0:
+    if save_total_limit is None or save_total_limit <= 0:
         return []
     run_dir = Path(run_dir)
     keep = {Path(p).resolve() for p in protected if p}

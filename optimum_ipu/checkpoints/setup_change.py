@@ -99,7 +99,7 @@ def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: i
     GA x replicas x device iterations. Returns None when the checkpoint has no `ipu_config.json`
     (written by plain transformers: nothing to compare).
     """
-    from optimum_ipu.configuration.schema import FIELD_DEFAULTS
+    from optimum_ipu.configuration.schema import FIELD_DEFAULTS, derive_defaults
 
     checkpoint = Path(checkpoint)
     saved = _saved_ipu_config(checkpoint)
@@ -107,7 +107,11 @@ def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: i
         return None
     state = json.loads((checkpoint / TRAINER_STATE).read_text())
     current = ipu_config.to_dict()
-    saved = {name: saved.get(name, default) for name, default in FIELD_DEFAULTS.items()}
+    # A field the file leaves out (an older or hand-written config) is derived as loading the file would
+    # (ipus_per_replica from layers_per_ipu), not compared as its raw default None.
+    given = {name for name, value in saved.items() if value is not None}
+    saved = derive_defaults({name: saved.get(name, default) for name, default in FIELD_DEFAULTS.items()},
+                            given)  # fmt: skip
     factor = saved["gradient_accumulation_steps"] * saved["replication_factor"] * saved["device_iterations"]
     saved_combined = state.get("train_batch_size") or factor * micro_batch_size
     saved["per_device_train_batch_size"] = max(1, saved_combined // factor)
@@ -115,13 +119,8 @@ def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: i
     change = SetupChange(str(checkpoint), saved_step=int(state.get("global_step", 0)),
                          saved_combined_batch=int(saved_combined),
                          combined_batch=micro_batch_size * ipu_config.batch_size_factor())  # fmt: skip
-    for name in (*BATCH_FIELDS, *FIELD_DEFAULTS):
-        if (
-            name.startswith("inference_")
-            or name in _NOT_COMPARED
-            or name in change.batch
-            or name in change.layout
-        ):
+    for name in dict.fromkeys((*BATCH_FIELDS, *FIELD_DEFAULTS)):  # each name once, the batch fields first
+        if name.startswith("inference_") or name in _NOT_COMPARED:
             continue
         old, new = saved.get(name), current.get(name)
         if old != new:

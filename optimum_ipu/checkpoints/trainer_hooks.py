@@ -156,15 +156,16 @@ class AtomicCheckpoints:
         real batch arithmetic already, so that comparison is given matching values.
         """
         change = self._resume_change if resume_from_checkpoint is not None else None
-        saved_batch = None
-        if resume_from_checkpoint is not None:
-            saved = json.loads((Path(resume_from_checkpoint) / TRAINER_STATE).read_text()).get(
-                "train_batch_size"
-            )
-            saved_batch = saved // max(1, self.args.n_gpu) if saved else None
         with contextlib.ExitStack() as stack:
-            if saved_batch:
-                stack.enter_context(_instance_override(self.args, "per_device_train_batch_size", saved_batch))
+            if resume_from_checkpoint is not None:
+                saved = json.loads((Path(resume_from_checkpoint) / TRAINER_STATE).read_text()).get(
+                    "train_batch_size"
+                )
+                if saved:  # divided over GPUs as transformers' comparison divides it
+                    per_device = saved // max(1, self.args.n_gpu)
+                    stack.enter_context(
+                        _instance_override(self.args, "per_device_train_batch_size", per_device)
+                    )
             result = super()._init_training_state(
                 max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
             )
