@@ -584,22 +584,24 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         The Trainer's `grad_norm` is replaced by the executable's: the Trainer measures gradients
         after the executable has applied and released them.
         """
+        own: dict[str, float] = {}
         if "loss" in logs and self._executable is not None:
             if self._executable.last_grad_norm is not None and "grad_norm" in logs:
-                logs = {**logs, "grad_norm": round(self._executable.last_grad_norm, 6)}
+                own["grad_norm"] = round(self._executable.last_grad_norm, 6)
             if not self.args.fp32 or self.args.loss_scaling:
-                logs = {
-                    **logs,
-                    "loss_scale": self.loss_scaler.scale,
-                    "skipped_updates": self.loss_scaler.skipped_updates,
-                }
+                own["loss_scale"] = self.loss_scaler.scale
+                own["skipped_updates"] = self.loss_scaler.skipped_updates
         report = self.compile_report if "train_samples_per_second" in logs else None
         if any(k.endswith("_samples_per_second") and not k.startswith("train") for k in logs):
             report = self.inference_report or report
         estimate = getattr(report, "estimated_samples_per_second", None)
         if estimate is not None and math.isfinite(estimate):
-            logs = {**logs, "ipu_estimated_samples_per_second": round(float(estimate), 2)}
-        super().log(logs, start_time)
+            own["ipu_estimated_samples_per_second"] = round(float(estimate), 2)
+        logged = {**logs, **own}
+        super().log(logged, start_time)
+        # transformers' log() adds `epoch` (and token counts) to the caller's dict, and evaluate() returns that
+        # dict: hand those back too, so evaluate() returns what transformers' does (our own keys stay in the log).
+        logs.update({key: value for key, value in logged.items() if key not in own and key not in logs})
 
 
 @contextlib.contextmanager

@@ -519,3 +519,60 @@ def tiny_speech_model_dir(directory: str | os.PathLike, task: str = "classificat
         feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True, return_attention_mask=True
     ).save_pretrained(directory)
     return Path(directory)
+
+
+def tiny_seq2seq_model_dir(
+    directory: str | os.PathLike, model_type: str = "bart", max_length: int = 24
+) -> Path:
+    """A tiny random BART (or T5 with model_type="t5") for conditional generation and the tiny tokenizer,
+    saved in `directory`: the model's special ids are the tokenizer's ([PAD] pads; [SEP] ends a text; BART's
+    decoder starts with [CLS], T5's with [PAD]); the tokenizer pads to `max_length` tokens by default."""
+    from transformers import BartForConditionalGeneration, T5ForConditionalGeneration
+
+    tokenizer = tiny_tokenizer(directory)
+    tokenizer.model_max_length = max_length
+    tokenizer.save_pretrained(directory)
+    ids = dict(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.sep_token_id
+    )
+    seeded(0)
+    if model_type == "t5":
+        model = T5ForConditionalGeneration(
+            tiny_t5_config(**ids, decoder_start_token_id=tokenizer.pad_token_id)
+        )
+    else:
+        start = tokenizer.cls_token_id
+        model = BartForConditionalGeneration(
+            tiny_bart_config(**ids, bos_token_id=start, decoder_start_token_id=start)
+        )
+    model.save_pretrained(directory)
+    return Path(directory)
+
+
+def write_tiny_seq2seq_json(directory: str | os.PathLike, train: int = 32, evaluation: int = 8) -> Path:
+    """JSON-lines files over the tiny vocabulary for both tasks, in train / validation / test splits:
+    `summarization_{split}.json` rows {"text", "summary"} (every other word of the text is one of four names;
+    the summary is "the", that name and "."), and `translation_{split}.json` rows {"translation": {"en", "xx"}} ("xx" is the English text's first
+    six words, each replaced by a fixed other word); return the folder."""
+    import json
+    import random
+
+    rng = random.Random(0)
+    words = [w for w in TINY_WORDS if w not in ".,?"]
+    other = dict(zip(words, rng.sample(words, len(words))))
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, rows in (("train", train), ("validation", evaluation), ("test", evaluation)):
+        summaries, translations = [], []
+        for _ in range(rows):
+            text = [rng.choice(words) for _ in range(rng.randint(6, 10))]
+            name = rng.choice(("alice", "bob", "carol", "dave"))
+            about = [name if i % 2 == 0 else word for i, word in enumerate(text)]
+            summaries.append({"text": " ".join(about) + " .", "summary": f"the {name} ."})
+            translations.append(
+                {"translation": {"en": " ".join(text), "xx": " ".join(other[w] for w in text[:6])}}
+            )
+        for name, records in (("summarization", summaries), ("translation", translations)):
+            lines = "\n".join(json.dumps(record) for record in records)
+            (directory / f"{name}_{split}.json").write_text(lines + "\n")
+    return directory

@@ -155,6 +155,22 @@ def test_evaluation_keeps_the_short_last_batch_and_pads_when_asked(tmp_path):
         assert "test_loss" in prediction.metrics
 
 
+def test_evaluate_returns_the_metrics_transformers_trainer_returns_epoch_included(tmp_path):
+    """transformers' log() adds `epoch` to the metrics evaluate() returns (example scripts save them)."""
+    data = PatternQA(16)
+    plain_args = TrainingArguments(output_dir=str(tmp_path / "plain"), per_device_train_batch_size=8,
+                                   per_device_eval_batch_size=2, num_train_epochs=1, save_strategy="no",
+                                   report_to="none", use_cpu=True)  # fmt: skip
+    plain = Trainer(tiny_qa(), plain_args, train_dataset=data, eval_dataset=data)
+    plain.train()
+    trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path, fp32=True), train_dataset=data,
+                         eval_dataset=data)  # fmt: skip
+    trainer.train()
+    expected, got = plain.evaluate(), trainer.evaluate()
+    assert set(got) == set(expected) and got["epoch"] == expected["epoch"] == 1.0
+    assert "ipu_estimated_samples_per_second" in trainer.state.log_history[-1]  # logged, not returned
+
+
 def test_dataset_smaller_than_one_combined_batch_is_a_clear_error(tmp_path):
     trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path), train_dataset=PatternQA(5))
     with pytest.raises(

@@ -258,6 +258,32 @@ def test_rouge_f_measures():
     assert partial["rouge1"] == [pytest.approx(0.8)] and partial["rouge2"] == [pytest.approx(2 / 3)]
 
 
+def test_sacrebleu_corpus_bleu_with_its_counts_and_brevity_penalty():
+    pytest.importorskip("sacrebleu")
+    # "the cat sat on the mat" vs "the cat sat on a mat": n-gram matches 5/6, 3/5, 2/4, 1/3, same lengths (bp 1),
+    # BLEU = 100 * (5/6 * 3/5 * 2/4 * 1/3) ** (1/4)
+    result = compute(
+        "sacrebleu", predictions=["the cat sat on the mat"], references=[["the cat sat on a mat"]]
+    )
+    assert result["score"] == pytest.approx(100 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25)
+    assert (result["counts"], result["totals"], result["bp"]) == ([5, 3, 2, 1], [6, 5, 4, 3], 1.0)
+    assert (result["sys_len"], result["ref_len"]) == (6, 6)
+    assert result["precisions"] == pytest.approx([500 / 6, 60.0, 50.0, 100 / 3])
+    # every n-gram matches but 4 tokens against 6: the brevity penalty exp(1 - 6/4) alone
+    short = compute("sacrebleu", predictions=["a b c d"], references=["a b c d e f"])
+    assert short["score"] == pytest.approx(100 * math.exp(1 - 6 / 4))
+    assert short["bp"] == pytest.approx(math.exp(-0.5))
+    # several references per prediction: the closest one counts (each prediction equals one of its references)
+    several = compute(
+        "sacrebleu",
+        predictions=["a b c d", "e f g h"],
+        references=[["x y z w", "a b c d"], ["e f g h", "q r s t"]],
+    )
+    assert several["score"] == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="same number of references; the first has 2, others have \\[1\\]"):
+        compute("sacrebleu", predictions=["a b", "c d"], references=[["a b", "x"], ["c d"]])
+
+
 def test_wer_and_cer_sum_edits_over_all_reference_words_and_characters():
     pytest.importorskip("jiwer")
     # "a b c d" -> "a c": 2 deletions / 4 words; "x y" -> "x y z": 1 insertion / 2 words; together 3 / 6.

@@ -161,6 +161,20 @@ def test_send_example_telemetry_is_noted_once_and_sends_nothing(capsys):
     assert len(notes(capsys.readouterr().err)) == 1
 
 
+def test_is_offline_mode_answers_as_huggingface_hub_does(monkeypatch, capsys):
+    constants = importlib.import_module("huggingface_hub.constants")
+    with compatibility_shims():
+        from transformers.utils import is_offline_mode
+
+        for offline in (True, False):
+            monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+            assert is_offline_mode() is offline
+    assert notes(capsys.readouterr().err) == [
+        f"{PREFIX} transformers.utils.is_offline_mode() was removed in transformers v5: answered by "
+        "huggingface_hub.is_offline_mode() (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)."
+    ]
+
+
 def snapshot() -> dict:
     """Identity of everything the shims touch."""
     from optimum_ipu.launcher.shims.transformers_api import _FROM_PRETRAINED_OWNERS, _owner
@@ -176,6 +190,7 @@ def snapshot() -> dict:
         "send_example_telemetry": getattr(
             importlib.import_module("transformers.utils"), "send_example_telemetry", None
         ),
+        "is_offline_mode": getattr(importlib.import_module("transformers.utils"), "is_offline_mode", None),
         "torchvision": sys.modules.get("torchvision"),
         "IPython": sys.modules.get("IPython"),
         "notebook_login": hub.__dict__.get("notebook_login"),
@@ -188,7 +203,8 @@ def test_every_patch_is_removed_when_the_run_ends():
         during = snapshot()
     assert snapshot() == before
     installed = [name for name, skip in status.items() if skip is None]
-    assert {"send_example_telemetry", "use_auth_token", "load_dataset(task=...)"} <= set(installed)
+    expected = {"send_example_telemetry", "is_offline_mode", "use_auth_token", "load_dataset(task=...)"}
+    assert expected <= set(installed)
     assert during != before
 
 

@@ -4,7 +4,7 @@ evaluate's wheel ships no metric scripts: `evaluate.load("accuracy")` downloads 
 which fails offline. The launcher serves the common metrics of Optimum Graphcore's examples and
 notebooks from this package instead, as `evaluate.Metric` modules with the Hub metrics' names,
 config names, input features, options and result keys, computed on scikit-learn, scipy, numpy,
-and the seqeval / rouge-score / jiwer packages where the Hub metric uses them too.
+and the seqeval / rouge-score / sacrebleu / jiwer packages where the Hub metric uses them too.
 """
 
 from __future__ import annotations
@@ -63,6 +63,9 @@ SERVED_METRICS: dict[str, ServedMetric] = {
     "perplexity": ServedMetric(f"{_P}.language_modelling:Perplexity"),
     "rouge": ServedMetric(
         f"{_P}.language_modelling:Rouge", requires="rouge_score", install="pip install rouge-score"
+    ),
+    "sacrebleu": ServedMetric(
+        f"{_P}.translation:Sacrebleu", requires="sacrebleu", install="pip install sacrebleu"
     ),
     "wer": ServedMetric(f"{_P}.speech:Wer", requires="jiwer", install="pip install jiwer"),
     "cer": ServedMetric(f"{_P}.speech:Cer", requires="jiwer", install="pip install jiwer"),

@@ -21,6 +21,7 @@ from optimum_ipu.launcher.shims.trainer_api import RESUME_FROM_MODEL_FOLDER
 from optimum_ipu.launcher.shims.transformers_api import (
     AUTO_FEATURE_EXTRACTOR,
     CONFIG_DEFAULTS,
+    IS_OFFLINE_MODE,
     SEND_EXAMPLE_TELEMETRY,
     USE_AUTH_TOKEN,
 )
@@ -30,6 +31,7 @@ __all__ = ["SHIMS", "Shim", "compatibility_shims"]
 # In install order: use_auth_token wraps from_pretrained before AutoFeatureExtractor's fallback wraps it again.
 SHIMS: tuple[Shim, ...] = (
     SEND_EXAMPLE_TELEMETRY,
+    IS_OFFLINE_MODE,
     USE_AUTH_TOKEN,
     AUTO_FEATURE_EXTRACTOR,
     CONFIG_DEFAULTS,

@@ -1,6 +1,7 @@
 """Shims for transformers APIs that v5 removed and Optimum Graphcore 0.7 scripts still call.
 
 - `transformers.utils.send_example_telemetry(...)`: gone in v5; every example script calls it once.
+- `transformers.utils.is_offline_mode()`: gone in v5 (huggingface_hub has it); run_summarization.py imports it.
 - `use_auth_token=` on `from_pretrained`: gone in v5 (models then fail with "unexpected keyword",
   tokenizers store it in their saved config); the scripts pass it on every load.
 - `AutoFeatureExtractor` for an image model: v5 maps ViT & co. to image processors only.
@@ -18,6 +19,7 @@ from optimum_ipu.launcher.shims._patch import Patches, wrap_classmethod
 __all__ = [
     "AUTO_FEATURE_EXTRACTOR",
     "CONFIG_DEFAULTS",
+    "IS_OFFLINE_MODE",
     "REMOVED_CONFIG_DEFAULTS",
     "SEND_EXAMPLE_TELEMETRY",
     "USE_AUTH_TOKEN",
@@ -45,6 +47,36 @@ SEND_EXAMPLE_TELEMETRY = Shim(
     replaces="`from transformers.utils import send_example_telemetry` (removed in transformers v5)",
     by="a function that does nothing (no telemetry is sent); noted once when the script calls it",
     install=_install_telemetry,
+)
+
+
+def _install_is_offline_mode(patches: Patches) -> Skip | None:
+    utils = importlib.import_module("transformers.utils")
+    if hasattr(utils, "is_offline_mode"):
+        return Skip("transformers still has is_offline_mode")
+    hub = importlib.import_module("huggingface_hub")
+    if not hasattr(hub, "is_offline_mode"):
+        return Skip(
+            "huggingface_hub has no is_offline_mode to stand in for transformers' (removed in v5); if the script "
+            "stops on that import, read the HF_HUB_OFFLINE environment variable instead",
+            problem=True,
+        )
+
+    def is_offline_mode() -> bool:
+        note_once("is_offline_mode", "transformers.utils.is_offline_mode() was removed in transformers v5: answered "
+                  "by huggingface_hub.is_offline_mode() (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE).")  # fmt: skip
+        return hub.is_offline_mode()
+
+    patches.set(utils, "is_offline_mode", is_offline_mode)
+    return None
+
+
+IS_OFFLINE_MODE = Shim(
+    name="is_offline_mode",
+    replaces="`from transformers.utils import is_offline_mode` (removed in transformers v5)",
+    by="huggingface_hub's `is_offline_mode()`, the function transformers 4's answered with: True when HF_HUB_OFFLINE "
+    "(or TRANSFORMERS_OFFLINE) is set",
+    install=_install_is_offline_mode,
 )
 
 
