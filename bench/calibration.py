@@ -51,10 +51,16 @@ QA_NOTEBOOK_COMMIT = "820e68305a34a6ca3130afd6e1b1f244fe239ae1"  # "Added SQuAD 
 LM_NOTEBOOK_COMMIT = (
     "f574b095ff1f1133e5a104b85e1c6a026168ba43"  # language_modeling.ipynb with its outputs, 2022-08-10
 )
-TEXT_CLASSIFICATION_NOTEBOOK_COMMIT = "03e32822372e865c34a783a2e0cf94bbeee456f6"  # "Add first notebook", 2022-07-15
-TOKEN_CLASSIFICATION_NOTEBOOK_COMMIT = "7a4625def3abf34e3f9965c3f191acbc814c0bab"  # with its outputs, 2022-08-10
+TEXT_CLASSIFICATION_NOTEBOOK_COMMIT = (
+    "03e32822372e865c34a783a2e0cf94bbeee456f6"  # "Add first notebook", 2022-07-15
+)
+TOKEN_CLASSIFICATION_NOTEBOOK_COMMIT = (
+    "7a4625def3abf34e3f9965c3f191acbc814c0bab"  # with its outputs, 2022-08-10
+)
 # Before 0.4.0 (2022-10-10) inference ran PipelinedExecution unless sharded_execution_for_inference was set.
-OPTIMUM_IPU_CONFIG = "https://github.com/huggingface/optimum-graphcore/blob/{tag}/optimum/graphcore/ipu_configuration.py"
+OPTIMUM_IPU_CONFIG = (
+    "https://github.com/huggingface/optimum-graphcore/blob/{tag}/optimum/graphcore/ipu_configuration.py"
+)
 OPTIMUM_IPU_CONFIG_V032 = OPTIMUM_IPU_CONFIG.format(tag="v0.3.2")
 
 
@@ -457,8 +463,8 @@ def loss_only_output(profile: ModelProfile) -> ModelProfile:
 def prepare(point: Point):
     """Trace the point's model once: its profile, placement, workload and hardware."""
     from optimum_ipu.costmodel.trace import profile_model, sample_inputs_for
-    from optimum_ipu.pipelining.plan import build_stage_plan
     from optimum_ipu.pipelining.spec import spec_for
+    from optimum_ipu.pipelining.stage_plan import build_stage_plan
 
     preset = resolve_model(point.model, point.task)
     model = build_meta_model(ModelSource(preset.name, {**preset.config, **point.config}, preset.builder))
@@ -473,7 +479,9 @@ def prepare(point: Point):
     workload = Workload.from_ipu_config(
         config, micro_batch_size=point.micro_batch_size, optimizer=point.optimizer, training=point.training
     ).replace(pipelined_inference=point.pipelined_inference)
-    evaluation = (point.evaluate_calls, point.reported_samples, point.host_work_s) if point.evaluate_calls else None
+    evaluation = (
+        (point.evaluate_calls, point.reported_samples, point.host_work_s) if point.evaluate_calls else None
+    )
     return profile, {b.name: b.ipu for b in plan.blocks}, workload, chip(point.hardware), evaluation
 
 

@@ -46,8 +46,12 @@ def block_seconds(layers: torch.nn.ModuleList, inputs: list[torch.Tensor], mode)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hidden", type=int, default=768, help="layer width (768 BERT-base, 1024 BERT-large)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--hidden", type=int, default=768, help="layer width (768 BERT-base, 1024 BERT-large)"
+    )
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--micro-batch", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=128)
@@ -81,7 +85,9 @@ def main() -> None:
     medians = {name: statistics.median(t[1:]) for name, t in times.items()}
     print(f"{'run':<10} {'s/block':>8} {'vs fp32':>8} {'vs per-op':>10}")
     for name, seconds in medians.items():
-        print(f"{name:<10} {seconds:>8.3f} {medians['fp32'] / seconds:>8.2f} {medians['per-op'] / seconds:>10.2f}")
+        print(
+            f"{name:<10} {seconds:>8.3f} {medians['fp32'] / seconds:>8.2f} {medians['per-op'] / seconds:>10.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -51,7 +51,9 @@ def conll_shaped_batches(pieces_per_word: float, seed: int = 0) -> list[tuple[to
     """(logits, labels) of every call: labels -100 on [CLS], [SEP] and padding, tags elsewhere;
     logits whose argmax is the label for ~95 % of tokens (the notebook's accuracy was 0.979)."""
     rng = np.random.default_rng(seed)
-    per_piece = CHUNKS / (3_250 * WORDS_PER_SENTENCE * pieces_per_word)  # chunks of 1-2 pieces, 1.5 on average
+    per_piece = CHUNKS / (
+        3_250 * WORDS_PER_SENTENCE * pieces_per_word
+    )  # chunks of 1-2 pieces, 1.5 on average
     start_chunk = per_piece / (1 - 0.5 * per_piece)
     batches = []
     for _ in range(CALLS):
@@ -66,7 +68,9 @@ def conll_shaped_batches(pieces_per_word: float, seed: int = 0) -> list[tuple[to
                 else:
                     tags.append(0)
             row[1 : n + 1] = tags[:n]
-        guess = np.where(rng.random(labels.shape) < 0.95, np.maximum(labels, 0), rng.integers(0, 9, labels.shape))
+        guess = np.where(
+            rng.random(labels.shape) < 0.95, np.maximum(labels, 0), rng.integers(0, 9, labels.shape)
+        )
         logits = rng.normal(size=(PER_CALL, SEQ_LEN, len(TAGS))).astype(np.float16)
         np.put_along_axis(logits, guess[..., None], 8.0, axis=2)
         batches.append((torch.from_numpy(logits), torch.from_numpy(labels)))
@@ -84,9 +88,13 @@ def ner_evaluation_host_seconds(batches) -> float:
         preds = logits if preds is None else torch.cat((preds, logits), dim=0)
         labels = label if labels is None else torch.cat((labels, label), dim=0)
     predicted, reference = preds.numpy().argmax(axis=2), labels.numpy()
-    true_predictions = [[TAGS[p] for p, t in zip(ps, ts) if t != -100] for ps, ts in zip(predicted, reference)]
+    true_predictions = [
+        [TAGS[p] for p, t in zip(ps, ts) if t != -100] for ps, ts in zip(predicted, reference)
+    ]
     true_labels = [[TAGS[t] for p, t in zip(ps, ts) if t != -100] for ps, ts in zip(predicted, reference)]
-    table = Dataset.from_dict({"predictions": true_predictions, "references": true_labels})[:]  # Arrow round trip
+    table = Dataset.from_dict({"predictions": true_predictions, "references": true_labels})[
+        :
+    ]  # Arrow round trip
     report = classification_report(table["references"], table["predictions"], output_dict=True)
     accuracy_score(table["references"], table["predictions"])
     seconds = time.perf_counter() - start
@@ -109,7 +117,9 @@ def output_write_rate(fresh: bool, rounds: int) -> float:
     """Bytes/s of writing one MLM call's logits (median over `rounds`)."""
     source = torch.empty(MLM_OUTPUT_BYTES // 2, dtype=torch.float16).normal_()
     warm = torch.empty_like(source).copy_(source)
-    seconds = statistics.median(output_write_seconds(MLM_OUTPUT_BYTES, fresh, source, warm) for _ in range(rounds))
+    seconds = statistics.median(
+        output_write_seconds(MLM_OUTPUT_BYTES, fresh, source, warm) for _ in range(rounds)
+    )
     return MLM_OUTPUT_BYTES / seconds
 
 
@@ -119,14 +129,20 @@ def huge_page_write_rate(rounds: int) -> float:
     code = f"import host_work; print(host_work.output_write_rate(True, {rounds}))"
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"}
     here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=here, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=here, capture_output=True, text=True, check=True
+    )
     return float(out.stdout.split()[-1])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=5, help="repetitions; medians over them")
-    parser.add_argument("--pieces-per-word", type=float, default=1.3, help="bert-base-uncased pieces per word")
+    parser.add_argument(
+        "--pieces-per-word", type=float, default=1.3, help="bert-base-uncased pieces per word"
+    )
     args = parser.parse_args()
     try:
         import seqeval  # noqa: F401
@@ -140,7 +156,9 @@ def main() -> None:
         pieces = sum(int((label != -100).sum()) for _, label in batches)
         seconds = statistics.median(ner_evaluation_host_seconds(batches) for _ in range(args.rounds))
         chosen = "  <- calibration" if ratio == args.pieces_per_word else ""
-        print(f"NER evaluation host work, {ratio:.2f} pieces/word ({pieces:,} labelled): {seconds:.3f} s{chosen}")
+        print(
+            f"NER evaluation host work, {ratio:.2f} pieces/word ({pieces:,} labelled): {seconds:.3f} s{chosen}"
+        )
 
     rates = {
         "fresh tensor, 4 KiB pages": output_write_rate(True, args.rounds),
@@ -150,7 +168,9 @@ def main() -> None:
     print(f"\nWriting one RoBERTa MLM call's logits ({MLM_OUTPUT_BYTES / 1e6:.0f} MB) on the host:")
     for name, rate in rates.items():
         print(f"  {name:<38} {1e3 * MLM_OUTPUT_BYTES / rate:6.1f} ms  {rate / 1e9:5.2f} GB/s")
-    print(f"host_output_bandwidth range for the fit: {min(rates.values()) / 1e9:.2f}-{max(rates.values()) / 1e9:.2f} GB/s")
+    print(
+        f"host_output_bandwidth range for the fit: {min(rates.values()) / 1e9:.2f}-{max(rates.values()) / 1e9:.2f} GB/s"
+    )
 
 
 if __name__ == "__main__":

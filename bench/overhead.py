@@ -73,7 +73,9 @@ def cpu_description() -> str:
     except OSError:
         pass
     present = " ".join(f if f in flags else f"-{f}" for f in FP16_FLAGS) if flags else "flags unknown"
-    limits = ", ".join(f"{v}={os.environ[v]}" for v in ISA_VARIABLES if os.environ.get(v)) or "no ISA limits set"
+    limits = (
+        ", ".join(f"{v}={os.environ[v]}" for v in ISA_VARIABLES if os.environ.get(v)) or "no ISA limits set"
+    )
     return f"CPU: {name} ({os.cpu_count()} cores visible); {present} (- = absent); {limits}"
 
 
@@ -141,13 +143,21 @@ def run(kind: str, make_model, data, steps: int) -> float:
                   learning_rate=1e-4, logging_steps=1000, use_cpu=True, dataloader_num_workers=0, seed=0)  # fmt: skip
     if kind.startswith("plain"):
         batch, accumulation = (EFFECTIVE_BATCH, 1) if kind == "plain" else (MICRO_BATCH, ACCUMULATION)
-        args = TrainingArguments(per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation, **common)
+        args = TrainingArguments(
+            per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation, **common
+        )
         trainer = Trainer(make_model(), args, train_dataset=data, callbacks=[timer])
     else:
-        ipu_config = IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2, gradient_accumulation_steps=ACCUMULATION)
+        ipu_config = IPUConfig(
+            layers_per_ipu=[-1], ipus_per_replica=2, gradient_accumulation_steps=ACCUMULATION
+        )
         fp16_compute = "native" if kind == "ipu-fp16-native" else "emulated"
-        args = IPUTrainingArguments(per_device_train_batch_size=MICRO_BATCH, fp32=(kind == "ipu-fp32"),
-                                    fp16_compute=fp16_compute, **common)
+        args = IPUTrainingArguments(
+            per_device_train_batch_size=MICRO_BATCH,
+            fp32=(kind == "ipu-fp32"),
+            fp16_compute=fp16_compute,
+            **common,
+        )
         trainer = IPUTrainer(make_model(), ipu_config, args, train_dataset=data, callbacks=[timer])
     trainer.remove_callback(PrinterCallback)  # disable_tqdm's per-run metric lines
     trainer.train()
@@ -155,21 +165,32 @@ def run(kind: str, make_model, data, steps: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=6, help="timed steps per run (after one warm-up step)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians over them")
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--native", action="store_true",
-                        help="also time torch's native fp16 kernels (slow on CPUs without fp16 units)")
-    parser.add_argument("--native-steps", type=int, default=2, help="timed steps of the native run (one round)")
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="also time torch's native fp16 kernels (slow on CPUs without fp16 units)",
+    )
+    parser.add_argument(
+        "--native-steps", type=int, default=2, help="timed steps of the native run (one round)"
+    )
     parser.add_argument("--only", choices=("minilm", "vit"), help="one model only")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
 
     print(cpu_description())
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; effective batch {EFFECTIVE_BATCH} = "
-          f"micro-batch {MICRO_BATCH} x GA {ACCUMULATION}; {args.rounds} interleaved rounds of {args.steps} timed steps")
-    print(f"{'model':<16} {'run':<16} {'s/step':>8} {'samples/s':>10} {'vs plain-ga':>12} {'vs plain':>9}  rounds")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; effective batch {EFFECTIVE_BATCH} = "
+        f"micro-batch {MICRO_BATCH} x GA {ACCUMULATION}; {args.rounds} interleaved rounds of {args.steps} timed steps"
+    )
+    print(
+        f"{'model':<16} {'run':<16} {'s/step':>8} {'samples/s':>10} {'vs plain-ga':>12} {'vs plain':>9}  rounds"
+    )
     models = {"minilm": minilm_qa(args.seq_len), "vit": vit()}
     for key, (name, make_model, item) in models.items():
         if args.only and key != args.only:
@@ -184,10 +205,15 @@ def main() -> None:
         plain, plain_ga = statistics.median(times["plain"]), statistics.median(times["plain-ga"])
         for kind, values in times.items():
             t = statistics.median(values)
-            print(f"{name:<16} {kind:<16} {t:8.3f} {EFFECTIVE_BATCH / t:10.1f} {plain_ga / t:12.2f} {plain / t:9.2f}"
-                  f"  {len(values)}", flush=True)
+            print(
+                f"{name:<16} {kind:<16} {t:8.3f} {EFFECTIVE_BATCH / t:10.1f} {plain_ga / t:12.2f} {plain / t:9.2f}"
+                f"  {len(values)}",
+                flush=True,
+            )
     if not args.native:
-        print("ipu-fp16-native not run (torch's fp16 kernels; slow on CPUs without fp16 units): pass --native.")
+        print(
+            "ipu-fp16-native not run (torch's fp16 kernels; slow on CPUs without fp16 units): pass --native."
+        )
 
 
 if __name__ == "__main__":

@@ -55,12 +55,16 @@ JOBS = {
 def run_job(name: str, work_dir: Path, extra: list[str]) -> dict:
     """Run one demo in `work_dir`; return its score, steps, times and whether it met the target."""
     job = JOBS[name]
-    env = dict(os.environ, WORK=str(work_dir), PYTHON=sys.executable, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env = dict(
+        os.environ, WORK=str(work_dir), PYTHON=sys.executable, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"
+    )
     log_path = work_dir / "bench.log"
     work_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with log_path.open("w") as log:
-        done = subprocess.run(["bash", str(job["script"]), *extra], env=env, stdout=log, stderr=subprocess.STDOUT)
+        done = subprocess.run(
+            ["bash", str(job["script"]), *extra], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
     wall = time.perf_counter() - started
     if done.returncode != 0:
         tail = log_path.read_text()[-2000:]
@@ -80,7 +84,7 @@ def run_job(name: str, work_dir: Path, extra: list[str]) -> dict:
         "train_runtime_s": round(float(results["train_runtime"]), 1),
         "wall_time_s": round(wall, 1),  # data generation, model loading, compilation, training, evaluation
         "target": f"{job['score']} >= {job['target']} and >= {job['untrained']} + {job['gain']}"
-                  + (f" within {job['max_steps']} steps" if job["max_steps"] else ""),
+        + (f" within {job['max_steps']} steps" if job["max_steps"] else ""),
         "met": score >= job["target"] and score - untrained >= job["gain"] and within_steps,
     }
 
@@ -88,7 +92,9 @@ def run_job(name: str, work_dir: Path, extra: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=sorted(JOBS), help="run one job only")
-    parser.add_argument("--work-dir", type=Path, help="keep data and outputs here (default: a temporary folder)")
+    parser.add_argument(
+        "--work-dir", type=Path, help="keep data and outputs here (default: a temporary folder)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--qa-args", default="", help="extra run_qa.py flags, e.g. '--max_steps 20'")
     parser.add_argument("--vit-args", default="", help="extra run_image_classification.py flags")

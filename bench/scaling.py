@@ -159,7 +159,14 @@ def main() -> None:
         for round_index in range(options.rounds):
             for kind, runs in layouts.items():
                 for name, processes, ipu_config in runs:
-                    result = run(f"{kind}-{processes}-{round_index}", processes, ipu_config, options.steps, 2, Path(tmp))
+                    result = run(
+                        f"{kind}-{processes}-{round_index}",
+                        processes,
+                        ipu_config,
+                        options.steps,
+                        2,
+                        Path(tmp),
+                    )
                     samples.setdefault(name, []).append(result["samples_per_second"])
                     gathers.setdefault(name, []).append(result["gather_seconds"])
                     print(f"  round {round_index + 1}: {name}: {result['samples_per_second']:.2f} samples/s, "

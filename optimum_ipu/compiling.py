@@ -100,17 +100,27 @@ def compile_training(
     """Check and analyse `pipelined` for training under `ipu_config` (in training mode)."""
     start = time.perf_counter()
     logger.info("Compiling Model...")
-    with tqdm(total=2, desc="Graph compilation", leave=False, disable=not logger.isEnabledFor(logging.INFO)) as bar:
+    with tqdm(
+        total=2, desc="Graph compilation", leave=False, disable=not logger.isEnabledFor(logging.INFO)
+    ) as bar:
         checks.check_pipelined_training(
             ipu_config.gradient_accumulation_steps, ipu_config.ipus_per_replica, pipelined.plan.forward_stages
         )
-        num_ipus = checks.check_num_ipus(ipu_config.ipus_per_replica, ipu_config.replication_factor, auto_round_num_ipus)
+        num_ipus = checks.check_num_ipus(
+            ipu_config.ipus_per_replica, ipu_config.replication_factor, auto_round_num_ipus
+        )
         bar.update()
         report = None
         if analyse_hardware:
             micro_batch = _first_micro_batch(sample_batch, micro_batch_size)
             report = _analyse(
-                pipelined, ipu_config, micro_batch, training=True, hardware=hardware, optimizer=optimizer_name, fp32=fp32
+                pipelined,
+                ipu_config,
+                micro_batch,
+                training=True,
+                hardware=hardware,
+                optimizer=optimizer_name,
+                fp32=fp32,
             )
         bar.update()
     return _finish(report, start, num_ipus, fp16_compute)
@@ -131,12 +141,20 @@ def compile_inference(
     """Check and analyse `pipelined` for sharded inference under `ipu_config` (in inference mode)."""
     start = time.perf_counter()
     logger.info("Compiling Model...")
-    num_ipus = checks.check_num_ipus(ipu_config.ipus_per_replica, ipu_config.replication_factor, auto_round_num_ipus)
+    num_ipus = checks.check_num_ipus(
+        ipu_config.ipus_per_replica, ipu_config.replication_factor, auto_round_num_ipus
+    )
     report = None
     if analyse_hardware:
         micro_batch = _first_micro_batch(sample_batch, micro_batch_size)
         report = _analyse(
-            pipelined, ipu_config, micro_batch, training=False, hardware=hardware, optimizer="adamw", fp32=fp32
+            pipelined,
+            ipu_config,
+            micro_batch,
+            training=False,
+            hardware=hardware,
+            optimizer="adamw",
+            fp32=fp32,
         )
     return _finish(report, start, num_ipus, fp16_compute)
 

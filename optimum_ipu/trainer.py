@@ -70,7 +70,9 @@ def _warn_once(message: str) -> None:
         logger.warning(message)
 
 
-def settings_without_effect(ipu_config, args: IPUTrainingArguments, model: nn.Module | None = None) -> list[str]:
+def settings_without_effect(
+    ipu_config, args: IPUTrainingArguments, model: nn.Module | None = None
+) -> list[str]:
     """Messages for settings the user gave that change nothing on this backend, and why.
 
     A setting either acts or is named here: a user must never believe a setting acted when it did not.
@@ -89,7 +91,10 @@ def settings_without_effect(ipu_config, args: IPUTrainingArguments, model: nn.Mo
                 "arguments (the layout comes from layers_per_ipu and the serialization settings)."
             )
     untied = model is not None and untied_output_projection(model) is not None
-    for name, default in (("projection_serialization_factor", 1), ("serialized_projection_splits_per_ipu", None)):
+    for name, default in (
+        ("projection_serialization_factor", 1),
+        ("serialized_projection_splits_per_ipu", None),
+    ):
         if untied:
             break  # MT5's own LM head: serialized by these settings
         training_value = vars(ipu_config).get(name)
@@ -218,10 +223,14 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         if model is None:
             raise ValueError("IPUTrainer needs a model; `model_init` is not supported on the simulated IPU.")
         if kwargs.get("model_init") is not None:
-            raise ValueError("IPUTrainer does not support `model_init` (hyper-parameter search); pass `model`.")
+            raise ValueError(
+                "IPUTrainer does not support `model_init` (hyper-parameter search); pass `model`."
+            )
         if tokenizer is not None:
             if kwargs.get("processing_class") is not None:
-                raise ValueError("Pass either `tokenizer=` (the Optimum Graphcore spelling) or `processing_class=`.")
+                raise ValueError(
+                    "Pass either `tokenizer=` (the Optimum Graphcore spelling) or `processing_class=`."
+                )
             kwargs["processing_class"] = tokenizer
         if args is None:
             args = IPUTrainingArguments(output_dir="tmp_trainer")
@@ -241,7 +250,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         if not args.fp32:
             model.half()  # IPU training default: fp16 weights and activations
             logger.info("fp16 compute: %s", self.fp16_compute)
-        self._pipelined = to_pipelined(model, self.ipu_config, force_to_pipelined=force_to_pipelined)
+        self._pipelined = to_pipelined(model, self.ipu_config, force=force_to_pipelined)
         # One trainer step is one combined batch: `args.train_batch_size` (what the Trainer sizes its loader
         # and step counts from) is micro-batch x GA x replicas x device iterations; evaluation likewise.
         args.set_combined_batch_factors(
@@ -278,7 +287,9 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         self.model_wrapped = self.model
         prepared = getattr(self.accelerator, "_models", None)  # accelerate keeps the models it prepared
         if isinstance(prepared, list):
-            prepared[:] = [m for m in prepared if not isinstance(m, torch.nn.parallel.DistributedDataParallel)]
+            prepared[:] = [
+                m for m in prepared if not isinstance(m, torch.nn.parallel.DistributedDataParallel)
+            ]
 
     # -- modes -------------------------------------------------------------------------------
 
@@ -357,7 +368,9 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         common = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), stochastic_rounding=not args.fp32,
                       seed=args.seed)  # fmt: skip
         if args.lamb:
-            self.optimizer = LAMB(groups, eps=args.adam_epsilon, bias_correction=not args.lamb_no_bias_correction, **common)
+            self.optimizer = LAMB(
+                groups, eps=args.adam_epsilon, bias_correction=not args.lamb_no_bias_correction, **common
+            )
         else:
             self.optimizer = AdamW(groups, eps=args.adam_epsilon, **common)
         self._carry_run_state(self.optimizer)
@@ -418,7 +431,9 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         if self.args.compile_only:
             if self.compile_report is not None and self.args.should_save:
                 self.compile_report.save(self.args.output_dir)
-            logger.info("compile_only: compilation done, report written to %s; no training.", self.args.output_dir)
+            logger.info(
+                "compile_only: compilation done, report written to %s; no training.", self.args.output_dir
+            )
             return TrainOutput(global_step=0, training_loss=0.0, metrics={"compile_only": True})
         output = super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
         self._gather_process_state()  # every process leaves training with the whole, current state
@@ -453,7 +468,9 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         )  # fmt: skip
         return self._stages
 
-    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch=None) -> torch.Tensor:
+    def training_step(
+        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch=None
+    ) -> torch.Tensor:
         """One host call on the combined batch; returns the mean micro-batch loss for logging."""
         self._use_mode("training")
         inner = getattr(self.optimizer, "optimizer", self.optimizer)
@@ -535,7 +552,9 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         # Each process's call counts its micro-batches' loss items itself: no count gathered over the
         # processes, and no rescaling of the call's loss for them (the evaluation loop averages the calls).
         with _overridden(self.args, average_tokens_across_devices=False):
-            loss, logits, labels = super().prediction_step(executable, inputs, prediction_loss_only, ignore_keys)
+            loss, logits, labels = super().prediction_step(
+                executable, inputs, prediction_loss_only, ignore_keys
+            )
         return _to_float32(loss), _trim(_to_float32(logits), size), _trim(_to_float32(labels), size)
 
     def evaluation_loop(self, *args, **kwargs):

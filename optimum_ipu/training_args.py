@@ -50,8 +50,10 @@ class IPUTrainingArguments(TrainingArguments):
     )
     pod_type: str | None = field(
         default=None,
-        metadata={"help": "Older spelling of n_ipu: podN (N a power of two, e.g. pod16). Also picks the "
-                  "entry of pod-keyed values in old IPU configs."},
+        metadata={
+            "help": "Older spelling of n_ipu: podN (N a power of two, e.g. pod16). Also picks the "
+            "entry of pod-keyed values in old IPU configs."
+        },
     )
     fp32: bool = field(default=False, metadata={"help": "Train in fp32 instead of the IPU's default fp16."})
     lamb: bool = field(default=False, metadata={"help": "Use the LAMB optimizer instead of AdamW."})
@@ -60,37 +62,48 @@ class IPUTrainingArguments(TrainingArguments):
     )
     loss_scaling: float | None = field(
         default=None,
-        metadata={"help": "Static loss scaling factor (e.g. 64 to 32768): the loss is multiplied before "
-                  "backward and the gradients divided back before the update."},
+        metadata={
+            "help": "Static loss scaling factor (e.g. 64 to 32768): the loss is multiplied before "
+            "backward and the gradients divided back before the update."
+        },
     )
     auto_loss_scaling: bool = field(
         default=False,
-        metadata={"help": "Adapt the loss scale automatically (training only). `auto_loss_scaling: true` in the "
-                  "IPU config turns it on as well; either source is enough."},
+        metadata={
+            "help": "Adapt the loss scale automatically (training only). `auto_loss_scaling: true` in the "
+            "IPU config turns it on as well; either source is enough."
+        },
     )
     fp16_compute: Literal["auto", "emulated", "native"] = field(
         default="auto",
-        metadata={"help": "How fp16 matmuls, convolutions and attention are computed: emulated (fp16 values, fp32 "
-                  "partials, fp16 results: fp32 speed on any CPU), native (torch's fp16 kernels, fast on CUDA), "
-                  "auto (emulated on CPUs, native on CUDA). The environment variable OPTIMUM_IPU_FP16_COMPUTE "
-                  "sets it when this is auto."},
+        metadata={
+            "help": "How fp16 matmuls, convolutions and attention are computed: emulated (fp16 values, fp32 "
+            "partials, fp16 results: fp32 speed on any CPU), native (torch's fp16 kernels, fast on CUDA), "
+            "auto (emulated on CPUs, native on CUDA). The environment variable OPTIMUM_IPU_FP16_COMPUTE "
+            "sets it when this is auto."
+        },
     )
     dataloader_mode: Literal["sync", "async", "async_rebatched"] = field(
-        default="sync", metadata={"help": "How the data loader feeds the IPUs: sync, async or async_rebatched."}
+        default="sync",
+        metadata={"help": "How the data loader feeds the IPUs: sync, async or async_rebatched."},
     )
     compile_only: bool = field(
         default=False, metadata={"help": "Compile the model, report the layout and exit without training."}
     )
     ipu_config_overrides: str | None = field(
         default=None,
-        metadata={"help": "Override IPU config attributes, e.g. "
-                  '"embedding_serialization_factor=2,matmul_proportion=[0.1 0.2 0.3 0.3]".'},
+        metadata={
+            "help": "Override IPU config attributes, e.g. "
+            '"embedding_serialization_factor=2,matmul_proportion=[0.1 0.2 0.3 0.3]".'
+        },
     )
     allow_batch_change_on_resume: bool = field(
         default=False,
-        metadata={"help": "Resume from a checkpoint written with another micro-batch, gradient accumulation, "
-                  "replication or device iterations: training continues from the same number of samples "
-                  "(without it, such a resume is an error naming the changed fields)."},
+        metadata={
+            "help": "Resume from a checkpoint written with another micro-batch, gradient accumulation, "
+            "replication or device iterations: training continues from the same number of samples "
+            "(without it, such a resume is an error naming the changed fields)."
+        },
     )
     pad_on_batch_axis: bool = field(
         default=False,
@@ -98,8 +111,10 @@ class IPUTrainingArguments(TrainingArguments):
     )
     gradient_accumulation_steps: int | None = field(
         default=None,
-        metadata={"help": "Micro-batches accumulated per weight update on the IPU; overrides the IPU config "
-                  "when given. The Trainer itself never accumulates: one step is one combined batch."},
+        metadata={
+            "help": "Micro-batches accumulated per weight update on the IPU; overrides the IPU config "
+            "when given. The Trainer itself never accumulates: one step is one combined batch."
+        },
     )
     ipu_gradient_accumulation_steps: int | None = field(
         default=None,
@@ -111,21 +126,27 @@ class IPUTrainingArguments(TrainingArguments):
     # Removed by transformers v5; accepted so Optimum Graphcore command lines run unchanged.
     warmup_ratio: float | None = field(
         default=None,
-        metadata={"help": "Removed in transformers v5: the share of steps used for warmup; copied to "
-                  "--warmup_steps, which takes a float < 1 as a ratio."},
+        metadata={
+            "help": "Removed in transformers v5: the share of steps used for warmup; copied to "
+            "--warmup_steps, which takes a float < 1 as a ratio."
+        },
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Removed in transformers v5; accepted and ignored by the Trainer (example scripts "
-                  "read it to decide whether to resume from the last checkpoint in output_dir)."},
+        metadata={
+            "help": "Removed in transformers v5; accepted and ignored by the Trainer (example scripts "
+            "read it to decide whether to resume from the last checkpoint in output_dir)."
+        },
     )
     evaluation_strategy: str | None = field(
         default=None, metadata={"help": "Removed in transformers v5: the old name of --eval_strategy."}
     )
     logging_dir: str | None = field(
         default=None,
-        metadata={"help": "Removed in transformers v5: TensorBoard log folder. Sets TENSORBOARD_LOGGING_DIR "
-                  "(where v5 looks) unless it is set already; used with --report_to tensorboard."},
+        metadata={
+            "help": "Removed in transformers v5: TensorBoard log folder. Sets TENSORBOARD_LOGGING_DIR "
+            "(where v5 looks) unless it is set already; used with --report_to tensorboard."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -182,7 +203,9 @@ class IPUTrainingArguments(TrainingArguments):
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name} is the micro-batch size and must be an integer >= 1, got {value!r}.")
+                raise ValueError(
+                    f"--{name} is the micro-batch size and must be an integer >= 1, got {value!r}."
+                )
 
     def _take_gradient_accumulation(self) -> None:
         if self.gradient_accumulation_steps is not None and self.ipu_gradient_accumulation_steps is None:

@@ -26,5 +26,7 @@ def pytest_sessionfinish(session, exitstatus):
     limit = os.environ.get("OPTIMUM_IPU_MAX_SKIPS")
     if limit is not None and len(_SKIPPED) > int(limit):
         listing = "\n  ".join(_SKIPPED[:20])
-        print(f"\n{len(_SKIPPED)} tests skipped, more than the {limit} declared (OPTIMUM_IPU_MAX_SKIPS):\n  {listing}")
+        print(
+            f"\n{len(_SKIPPED)} tests skipped, more than the {limit} declared (OPTIMUM_IPU_MAX_SKIPS):\n  {listing}"
+        )
         session.exitstatus = 1

@@ -189,8 +189,14 @@ def use_example(folder: str | os.PathLike) -> Path:
     return folder
 
 
-def write_synthetic_squad(directory: str | os.PathLike, train_questions: int = 60, validation_questions: int = 20,
-                          layout: str = "squad", unanswerable_fraction: float = 0.0, seed: int = 0) -> dict:
+def write_synthetic_squad(
+    directory: str | os.PathLike,
+    train_questions: int = 60,
+    validation_questions: int = 20,
+    layout: str = "squad",
+    unanswerable_fraction: float = 0.0,
+    seed: int = 0,
+) -> dict:
     """Generate SQuAD-format train/validation files with the example's generator; return paths by split."""
     use_example(QA_EXAMPLE_DIR)
     from make_synthetic_squad import make_dataset
@@ -212,8 +218,14 @@ def tiny_qa_model_dir(directory: str | os.PathLike, **config_overrides) -> Path:
     return directory
 
 
-def write_synthetic_chestxray(directory: str | os.PathLike, patients: int = 24, max_images_per_patient: int = 4,
-                              image_size: int = 32, test_fraction: float = 0.0, seed: int = 0) -> Path:
+def write_synthetic_chestxray(
+    directory: str | os.PathLike,
+    patients: int = 24,
+    max_images_per_patient: int = 4,
+    image_size: int = 32,
+    test_fraction: float = 0.0,
+    seed: int = 0,
+) -> Path:
     """Generate a tiny ChestX-ray14-shaped folder (images/ + Data_Entry CSV); return the folder."""
     use_example(IMAGE_EXAMPLE_DIR)
     from make_synthetic_chestxray import make_chestxray
@@ -283,7 +295,9 @@ def tiny_image_processor(image_size: int = 32):
     import transformers
 
     processor_class = getattr(transformers, "ViTImageProcessorPil", None) or transformers.ViTImageProcessor
-    return processor_class(size={"height": image_size, "width": image_size}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return processor_class(
+        size={"height": image_size, "width": image_size}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    )
 
 
 # --- Training data for trainer tests ---------------------------------------------------------------

@@ -152,8 +152,14 @@ def _png_bytes(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _folder(tmp: Path, assets: dict, damage: Callable[[Path], None] | None, *flags: str, which: str = "a/0.png",
-            per_class: int = 6) -> Callable[[], object]:
+def _folder(
+    tmp: Path,
+    assets: dict,
+    damage: Callable[[Path], None] | None,
+    *flags: str,
+    which: str = "a/0.png",
+    per_class: int = 6,
+) -> Callable[[], object]:
     """Imagefolders (`--train_dir`, `--validation_dir`) of two classes; `damage` is applied to the training
     images `which` names ("a/*.png": every image of class a)."""
     rng = np.random.default_rng(0)
@@ -165,7 +171,9 @@ def _folder(tmp: Path, assets: dict, damage: Callable[[Path], None] | None, *fla
                 (tmp / split / label / f"{n}.png").write_bytes(_png_bytes(pixels))
     for path in sorted((tmp / "train").glob(which)):
         damage(path)
-    return _image_run(tmp, assets, "--train_dir", str(tmp / "train"), "--validation_dir", str(tmp / "val"), *flags)
+    return _image_run(
+        tmp, assets, "--train_dir", str(tmp / "train"), "--validation_dir", str(tmp / "val"), *flags
+    )
 
 
 def _cut_jpeg(path: Path) -> None:
@@ -177,13 +185,18 @@ def _cut_jpeg(path: Path) -> None:
 
 def _sixteen_bit_rgb(path: Path) -> None:
     """A 16-bit RGB PNG, written by hand (PIL writes none): PIL reads it as its top 8 bits, silently."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     rows = b"".join(b"\x00" + struct.pack(">HHH", 4095, 2048, 0) * 8 for _ in range(8))  # 12-bit data
     header = struct.pack(">IIBBBBB", 8, 8, 16, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
 
 
 def _corrupt_inside(path: Path) -> None:
@@ -192,8 +205,14 @@ def _corrupt_inside(path: Path) -> None:
     path.write_bytes(data[:80] + data[-12:])
 
 
-def _hub_images(tmp: Path, assets: dict, labels: list[int] | None = None, *flags: str,
-                damage_bytes: Callable[[bytes], bytes] | None = None, rows: int = 12) -> Callable[[], object]:
+def _hub_images(
+    tmp: Path,
+    assets: dict,
+    labels: list[int] | None = None,
+    *flags: str,
+    damage_bytes: Callable[[bytes], bytes] | None = None,
+    rows: int = 12,
+) -> Callable[[], object]:
     """A Hub-layout data set folder (`--dataset_name DIR`): parquet train/validation splits, images as bytes."""
     import datasets
 
@@ -223,8 +242,15 @@ def _hub_qa(tmp: Path, assets: dict, records: list[dict]) -> Callable[[], object
     return _qa(tmp, assets, "--dataset_name", str(folder), "--cache_dir", str(tmp / "cache"))
 
 
-def _qa_record(qid: str = "q1", context: object = "alice lives in paris", question: object = "where?") -> dict:
-    return {"id": qid, "context": context, "question": question, "answers": {"text": ["paris"], "answer_start": [15]}}
+def _qa_record(
+    qid: str = "q1", context: object = "alice lives in paris", question: object = "where?"
+) -> dict:
+    return {
+        "id": qid,
+        "context": context,
+        "question": question,
+        "answers": {"text": ["paris"], "answer_start": [15]},
+    }
 
 
 def _resume(tmp: Path, assets: dict, damage: Callable[[Path], None], **model_config) -> Callable[[], object]:

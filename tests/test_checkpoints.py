@@ -52,7 +52,9 @@ def config(ga: int = 4, **kwargs) -> IPUConfig:
 
 
 def numbered(folder: Path) -> list[str]:
-    return sorted((n for n in os.listdir(folder) if CHECKPOINT_RE.match(n)), key=lambda n: int(n.split("-")[1]))
+    return sorted(
+        (n for n in os.listdir(folder) if CHECKPOINT_RE.match(n)), key=lambda n: int(n.split("-")[1])
+    )
 
 
 class Records(logging.Handler):
@@ -103,10 +105,15 @@ def test_a_complete_checkpoint_has_state_weights_optimizer_and_scheduler(trained
     only_config.mkdir()
     (only_config / "config.json").write_text("{}")
     assert checkpoint_problems(only_config) == [
-        "no trainer_state.json", "no weights (model.safetensors)", "no optimizer.pt", "no scheduler.pt"
+        "no trainer_state.json",
+        "no weights (model.safetensors)",
+        "no optimizer.pt",
+        "no scheduler.pt",
     ]
-    assert checkpoint_problems(only_config, save_only_model=True)[:2] == ["no trainer_state.json",
-                                                                          "no weights (model.safetensors)"]
+    assert checkpoint_problems(only_config, save_only_model=True)[:2] == [
+        "no trainer_state.json",
+        "no weights (model.safetensors)",
+    ]
 
 
 def test_get_last_checkpoint_skips_incomplete_folders_and_says_why(trained, tmp_path, records):
@@ -118,7 +125,9 @@ def test_get_last_checkpoint_skips_incomplete_folders_and_says_why(trained, tmp_
     (out / "checkpoint-6" / "config.json").write_text("{}")
     (out / "checkpoint-10").mkdir()
     (out / "checkpoint-10" / "trainer_state.json").write_text('{"global_step": 10}')
-    assert hf_trainer_utils.get_last_checkpoint(str(out)).endswith("checkpoint-10")  # the anchor trusts any name
+    assert hf_trainer_utils.get_last_checkpoint(str(out)).endswith(
+        "checkpoint-10"
+    )  # the anchor trusts any name
     assert get_last_checkpoint(out) == str(out / "checkpoint-4")
     skipped = records.messages(logging.WARNING)
     assert len(skipped) == 2 and "checkpoint-10" in skipped[0] and "no weights" in skipped[0]
@@ -266,7 +275,9 @@ def saved_at_step_2(trained, tmp_path):
 def test_same_setup_resumes_without_a_warning(saved_at_step_2, records):
     trainer = _resume(saved_at_step_2, records, config(), max_steps=4)
     assert trainer.state.global_step == 4
-    assert records.messages(logging.WARNING) == []  # transformers' "per_device_train_batch_size 2 != 8" is gone
+    assert (
+        records.messages(logging.WARNING) == []
+    )  # transformers' "per_device_train_batch_size 2 != 8" is gone
     assert not [m for m in records.messages(logging.INFO) if "layout" in m]
 
 
@@ -277,7 +288,11 @@ def test_a_layout_change_is_one_info_line(saved_at_step_2, records):
     assert records.messages(logging.WARNING) == []
     lines = [m for m in records.messages(logging.INFO) if "different layout" in m]
     assert len(lines) == 1
-    for field in ("layers_per_ipu [-1] -> [1, 1]", "matmul_proportion 0.2 -> 0.3", "recompute_checkpoint_every_layer"):
+    for field in (
+        "layers_per_ipu [-1] -> [1, 1]",
+        "matmul_proportion 0.2 -> 0.3",
+        "recompute_checkpoint_every_layer",
+    ):
         assert field in lines[0]
 
 
@@ -319,5 +334,9 @@ def test_the_private_trainer_methods_wrapped_keep_their_contract():
         assert list(inspect.signature(getattr(Trainer, name)).parameters) == parameters, name
     save = inspect.getsource(Trainer._save_checkpoint)
     assert "self._get_output_dir(trial=trial)" in save  # where the checkpoint is written
-    assert "save_total_limit=self.args.save_total_limit" in save  # its own rotation is switched off through args
-    assert "compare_trainer_and_checkpoint_args(self.args, self.state)" in inspect.getsource(Trainer._init_training_state)
+    assert (
+        "save_total_limit=self.args.save_total_limit" in save
+    )  # its own rotation is switched off through args
+    assert "compare_trainer_and_checkpoint_args(self.args, self.state)" in inspect.getsource(
+        Trainer._init_training_state
+    )

@@ -104,12 +104,18 @@ def test_inference_matmul_proportion_copies_the_training_value():
 
 
 def test_inference_matmul_proportion_falls_back_to_0_2_for_a_list_of_the_wrong_length():
-    config = IPUConfig(layers_per_ipu=[0, 4, 4, 4], matmul_proportion=[0.1, 0.2, 0.3, 0.3], inference_layers_per_ipu=[6, 6])
+    config = IPUConfig(
+        layers_per_ipu=[0, 4, 4, 4], matmul_proportion=[0.1, 0.2, 0.3, 0.3], inference_layers_per_ipu=[6, 6]
+    )
     assert config.inference_matmul_proportion == 0.2
 
 
 def test_inference_serialization_copies_training_settings():
-    config = IPUConfig(layers_per_ipu=[0, 8, 8, 0], serialized_embedding_splits_per_ipu=[4, 4, 0, 0], projection_serialization_factor=4)
+    config = IPUConfig(
+        layers_per_ipu=[0, 8, 8, 0],
+        serialized_embedding_splits_per_ipu=[4, 4, 0, 0],
+        projection_serialization_factor=4,
+    )
     assert config.inference_serialized_embedding_splits_per_ipu == [4, 4, 0, 0]
     assert config.inference_embedding_serialization_factor == 1
     assert config.inference_projection_serialization_factor == 4
@@ -117,7 +123,9 @@ def test_inference_serialization_copies_training_settings():
 
 def test_inference_splits_of_the_wrong_length_are_dropped():
     config = IPUConfig(
-        layers_per_ipu=[0, 8, 8, 0], serialized_embedding_splits_per_ipu=[4, 4, 0, 0], inference_layers_per_ipu=[8, 8]
+        layers_per_ipu=[0, 8, 8, 0],
+        serialized_embedding_splits_per_ipu=[4, 4, 0, 0],
+        inference_layers_per_ipu=[8, 8],
     )
     assert config.inference_serialized_embedding_splits_per_ipu is None
     assert config.inference_embedding_serialization_factor == 1
@@ -192,7 +200,9 @@ def test_mode_does_not_change_the_dict():
 
 
 def test_unknown_attribute_assignment_is_an_error():
-    with pytest.raises(AttributeError, match=r"gradient_accumulation_step.*did you mean `gradient_accumulation_steps`"):
+    with pytest.raises(
+        AttributeError, match=r"gradient_accumulation_step.*did you mean `gradient_accumulation_steps`"
+    ):
         IPUConfig().gradient_accumulation_step = 4
 
 
@@ -241,23 +251,54 @@ def test_invalid_values_name_the_attribute_and_the_value(kwargs, attribute):
     ("kwargs", "pattern"),
     [
         # a matmul_proportion list has one value per IPU
-        ({"layers_per_ipu": [0, 4, 4, 4], "matmul_proportion": [0.1, 0.2]}, r"`matmul_proportion` has 2 entries .* `ipus_per_replica` is 4"),
-        ({"inference_layers_per_ipu": [6, 6], "inference_matmul_proportion": [0.1, 0.2, 0.3]}, r"`inference_matmul_proportion` has 3 entries"),
-        # layers_per_ipu without wildcard has one entry per IPU; a mixed list too (placement needs it)
-        ({"layers_per_ipu": [4, 4], "ipus_per_replica": 4}, r"`layers_per_ipu` has 2 entries .* `ipus_per_replica` is 4"),
-        ({"layers_per_ipu": [-1, 4], "ipus_per_replica": 4}, r"`layers_per_ipu` has 2 entries"),
-        ({"inference_layers_per_ipu": [4, 4], "inference_ipus_per_replica": 4}, r"`inference_layers_per_ipu` has 2"),
-        # split lists: one entry per IPU, consecutive non-zero entries, sum >= 1, not with a factor > 1
-        ({"layers_per_ipu": [0, 4, 4, 4], "serialized_embedding_splits_per_ipu": [2, 2]}, r"`serialized_embedding_splits_per_ipu` has 2 entries"),
-        ({"layers_per_ipu": [0, 4, 4, 4], "serialized_embedding_splits_per_ipu": [2, 0, 2, 0]}, r"consecutive IPUs"),
-        ({"layers_per_ipu": [0, 4, 4, 4], "serialized_projection_splits_per_ipu": [0, 0, 0, 0]}, r"sum must be >= 1"),
         (
-            {"layers_per_ipu": [0, 4, 4, 4], "embedding_serialization_factor": 2, "serialized_embedding_splits_per_ipu": [1, 1, 0, 0]},
+            {"layers_per_ipu": [0, 4, 4, 4], "matmul_proportion": [0.1, 0.2]},
+            r"`matmul_proportion` has 2 entries .* `ipus_per_replica` is 4",
+        ),
+        (
+            {"inference_layers_per_ipu": [6, 6], "inference_matmul_proportion": [0.1, 0.2, 0.3]},
+            r"`inference_matmul_proportion` has 3 entries",
+        ),
+        # layers_per_ipu without wildcard has one entry per IPU; a mixed list too (placement needs it)
+        (
+            {"layers_per_ipu": [4, 4], "ipus_per_replica": 4},
+            r"`layers_per_ipu` has 2 entries .* `ipus_per_replica` is 4",
+        ),
+        ({"layers_per_ipu": [-1, 4], "ipus_per_replica": 4}, r"`layers_per_ipu` has 2 entries"),
+        (
+            {"inference_layers_per_ipu": [4, 4], "inference_ipus_per_replica": 4},
+            r"`inference_layers_per_ipu` has 2",
+        ),
+        # split lists: one entry per IPU, consecutive non-zero entries, sum >= 1, not with a factor > 1
+        (
+            {"layers_per_ipu": [0, 4, 4, 4], "serialized_embedding_splits_per_ipu": [2, 2]},
+            r"`serialized_embedding_splits_per_ipu` has 2 entries",
+        ),
+        (
+            {"layers_per_ipu": [0, 4, 4, 4], "serialized_embedding_splits_per_ipu": [2, 0, 2, 0]},
+            r"consecutive IPUs",
+        ),
+        (
+            {"layers_per_ipu": [0, 4, 4, 4], "serialized_projection_splits_per_ipu": [0, 0, 0, 0]},
+            r"sum must be >= 1",
+        ),
+        (
+            {
+                "layers_per_ipu": [0, 4, 4, 4],
+                "embedding_serialization_factor": 2,
+                "serialized_embedding_splits_per_ipu": [1, 1, 0, 0],
+            },
             r"`embedding_serialization_factor`=2 and `serialized_embedding_splits_per_ipu`=\[1, 1, 0, 0\] are alternatives",
         ),
-        ({"inference_layers_per_ipu": [3, 3], "inference_serialized_projection_splits_per_ipu": [1]}, r"`inference_serialized_projection_splits_per_ipu` has 1"),
+        (
+            {"inference_layers_per_ipu": [3, 3], "inference_serialized_projection_splits_per_ipu": [1]},
+            r"`inference_serialized_projection_splits_per_ipu` has 1",
+        ),
         # both alternatives given is the first thing said, even when the splits' length is wrong too
-        ({"embedding_serialization_factor": 2, "serialized_embedding_splits_per_ipu": [1, 1]}, r"are alternatives"),
+        (
+            {"embedding_serialization_factor": 2, "serialized_embedding_splits_per_ipu": [1, 1]},
+            r"are alternatives",
+        ),
     ],
 )
 def test_cross_field_rules(kwargs, pattern):
@@ -296,7 +337,10 @@ def test_update_is_all_or_nothing():
 
 def test_overrides_rerun_the_cross_field_checks():
     with pytest.raises(IPUConfigError, match="matmul_proportion"):
-        IPUConfig.from_dict({"layers_per_ipu": [3, 7, 7, 7], "matmul_proportion": [0.1, 0.2, 0.3, 0.3]}, layers_per_ipu=[12, 12])
+        IPUConfig.from_dict(
+            {"layers_per_ipu": [3, 7, 7, 7], "matmul_proportion": [0.1, 0.2, 0.3, 0.3]},
+            layers_per_ipu=[12, 12],
+        )
 
 
 # ----- batch arithmetic --------------------------------------------------------------------------
@@ -314,7 +358,10 @@ def test_describe_combined_batch():
     assert config.describe_combined_batch(2) == (
         "micro-batch 2 × gradient accumulation 8 × replicas 2 × device iterations 3 = 96"
     )
-    assert config.describe_combined_batch(2, for_inference=True) == "micro-batch 2 × replicas 4 × device iterations 5 = 40"
+    assert (
+        config.describe_combined_batch(2, for_inference=True)
+        == "micro-batch 2 × replicas 4 × device iterations 5 = 40"
+    )
     assert config.num_ipus() == 8 and config.num_ipus(for_inference=True) == 8
 
 
@@ -335,7 +382,7 @@ def test_update_from_string_parses_by_the_current_type():
     config = IPUConfig(layers_per_ipu=[0, 4, 4, 4])
     config.update_from_string(
         "gradient_accumulation_steps=32, recompute_checkpoint_every_layer=yes,matmul_proportion=0.25,"
-        "output_mode=all,executable_cache_dir=./exe_cache,parallelize_kwargs={\"a\": 1, \"b\": [1, 2]}"
+        'output_mode=all,executable_cache_dir=./exe_cache,parallelize_kwargs={"a": 1, "b": [1, 2]}'
     )
     assert config.gradient_accumulation_steps == 32
     assert config.recompute_checkpoint_every_layer is True
@@ -345,7 +392,10 @@ def test_update_from_string_parses_by_the_current_type():
     assert config.parallelize_kwargs == {"a": 1, "b": [1, 2]}
 
 
-@pytest.mark.parametrize(("text", "expected"), [("true", True), ("1", True), ("Yes", True), ("false", False), ("no", False), ("0", False)])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("true", True), ("1", True), ("Yes", True), ("false", False), ("no", False), ("0", False)],
+)
 def test_update_from_string_booleans(text, expected):
     assert IPUConfig().update_from_string(f"auto_loss_scaling={text}").auto_loss_scaling is expected
 
@@ -386,7 +436,10 @@ def test_update_from_string_empty_is_a_no_op():
 @pytest.mark.parametrize(
     ("text", "pattern"),
     [
-        ("gradient_acumulation_steps=4", r"`gradient_acumulation_steps` is not an `IPUConfig` attribute \(did you mean `gradient_accumulation_steps`\?\)"),
+        (
+            "gradient_acumulation_steps=4",
+            r"`gradient_acumulation_steps` is not an `IPUConfig` attribute \(did you mean `gradient_accumulation_steps`\?\)",
+        ),
         ("gradient_accumulation_steps=four", r"`gradient_accumulation_steps=four`: expected an integer"),
         ("gradient_accumulation_steps=2.5", r"`gradient_accumulation_steps=2.5`: expected an integer"),
         ("auto_loss_scaling=maybe", r"`auto_loss_scaling=maybe`: expected a boolean"),
@@ -474,7 +527,9 @@ POD_KEYED = {
     ("kwargs", "replication", "accumulation"),
     [({"pod_type": "pod16"}, 4, 16), ({"n_ipu": 64}, 16, 32), ({}, 1, 32), ({"pod_type": "pod4"}, 1, 32)],
 )
-def test_pod_keyed_values_take_the_pod_entry_with_one_warning(tmp_path, caplog, kwargs, replication, accumulation):
+def test_pod_keyed_values_take_the_pod_entry_with_one_warning(
+    tmp_path, caplog, kwargs, replication, accumulation
+):
     _write(tmp_path, POD_KEYED)
     config = IPUConfig.from_pretrained(tmp_path, **kwargs)
     assert config.replication_factor == replication
@@ -534,7 +589,9 @@ def test_unknown_keys_warn_by_name_and_strict_raises(tmp_path, caplog):
     assert len(records) == 1
     message = records[0].getMessage()
     assert "`my_setting`" in message and "`gradient_acumulation_steps` (did you mean" in message
-    with pytest.raises(IPUConfigError, match=r"unknown keys: `gradient_acumulation_steps`.*`my_setting`.*strict=True"):
+    with pytest.raises(
+        IPUConfigError, match=r"unknown keys: `gradient_acumulation_steps`.*`my_setting`.*strict=True"
+    ):
         IPUConfig.from_pretrained(tmp_path, strict=True)
 
 

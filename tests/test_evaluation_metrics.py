@@ -61,7 +61,9 @@ def masked_lm():
     chosen = (torch.rand(ids.shape, generator=g) < 0.3) & (mask == 1)
     chosen[:, 0] = True  # at least one masked token per sample
     labels = ids.masked_fill(~chosen, -100)
-    return BertForMaskedLM(tiny_bert_config()), _rows({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    return BertForMaskedLM(tiny_bert_config()), _rows(
+        {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    )
 
 
 def sequence_classification():
@@ -95,7 +97,11 @@ def multiple_choice():
     ids, mask = _tokens(g, SAMPLES * 4)
     labels = torch.randint(0, 4, (SAMPLES,), generator=g)
     return BertForMultipleChoice(tiny_bert_config()), _rows(
-        {"input_ids": ids.view(SAMPLES, 4, SEQ), "attention_mask": mask.view(SAMPLES, 4, SEQ), "labels": labels}
+        {
+            "input_ids": ids.view(SAMPLES, 4, SEQ),
+            "attention_mask": mask.view(SAMPLES, 4, SEQ),
+            "labels": labels,
+        }
     )
 
 
@@ -142,7 +148,9 @@ def _ipu_trainer(head, tmp_path, micro, di, replicas, pad):
     return IPUTrainer(model, config, args, eval_dataset=rows), rows
 
 
-@pytest.mark.parametrize("split", SPLITS, ids=lambda s: "mb{}-di{}-r{}{}".format(*s[:3], "-pad" if s[3] else ""))
+@pytest.mark.parametrize(
+    "split", SPLITS, ids=lambda s: "mb{}-di{}-r{}{}".format(*s[:3], "-pad" if s[3] else "")
+)
 @pytest.mark.parametrize("head", sorted(HEADS))
 def test_eval_loss_equals_plain_transformers_at_the_micro_batch(tmp_path, head, split):
     micro, di, replicas, pad = split

@@ -13,19 +13,101 @@ from optimum_ipu.configuration import CONFIG_NAME, IPUConfig, hub
 
 # Section 8 of the semantics reference: (ipus_per_replica, layers_per_ipu, matmul_proportion, GA, other values)
 SECTION_8 = {
-    "Graphcore/bert-base-ipu": (4, [0, 4, 4, 4], 0.25, 16, {"inference_device_iterations": 5, "recompute_checkpoint_every_layer": True, "optimizer_state_offchip": False, "replicated_tensor_sharding": True, "embedding_serialization_factor": 1}),
-    "Graphcore/bert-large-ipu": (4, [3, 7, 7, 7], [0.15, 0.18, 0.20, 0.25], 16, {"embedding_serialization_factor": 2, "inference_device_iterations": 5, "recompute_checkpoint_every_layer": True, "optimizer_state_offchip": True, "replicated_tensor_sharding": True}),
-    "Graphcore/vit-base-ipu": (4, [3, 3, 3, 3], 0.3, 128, {"inference_device_iterations": 4, "recompute_checkpoint_every_layer": True, "optimizer_state_offchip": True, "replicated_tensor_sharding": True}),
-    "Graphcore/distilbert-base-ipu": (2, [2, 4], 0.25, 16, {"replication_factor": 2, "inference_replication_factor": 2, "inference_device_iterations": 5}),
+    "Graphcore/bert-base-ipu": (
+        4,
+        [0, 4, 4, 4],
+        0.25,
+        16,
+        {
+            "inference_device_iterations": 5,
+            "recompute_checkpoint_every_layer": True,
+            "optimizer_state_offchip": False,
+            "replicated_tensor_sharding": True,
+            "embedding_serialization_factor": 1,
+        },
+    ),
+    "Graphcore/bert-large-ipu": (
+        4,
+        [3, 7, 7, 7],
+        [0.15, 0.18, 0.20, 0.25],
+        16,
+        {
+            "embedding_serialization_factor": 2,
+            "inference_device_iterations": 5,
+            "recompute_checkpoint_every_layer": True,
+            "optimizer_state_offchip": True,
+            "replicated_tensor_sharding": True,
+        },
+    ),
+    "Graphcore/vit-base-ipu": (
+        4,
+        [3, 3, 3, 3],
+        0.3,
+        128,
+        {
+            "inference_device_iterations": 4,
+            "recompute_checkpoint_every_layer": True,
+            "optimizer_state_offchip": True,
+            "replicated_tensor_sharding": True,
+        },
+    ),
+    "Graphcore/distilbert-base-ipu": (
+        2,
+        [2, 4],
+        0.25,
+        16,
+        {"replication_factor": 2, "inference_replication_factor": 2, "inference_device_iterations": 5},
+    ),
     "Graphcore/roberta-base-ipu": (4, [0, 4, 4, 4], 0.25, 16, {"inference_device_iterations": 5}),
-    "Graphcore/roberta-large-ipu": (4, [3, 7, 7, 7], [0.1, 0.2, 0.25, 0.25], 16, {"embedding_serialization_factor": 2, "inference_device_iterations": 4}),
-    "Graphcore/gpt2-small-ipu": (4, [0, 4, 4, 4], 0.25, 16, {"embedding_serialization_factor": 4, "device_iterations": 2, "inference_device_iterations": 5}),
-    "Graphcore/gpt2-medium-ipu": (8, [0, 3, 3, 3, 3, 4, 4, 4], 0.25, 16, {"embedding_serialization_factor": 5, "device_iterations": 2, "inference_device_iterations": 9}),
+    "Graphcore/roberta-large-ipu": (
+        4,
+        [3, 7, 7, 7],
+        [0.1, 0.2, 0.25, 0.25],
+        16,
+        {"embedding_serialization_factor": 2, "inference_device_iterations": 4},
+    ),
+    "Graphcore/gpt2-small-ipu": (
+        4,
+        [0, 4, 4, 4],
+        0.25,
+        16,
+        {"embedding_serialization_factor": 4, "device_iterations": 2, "inference_device_iterations": 5},
+    ),
+    "Graphcore/gpt2-medium-ipu": (
+        8,
+        [0, 3, 3, 3, 3, 4, 4, 4],
+        0.25,
+        16,
+        {"embedding_serialization_factor": 5, "device_iterations": 2, "inference_device_iterations": 9},
+    ),
     "Graphcore/hubert-base-ipu": (4, [0, 4, 4, 4], [0.25] * 4, 512, {"inference_device_iterations": 4}),
     "Graphcore/wav2vec2-ctc-base-ipu": (4, [9, 4, 4, 4], [0.1] * 4, 32, {"inference_device_iterations": 4}),
-    "Graphcore/wav2vec2-ctc-large-ipu": (8, [4, 5, 3, 4, 4, 4, 4, 5], [0.2, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1, 1.0], 32, {"optimizer_state_offchip": True}),
-    "Graphcore/mpnet-base-ipu": (4, [0, 4, 4, 4], 0.22, 512, {"replication_factor": 4, "inference_replication_factor": 4, "inference_device_iterations": 4}),
-    "Graphcore/mt5-small-ipu": (4, [0, 8, 8, 0], 0.25, 128, {"inference_matmul_proportion": 0.6, "serialized_embedding_splits_per_ipu": [4, 4, 0, 0], "projection_serialization_factor": 4, "device_iterations": 10}),
+    "Graphcore/wav2vec2-ctc-large-ipu": (
+        8,
+        [4, 5, 3, 4, 4, 4, 4, 5],
+        [0.2, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1, 1.0],
+        32,
+        {"optimizer_state_offchip": True},
+    ),
+    "Graphcore/mpnet-base-ipu": (
+        4,
+        [0, 4, 4, 4],
+        0.22,
+        512,
+        {"replication_factor": 4, "inference_replication_factor": 4, "inference_device_iterations": 4},
+    ),
+    "Graphcore/mt5-small-ipu": (
+        4,
+        [0, 8, 8, 0],
+        0.25,
+        128,
+        {
+            "inference_matmul_proportion": 0.6,
+            "serialized_embedding_splits_per_ipu": [4, 4, 0, 0],
+            "projection_serialization_factor": 4,
+            "device_iterations": 10,
+        },
+    ),
     "Graphcore/whisper-tiny-ipu": (2, [4, 4], 0.6, 16, {"projection_serialization_factor": 4}),
 }
 
@@ -37,7 +119,9 @@ def offline(monkeypatch, tmp_path):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
 
 
-def _fill_cache(cache: Path, repo_id: str, values: dict, sha: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+def _fill_cache(
+    cache: Path, repo_id: str, values: dict, sha: str = "0123456789abcdef0123456789abcdef01234567"
+) -> Path:
     """Lay a config out as huggingface_hub caches it: snapshots/<sha>/ipu_config.json and refs/main."""
     repo = cache / f"models--{repo_id.replace('/', '--')}"
     snapshot = repo / "snapshots" / sha
@@ -84,7 +168,9 @@ def test_bundled_lookup_prefers_the_package_then_the_repository():
     package = Path(optimum_ipu.__file__).resolve().parent
     dirs = [d for d in (package / "configs", package.parent / "configs") if d.is_dir()]
     assert hub.bundled_config_dirs() == dirs and dirs
-    assert hub.bundled_config_path("graphcore/BERT-base-ipu") == hub.bundled_config_path("Graphcore/bert-base-ipu")
+    assert hub.bundled_config_path("graphcore/BERT-base-ipu") == hub.bundled_config_path(
+        "Graphcore/bert-base-ipu"
+    )
     assert hub.bundled_config_path("Graphcore/../etc") is None
     assert hub.bundled_config_path("Graphcore/nothing-ipu") is None
 
@@ -114,7 +200,9 @@ def test_an_unknown_name_fails_fast_listing_the_bundled_names(offline):
 
 def test_a_cached_hub_file_wins_over_the_bundled_copy(offline, tmp_path):
     cache = tmp_path / "hf-cache"
-    path = _fill_cache(cache, "Graphcore/bert-base-ipu", {"layers_per_ipu": [0, 4, 4, 4], "gradient_accumulation_steps": 99})
+    path = _fill_cache(
+        cache, "Graphcore/bert-base-ipu", {"layers_per_ipu": [0, 4, 4, 4], "gradient_accumulation_steps": 99}
+    )
     config = IPUConfig.from_pretrained("Graphcore/bert-base-ipu", cache_dir=cache)
     assert config.gradient_accumulation_steps == 99
     assert config.source == "hub-cache" and Path(config.source_path) == path
@@ -157,7 +245,12 @@ def test_when_the_hub_answers_its_file_wins(monkeypatch, tmp_path):
     monkeypatch.setattr(hub, "_download", fake_download)
     config = IPUConfig.from_pretrained("Graphcore/bert-base-ipu", revision="main", token="t", cache_dir="c")
     assert config.gradient_accumulation_steps == 64 and config.source == "hub"
-    assert calls == [("Graphcore/bert-base-ipu", {"revision": "main", "token": "t", "cache_dir": "c", "local_files_only": False})]
+    assert calls == [
+        (
+            "Graphcore/bert-base-ipu",
+            {"revision": "main", "token": "t", "cache_dir": "c", "local_files_only": False},
+        )
+    ]
 
 
 def test_when_the_hub_fails_the_bundled_copy_is_used_with_a_warning(monkeypatch, caplog):
@@ -168,7 +261,11 @@ def test_when_the_hub_fails_the_bundled_copy_is_used_with_a_warning(monkeypatch,
     monkeypatch.setattr(hub, "_download", unreachable)
     config = IPUConfig.from_pretrained("Graphcore/roberta-base-ipu")
     assert config.source == "bundled"
-    records = [r for r in caplog.records if r.name == "optimum_ipu.configuration.hub" and r.levelno == logging.WARNING]
+    records = [
+        r
+        for r in caplog.records
+        if r.name == "optimum_ipu.configuration.hub" and r.levelno == logging.WARNING
+    ]
     assert len(records) == 1 and "ConnectionError: no route" in records[0].getMessage()
 
 

@@ -89,7 +89,9 @@ def _imported_rooms(path: Path, bridges_allowed: bool = False):
 
 def test_every_room_has_a_layer():
     rooms = {_room(p) for p in PACKAGE.rglob("*.py")}
-    assert not rooms - set(LAYERS), f"place these in LAYERS (tests/test_layers.py): {sorted(rooms - set(LAYERS))}"
+    assert not rooms - set(LAYERS), (
+        f"place these in LAYERS (tests/test_layers.py): {sorted(rooms - set(LAYERS))}"
+    )
 
 
 def test_imports_run_down_the_layers_only():
@@ -107,5 +109,9 @@ def test_bridges_are_used_and_made_at_call_time_only():
         path = PACKAGE.parent / relative
         every = [line for line, r in _imported_rooms(path) if r == room]
         allowed = [line for line, r in _imported_rooms(path, bridges_allowed=True) if r == room]
-        assert every, f"BRIDGES lists {relative} -> {room} ({why}), but the file no longer imports it: drop the entry."
-        assert not allowed, f"{relative} imports {room} outside a function (lines {allowed}): import it at call time."
+        assert every, (
+            f"BRIDGES lists {relative} -> {room} ({why}), but the file no longer imports it: drop the entry."
+        )
+        assert not allowed, (
+            f"{relative} imports {room} outside a function (lines {allowed}): import it at call time."
+        )

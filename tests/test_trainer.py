@@ -83,7 +83,11 @@ def test_tiny_bert_qa_learns_with_bert_base_ipu_and_pod16(tmp_path, fp32):
     model = tiny_qa(layers=12)
     trainer = IPUTrainer(model, args=args, train_dataset=PatternQA(128))
     cfg = trainer.ipu_config
-    assert (cfg.replication_factor, cfg.gradient_accumulation_steps, cfg.embedding_serialization_factor) == (4, 16, 2)
+    assert (cfg.replication_factor, cfg.gradient_accumulation_steps, cfg.embedding_serialization_factor) == (
+        4,
+        16,
+        2,
+    )
     assert trainer._train_batch_size == 64
     assert model.dtype == (torch.float32 if fp32 else torch.float16)
     trainer.train()
@@ -107,7 +111,9 @@ def test_checkpoint_loads_in_plain_transformers_and_resume_reproduces_the_run(tm
     assert any(n.startswith("rng_state") for n in names)
     assert json.loads((checkpoint / "ipu_config.json").read_text())["gradient_accumulation_steps"] == 4
 
-    resumed = IPUTrainer(tiny_qa(seed=99), two_ipu_config(), ipu_args(tmp_path / "a", fp32=True), train_dataset=data)
+    resumed = IPUTrainer(
+        tiny_qa(seed=99), two_ipu_config(), ipu_args(tmp_path / "a", fp32=True), train_dataset=data
+    )
     resumed.train(resume_from_checkpoint=str(checkpoint))
     for (name, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.equal(a, b), name  # bit for bit, as the README says
@@ -137,7 +143,12 @@ def test_evaluation_keeps_the_short_last_batch_and_pads_when_asked(tmp_path):
         trainer = IPUTrainer(tiny_qa(), two_ipu_config(inference_device_iterations=2),
                              ipu_args(tmp_path, pad_on_batch_axis=pad), eval_dataset=data)  # fmt: skip
         loader = trainer.get_eval_dataloader()
-        assert [len(b["input_ids"]) for b in loader] == [4, 4, 4, 1]  # micro-batch 2 x inference DI 2, short tail kept
+        assert [len(b["input_ids"]) for b in loader] == [
+            4,
+            4,
+            4,
+            1,
+        ]  # micro-batch 2 x inference DI 2, short tail kept
         prediction = trainer.predict(data)
         assert prediction.predictions[0].shape == (13, SEQ)
         assert prediction.predictions[0].dtype.name == "float32"
@@ -162,7 +173,9 @@ def test_evaluate_returns_the_metrics_transformers_trainer_returns_epoch_include
 
 def test_dataset_smaller_than_one_combined_batch_is_a_clear_error(tmp_path):
     trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path), train_dataset=PatternQA(5))
-    with pytest.raises(ValueError, match=r"5 samples, fewer than one combined batch of 8 .*micro-batch 2 x gradient"):
+    with pytest.raises(
+        ValueError, match=r"5 samples, fewer than one combined batch of 8 .*micro-batch 2 x gradient"
+    ):
         trainer.train()
 
 
@@ -199,7 +212,12 @@ def test_lamb_and_the_legacy_tokenizer_keyword(tmp_path):
                          tokenizer=tokenizer)  # fmt: skip
     assert trainer.processing_class is tokenizer
     trainer.train()
-    assert type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__ == "LAMB"
+    assert (
+        type(
+            trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
+        ).__name__
+        == "LAMB"
+    )
 
 
 def test_plain_training_arguments_are_rejected_with_the_fix(tmp_path):
@@ -212,7 +230,9 @@ def test_executable_cache_turns_compiled_into_loaded_with_the_same_report(tmp_pa
     reports = []
     for _ in range(2):
         cfg = two_ipu_config(executable_cache_dir=str(tmp_path / "exe_cache"))
-        trainer = IPUTrainer(tiny_qa(), cfg, ipu_args(tmp_path, compile_only=False, max_steps=1), train_dataset=PatternQA(8))
+        trainer = IPUTrainer(
+            tiny_qa(), cfg, ipu_args(tmp_path, compile_only=False, max_steps=1), train_dataset=PatternQA(8)
+        )
         trainer.train()
         reports.append(trainer.compile_report)
     logs = [r.getMessage() for r in caplog.records if r.getMessage().endswith("secs")]
@@ -244,7 +264,9 @@ def test_device_iterations_through_the_trainer_equal_the_same_updates_one_by_one
     one_call = IPUTrainer(tiny_qa(), two_ipu_config(device_iterations=2), ipu_args(tmp_path / "a", **kwargs),
                           train_dataset=data)  # fmt: skip
     one_call.train()
-    one_by_one = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path / "b", **kwargs), train_dataset=data)
+    one_by_one = IPUTrainer(
+        tiny_qa(), two_ipu_config(), ipu_args(tmp_path / "b", **kwargs), train_dataset=data
+    )
     one_by_one.train()
     assert one_call.state.global_step * 2 == one_by_one.state.global_step == 4
     for (name, a), (_, b) in zip(one_call.model.named_parameters(), one_by_one.model.named_parameters()):
@@ -258,7 +280,9 @@ def test_padded_evaluation_equals_an_unpadded_one(tmp_path):
         trainer = IPUTrainer(tiny_qa(), two_ipu_config(inference_device_iterations=2),
                              ipu_args(tmp_path, fp32=True, pad_on_batch_axis=pad), eval_dataset=data)  # fmt: skip
         results.append(trainer.predict(data))
-    torch.testing.assert_close(results[0].metrics["test_loss"], results[1].metrics["test_loss"], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(
+        results[0].metrics["test_loss"], results[1].metrics["test_loss"], atol=1e-6, rtol=1e-6
+    )
     for a, b in zip(results[0].predictions, results[1].predictions):
         torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(b))
 
@@ -270,7 +294,9 @@ def test_fp16_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, fp16
 
     def model():
         torch.manual_seed(0)
-        return BertForQuestionAnswering(tiny_bert_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+        return BertForQuestionAnswering(
+            tiny_bert_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+        )
 
     def run(folder, **kwargs):
         cfg = IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2, gradient_accumulation_steps=4, replication_factor=2,
@@ -307,7 +333,9 @@ def test_emulated_fp16_weights_copied_once_per_device_iteration_train_the_same_b
 
     def run(folder):
         torch.manual_seed(0)
-        model = BertForQuestionAnswering(tiny_bert_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+        model = BertForQuestionAnswering(
+            tiny_bert_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+        )
         cfg = IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2, gradient_accumulation_steps=3, replication_factor=2,
                         device_iterations=2)  # fmt: skip
         args = ipu_args(tmp_path / folder, fp16_compute="emulated", loss_scaling=64.0, num_train_epochs=2)
@@ -316,7 +344,9 @@ def test_emulated_fp16_weights_copied_once_per_device_iteration_train_the_same_b
         return trainer
 
     once = run("once")
-    monkeypatch.setattr(executor, "fp16_compute_context", lambda mode, weights=(): fp16_compute.fp16_compute_context(mode))
+    monkeypatch.setattr(
+        executor, "fp16_compute_context", lambda mode, weights=(): fp16_compute.fp16_compute_context(mode)
+    )
     per_op = run("per_op")
     assert once.state.global_step == per_op.state.global_step >= 2
     for (name, a), (_, b) in zip(once.model.named_parameters(), per_op.model.named_parameters()):
@@ -324,7 +354,9 @@ def test_emulated_fp16_weights_copied_once_per_device_iteration_train_the_same_b
 
 
 def test_compile_only_returns_a_result_instead_of_exiting(tmp_path):
-    trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path, compile_only=True), train_dataset=PatternQA(8))
+    trainer = IPUTrainer(
+        tiny_qa(), two_ipu_config(), ipu_args(tmp_path, compile_only=True), train_dataset=PatternQA(8)
+    )
     result = trainer.train()
     assert result.metrics == {"compile_only": True} and result.global_step == 0
     assert (tmp_path / "out" / "ipu_report.json").exists()
@@ -337,7 +369,12 @@ def test_settings_without_effect_are_named_once(tmp_path, caplog):
     cfg = two_ipu_config(parallelize_kwargs={"use_cache": False}, projection_serialization_factor=2)
     caplog.set_level(logging.WARNING, logger="optimum_ipu")
     for _ in range(2):
-        IPUTrainer(tiny_qa(), cfg, ipu_args(tmp_path, dataloader_mode="async", optim="sgd"), train_dataset=PatternQA(8))
+        IPUTrainer(
+            tiny_qa(),
+            cfg,
+            ipu_args(tmp_path, dataloader_mode="async", optim="sgd"),
+            train_dataset=PatternQA(8),
+        )
     messages = [r.getMessage() for r in caplog.records]
     for setting in ("dataloader_mode='async'", "parallelize_kwargs", "projection_serialization_factor=2",
                     "enable_half_partials=True", "--optim sgd"):  # fmt: skip

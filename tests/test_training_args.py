@@ -70,7 +70,9 @@ def test_seed_001_command_line_gives_the_published_layout(caplog):
     caplog.set_level(logging.INFO, logger="optimum_ipu")
     argv = shlex.split(SEED_001.replace("\\\n", " "))[2:]
     parser = HfArgumentParser((_ModelArguments, _DataArguments, IPUTrainingArguments))
-    model_args, data_args, args, rest = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
+    model_args, data_args, args, rest = parser.parse_args_into_dataclasses(
+        argv, return_remaining_strings=True
+    )
     assert rest == []
     assert model_args.model_name_or_path == "Graphcore/bert-base-uncased"
     assert (data_args.dataset_name, data_args.max_seq_length, data_args.doc_stride) == ("squad", 384, 128)
@@ -96,19 +98,41 @@ def test_seed_001_command_line_gives_the_published_layout(caplog):
 def test_ipu_fields_have_help_and_defaults():
     ours = {f.name: f for f in dataclasses.fields(IPUTrainingArguments)}
     names = [
-        "ipu_config_name", "n_ipu", "pod_type", "fp32", "lamb", "lamb_no_bias_correction", "loss_scaling",
-        "auto_loss_scaling", "dataloader_mode", "compile_only", "ipu_config_overrides", "pad_on_batch_axis",
-        "gradient_accumulation_steps", "warmup_ratio", "overwrite_output_dir", "evaluation_strategy", "logging_dir",
+        "ipu_config_name",
+        "n_ipu",
+        "pod_type",
+        "fp32",
+        "lamb",
+        "lamb_no_bias_correction",
+        "loss_scaling",
+        "auto_loss_scaling",
+        "dataloader_mode",
+        "compile_only",
+        "ipu_config_overrides",
+        "pad_on_batch_axis",
+        "gradient_accumulation_steps",
+        "warmup_ratio",
+        "overwrite_output_dir",
+        "evaluation_strategy",
+        "logging_dir",
     ]
     for name in names:
         assert ours[name].metadata.get("help"), name
     args = _args()
-    assert (args.fp32, args.lamb, args.loss_scaling, args.dataloader_mode, args.compile_only) == (False, False, None, "sync", False)
+    assert (args.fp32, args.lamb, args.loss_scaling, args.dataloader_mode, args.compile_only) == (
+        False,
+        False,
+        None,
+        "sync",
+        False,
+    )
 
 
 def test_dataloader_mode_choices():
     parser = HfArgumentParser(IPUTrainingArguments)
-    (args,) = parser.parse_args_into_dataclasses(["--output_dir", "o", "--dataloader_mode", "async_rebatched"])
+    (args,) = parser.parse_args_into_dataclasses(
+        ["--output_dir", "o", "--dataloader_mode", "async_rebatched"]
+    )
     assert args.dataloader_mode == "async_rebatched"
     with pytest.raises(SystemExit):
         parser.parse_args_into_dataclasses(["--output_dir", "o", "--dataloader_mode", "fast"])
@@ -170,7 +194,9 @@ def test_overwrite_output_dir_and_logging_dir_are_accepted(monkeypatch):
     import os
 
     parser = HfArgumentParser(IPUTrainingArguments)
-    (args,) = parser.parse_args_into_dataclasses(["--output_dir", "o", "--overwrite_output_dir", "--logging_dir", "tb"])
+    (args,) = parser.parse_args_into_dataclasses(
+        ["--output_dir", "o", "--overwrite_output_dir", "--logging_dir", "tb"]
+    )
     assert args.overwrite_output_dir is True
     assert os.environ["TENSORBOARD_LOGGING_DIR"] == "tb"
 
@@ -186,7 +212,11 @@ def test_the_ipu_config_value_holds_when_the_command_line_gives_none():
 def test_a_given_config_is_copied_and_put_in_training_mode():
     given = IPUConfig(layers_per_ipu=[0, 4, 4, 4], gradient_accumulation_steps=4).eval()
     config = resolve_ipu_config(_args(gradient_accumulation_steps=8, n_ipu=8), ipu_config=given)
-    assert config.mode == "training" and config.gradient_accumulation_steps == 8 and config.replication_factor == 2
+    assert (
+        config.mode == "training"
+        and config.gradient_accumulation_steps == 8
+        and config.replication_factor == 2
+    )
     assert given.gradient_accumulation_steps == 4 and given.mode == "inference"
 
 
@@ -224,7 +254,9 @@ def test_n_ipu_not_a_multiple_of_ipus_per_replica_is_an_error():
 
 
 def test_pod_type_picks_the_entry_of_a_pod_keyed_file(tmp_path):
-    (tmp_path / "ipu_config.json").write_text('{"layers_per_ipu": [-1], "gradient_accumulation_steps": {"pod16": 64, "default": 8}}')
+    (tmp_path / "ipu_config.json").write_text(
+        '{"layers_per_ipu": [-1], "gradient_accumulation_steps": {"pod16": 64, "default": 8}}'
+    )
     assert resolve_ipu_config(_args(pod_type="pod16"), str(tmp_path)).gradient_accumulation_steps == 64
     assert resolve_ipu_config(_args(), str(tmp_path)).gradient_accumulation_steps == 8
 

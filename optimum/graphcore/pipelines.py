@@ -1,4 +1,4 @@
-"""`optimum.graphcore.pipelines`: `pipeline()` for question answering and image classification on the simulated IPU."""
+"""`optimum.graphcore.pipelines`: `pipeline()` and the IPU pipeline classes, on the simulated IPU (`list_tasks()`)."""
 
 from optimum_ipu.compat._names import bind
 

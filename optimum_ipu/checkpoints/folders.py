@@ -132,9 +132,12 @@ def check_resumable(path: str | os.PathLike, save_only_model: bool = False) -> s
     problems = checkpoint_problems(path, save_only_model)
     if not problems:
         return str(path)
-    parent = Path(path).parent
-    other = get_last_checkpoint(parent, save_only_model) if parent.is_dir() else None
-    hint = f"resume from {other} (the newest complete one) instead" if other else "start without --resume_from_checkpoint"
+    other = get_last_checkpoint(Path(path).parent, save_only_model)  # None when the parent is no folder
+    hint = (
+        f"resume from {other} (the newest complete one) instead"
+        if other
+        else "start without --resume_from_checkpoint"
+    )
     raise FileNotFoundError(
         f"Cannot resume from {path}: it is not a complete checkpoint ({'; '.join(problems)}). "
         f"It was probably written by a run that was killed while saving; {hint}, or delete the folder."
@@ -190,24 +193,26 @@ def publish(staged: str | os.PathLike, final: str | os.PathLike) -> None:
     """
     staged, final = Path(staged), Path(final)
     flush_tree(staged)
-    old = None
-    if final.exists():  # the same step saved again (a resumed run): keep the old one until the new is in place
-        old = final.parent / f"{STAGING_PREFIX}{final.name}-replaced"
-        shutil.rmtree(old, ignore_errors=True)
+    old = final.parent / f"{STAGING_PREFIX}{final.name}-replaced"
+    shutil.rmtree(old, ignore_errors=True)  # left by a run killed while it replaced this step
+    if (
+        final.exists()
+    ):  # the same step saved again (a resumed run): keep the old one until the new is in place
         os.replace(final, old)
     os.replace(staged, final)
     _fsync(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)  # one that cannot be deleted now is removed at the next save
 
 
-def rotate(run_dir: str | os.PathLike, save_total_limit: int | None, protected: list[str | None]) -> list[Path]:
+def rotate(
+    run_dir: str | os.PathLike, save_total_limit: int | None, protected: list[str | None]
+) -> list[Path]:
     """Keep the newest `save_total_limit` checkpoints (and the `protected` ones); return those removed.
 
     A folder is first renamed out of the `checkpoint-N` namespace, then deleted, so a kill during the
     deletion leaves a staging folder (removed at the next save), never a half-deleted checkpoint.
     """
-    if not save_total_limit or save_total_limit <= 0:
+    if save_total_limit is None or save_total_limit <= 0:
         return []
     run_dir = Path(run_dir)
     keep = {Path(p).resolve() for p in protected if p}

@@ -21,7 +21,12 @@ logger = logging.getLogger(__name__)
 
 ACCEPT_BATCH_CHANGE_FLAG = "--allow_batch_change_on_resume"
 # The batch arithmetic of a training step; a change to any of them changes what one step means.
-BATCH_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "replication_factor", "device_iterations")
+BATCH_FIELDS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "replication_factor",
+    "device_iterations",
+)
 # IPU config fields that change neither the weights nor the batch arithmetic of training.
 _NOT_COMPARED = ("seed", "executable_cache_dir")
 
@@ -80,8 +85,10 @@ def _saved_ipu_config(checkpoint: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); restore it from the run's output folder or "
-                         "delete the checkpoint.") from None
+        raise ValueError(
+            f"{path} is not valid JSON ({error}); restore it from the run's output folder or "
+            "delete the checkpoint."
+        ) from None
 
 
 def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: int) -> SetupChange | None:
@@ -92,7 +99,7 @@ def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: i
     GA x replicas x device iterations. Returns None when the checkpoint has no `ipu_config.json`
     (written by plain transformers: nothing to compare).
     """
-    from optimum_ipu.configuration.schema import FIELD_DEFAULTS
+    from optimum_ipu.configuration.schema import FIELD_DEFAULTS, derive_defaults
 
     checkpoint = Path(checkpoint)
     saved = _saved_ipu_config(checkpoint)
@@ -100,7 +107,11 @@ def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: i
         return None
     state = json.loads((checkpoint / TRAINER_STATE).read_text())
     current = ipu_config.to_dict()
-    saved = {name: saved.get(name, default) for name, default in FIELD_DEFAULTS.items()}
+    # A field the file leaves out (an older or hand-written config) is derived as loading the file would
+    # (ipus_per_replica from layers_per_ipu), not compared as its raw default None.
+    given = {name for name, value in saved.items() if value is not None}
+    saved = derive_defaults({name: saved.get(name, default) for name, default in FIELD_DEFAULTS.items()},
+                            given)  # fmt: skip
     factor = saved["gradient_accumulation_steps"] * saved["replication_factor"] * saved["device_iterations"]
     saved_combined = state.get("train_batch_size") or factor * micro_batch_size
     saved["per_device_train_batch_size"] = max(1, saved_combined // factor)
@@ -108,8 +119,8 @@ def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: i
     change = SetupChange(str(checkpoint), saved_step=int(state.get("global_step", 0)),
                          saved_combined_batch=int(saved_combined),
                          combined_batch=micro_batch_size * ipu_config.batch_size_factor())  # fmt: skip
-    for name in (*BATCH_FIELDS, *FIELD_DEFAULTS):
-        if name.startswith("inference_") or name in _NOT_COMPARED or name in change.batch or name in change.layout:
+    for name in dict.fromkeys((*BATCH_FIELDS, *FIELD_DEFAULTS)):  # each name once, the batch fields first
+        if name.startswith("inference_") or name in _NOT_COMPARED:
             continue
         old, new = saved.get(name), current.get(name)
         if old != new:
@@ -133,8 +144,12 @@ def check_same_model(checkpoint: str | os.PathLike, model) -> None:
                   for name in sorted(common) if saved[name] != current[name]]  # fmt: skip
     if common and not mismatched:
         return
-    detail = "; ".join(mismatched[:3]) if mismatched else (
-        f"none of its {len(saved)} tensor names is one of the model's (e.g. {sorted(saved)[:2]} vs {sorted(current)[:2]})"
+    detail = (
+        "; ".join(mismatched[:3])
+        if mismatched
+        else (
+            f"none of its {len(saved)} tensor names is one of the model's (e.g. {sorted(saved)[:2]} vs {sorted(current)[:2]})"
+        )
     )
     raise ValueError(
         f"{checkpoint} holds the weights of another model: {detail}. Resume from a checkpoint of this "

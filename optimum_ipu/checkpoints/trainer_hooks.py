@@ -126,7 +126,9 @@ class AtomicCheckpoints:
     def _check_setup(self, checkpoint: str) -> SetupChange | None:
         """Compare the checkpoint's setup with this run's: silent, one info line, one warning, or an error."""
         check_same_model(checkpoint, self.model)
-        change = compare_setup(checkpoint, self.ipu_config.copy().train(), self.args.per_device_train_batch_size)
+        change = compare_setup(
+            checkpoint, self.ipu_config.copy().train(), self.args.per_device_train_batch_size
+        )
         if change is None:
             return None
         if change.layout:
@@ -144,7 +146,9 @@ class AtomicCheckpoints:
         logger.warning("%s.", change.batch_message())
         return change
 
-    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial):
+    def _init_training_state(
+        self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+    ):
         """The Trainer's state restore, with the step counted in samples when the combined batch changed.
 
         transformers compares `per_device_train_batch_size` with the state's `train_batch_size`, which
@@ -152,19 +156,24 @@ class AtomicCheckpoints:
         real batch arithmetic already, so that comparison is given matching values.
         """
         change = self._resume_change if resume_from_checkpoint is not None else None
-        saved_batch = None
-        if resume_from_checkpoint is not None:
-            saved = json.loads((Path(resume_from_checkpoint) / TRAINER_STATE).read_text()).get("train_batch_size")
-            saved_batch = saved // max(1, self.args.n_gpu) if saved else None
         with contextlib.ExitStack() as stack:
-            if saved_batch:
-                stack.enter_context(_instance_override(self.args, "per_device_train_batch_size", saved_batch))
+            if resume_from_checkpoint is not None:
+                saved = json.loads((Path(resume_from_checkpoint) / TRAINER_STATE).read_text()).get(
+                    "train_batch_size"
+                )
+                if saved:  # divided over GPUs as transformers' comparison divides it
+                    per_device = saved // max(1, self.args.n_gpu)
+                    stack.enter_context(
+                        _instance_override(self.args, "per_device_train_batch_size", per_device)
+                    )
             result = super()._init_training_state(
                 max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
             )
         if not (isinstance(result, tuple) and len(result) == 2):
-            raise RuntimeError("transformers' Trainer._init_training_state no longer returns (epochs, steps); "
-                               "optimum_ipu.checkpoints needs an update for this transformers version.")
+            raise RuntimeError(
+                "transformers' Trainer._init_training_state no longer returns (epochs, steps); "
+                "optimum_ipu.checkpoints needs an update for this transformers version."
+            )
         if change is None or not change.batch:
             return result
         step = change.resumed_step

@@ -36,14 +36,19 @@ def _total_ipus(args: argparse.Namespace) -> int | None:
 def run(args: argparse.Namespace) -> int:
     """Run `optimum-ipu plan`: 0 when the layout (or the proposal, with --auto) fits, 1 when not."""
     from optimum_ipu.costmodel.hardware import chip
-    from optimum_ipu.costmodel.planner import propose_layout
+    from optimum_ipu.costmodel.layout_search import propose_layout
     from optimum_ipu.costmodel.report import report_for
     from optimum_ipu.costmodel.workload import Workload
 
     training = not args.inference
     if args.pipelined and training:
-        print("error: --pipelined is for --inference (training on several IPUs is always pipelined).", file=sys.stderr)
+        print(
+            "error: --pipelined is for --inference (training on several IPUs is always pipelined).",
+            file=sys.stderr,
+        )
         return 2
+    if _generation_asked(args):
+        return _run_generation(args)
     try:
         if args.micro_batch < 1:
             raise ValueError(f"--micro-batch must be >= 1, got {args.micro_batch}.")
@@ -80,6 +85,85 @@ def run(args: argparse.Namespace) -> int:
         print(proposal.proposed.summary())
     _save(args, proposal.to_dict(), proposal.proposed)
     return 0 if proposal.proposed.memory.fits else 1
+
+
+def _generation_asked(args: argparse.Namespace) -> bool:
+    given = (args.generation_max_length, args.num_beams, args.on_device_generation_steps)
+    return any(value is not None for value in given) or args.use_cross_cache
+
+
+def _generation_flags(args: argparse.Namespace) -> str:
+    given = [
+        ("--generation_max_length", args.generation_max_length),
+        ("--num_beams", args.num_beams),
+        ("--on_device_generation_steps", args.on_device_generation_steps),
+    ]
+    flags = [f"{flag} {value}" for flag, value in given if value is not None]
+    return " ".join(flags + (["--use_cross_cache"] if args.use_cross_cache else []))
+
+
+def _generation_error(args: argparse.Namespace, source) -> str | None:
+    """Why the generation flags cannot apply to this plan, with the fix; None when they can."""
+    flags = _generation_flags(args)
+    if source is not None and not source.generates:
+        return (
+            f"{flags}: {source.name} plans {source.builder}, which does not generate. Generation is priced for "
+            f"encoder-decoder models (BART, T5, MT5: --task summarization or translation; Whisper: --task "
+            f"speech-recognition); drop {flags.split()[0]} to plan this head."
+        )
+    if not args.inference:
+        return f"{flags}: a generation is inference; add --inference (training plans price teacher-forced steps)."
+    if args.pipelined:
+        return (
+            f"{flags} with --pipelined: Optimum Graphcore runs the encoder's and the decoder's programs sharded, one "
+            "call at a time; drop --pipelined."
+        )
+    if args.auto:
+        return f"{flags} with --auto: the layout search prices one program, not a generation's two; drop it."
+    if args.png:
+        return f"{flags} with --png: a generation estimate has no drawing; write its --json instead."
+    return None
+
+
+def _run_generation(args: argparse.Namespace) -> int:
+    """`plan --inference --generation_max_length N [--num_beams K]`: price an encoder-decoder's generation."""
+    from optimum_ipu.costmodel.decoding import GenerationSettings, estimate_generation
+    from optimum_ipu.costmodel.hardware import chip
+    from optimum_ipu.costmodel.profiling import generation_profiles
+
+    try:
+        source = resolve_model(args.model, args.task)
+        problem = _generation_error(args, source)
+        if problem:
+            raise ValueError(problem)
+        config = source.config
+        default_length = config.get("max_length") or config.get("max_target_positions") or _DEFAULT_LENGTH
+        settings = GenerationSettings(
+            max_length=args.generation_max_length or default_length,
+            num_beams=args.num_beams or 1,
+            cross_cache=args.use_cross_cache,
+            on_device_steps=args.on_device_generation_steps or 0,
+        )
+        ipu_config = load_ipu_config(
+            args.ipu_config, n_ipu=_total_ipus(args), overrides=args.overrides, mode="inference"
+        )
+        float_bytes = 4 if args.fp32 else 2
+        profiles = generation_profiles(source, args.micro_batch, args.seq_len, settings, float_bytes,
+                                       use_cache=not args.no_cache)  # fmt: skip
+        report = estimate_generation(profiles, ipu_config, settings, batch_size=args.micro_batch,
+                                     hardware=chip(args.hardware), fp32=args.fp32,
+                                     model_name=f"{source.name} ({source.builder})")  # fmt: skip
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(report.summary())
+    _save(args, report.to_dict(), None)
+    return 0 if report.memory.fits else 1
+
+
+# transformers' GenerationConfig.max_length, what Seq2SeqTrainer generates to when neither
+# generation_max_length nor the model's config says.
+_DEFAULT_LENGTH = 20
 
 
 def _save(args: argparse.Namespace, data: dict, report) -> None:
@@ -163,6 +247,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="With --inference: pipelined inference (PopTorch's default for a model placed on several IPUs; "
         "the stages overlap across device iterations) instead of sharded (Optimum Graphcore's).",
+    )
+    parser.add_argument(
+        "--generation_max_length",
+        "--generation-max-length",
+        type=positive_int,
+        default=None,
+        help="With --inference on an encoder-decoder task: price a generation of up to this many tokens (the "
+        "decoder's start token included; the KV cache's length). Default: the config's max_length, else 20.",
+    )
+    parser.add_argument(
+        "--num_beams",
+        "--num-beams",
+        "--generation_num_beams",
+        type=positive_int,
+        default=None,
+        help="Beams of the generation (default 1, greedy): the decoder runs on micro-batch x beams rows.",
+    )
+    parser.add_argument(
+        "--use_cross_cache",
+        "--use-cross-cache",
+        action="store_true",
+        help="Generation: compute the cross-attention keys/values once per batch (Optimum Graphcore's "
+        "use_cross_cache, T5 and Whisper) instead of every step.",
+    )
+    parser.add_argument(
+        "--on_device_generation_steps",
+        "--on-device-generation-steps",
+        type=positive_int,
+        default=None,
+        help="Generation: tokens the decoder makes on the IPUs per host call, choosing them there (Optimum "
+        "Graphcore's on_device_generation_steps; default: one host call per token).",
     )
     parser.add_argument(
         "--overrides", default=None, help='Like --ipu_config_overrides: "k1=v1,k2=[0.1 0.2]".'

@@ -9,11 +9,6 @@ from __future__ import annotations
 
 from optimum_ipu.compat._names import Missing
 
-_OTHER_PIPELINE = Missing(
-    "the speech recognition pipeline is not written for the simulated IPU yet",
-    "`optimum.graphcore.pipeline(task, ...)` for the tasks it lists (`list_tasks()`), or transformers' "
-    '`pipeline("automatic-speech-recognition")` on CPU/GPU',
-)
 _GENERATION = Missing(
     "they are the original's PopTorch decoding internals (an on-device loop, attention classes with a KV cache "
     "in IPU memory)",
@@ -92,7 +87,7 @@ _PIPELINES = {
             "IPUTranslationPipeline",
         )  # fmt: skip
     },
-    "IPUAutomaticSpeechRecognitionPipeline": _OTHER_PIPELINE,
+    "IPUAutomaticSpeechRecognitionPipeline": "optimum_ipu.compat.pipelines:IPUAutomaticSpeechRecognitionPipeline",
 }
 _DATA = {
     "pad_on_batch_axis": "optimum_ipu.compat.data:pad_on_batch_axis",

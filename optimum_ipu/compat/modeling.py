@@ -74,7 +74,7 @@ def to_pipelined(model: nn.Module, ipu_config, force: bool = False):
         model: a transformers model, or a user's model that subclasses `PipelineMixin`.
         ipu_config: its `IPUConfig`; the config's current mode (`train()`/`eval()`) picks the layout.
         force: place an architecture without a cut spec with the generic cut
-            (`force_to_pipelined=True` in optimum-ipu).
+            (as `force=True` in `optimum_ipu.to_pipelined`).
 
     Returns:
         As the original: for a class registered with `register`, that class built with
@@ -90,7 +90,7 @@ def to_pipelined(model: nn.Module, ipu_config, force: bool = False):
         clone = copy.deepcopy(model)
         clone.ipu_config = copy.deepcopy(ipu_config)
         return clone
-    return PipelinedModelView(_to_pipelined(model, ipu_config, force_to_pipelined=force))
+    return PipelinedModelView(_to_pipelined(model, ipu_config, force=force))
 
 
 def get_layer_ipu(ipu_config, target_number_of_layers: int | list[int] | None = None) -> list[int]:

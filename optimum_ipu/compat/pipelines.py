@@ -14,7 +14,9 @@ The tasks are Optimum Graphcore's for the architectures optimum-ipu places: "ima
 `question_answering.py`), and "text-classification" ("sentiment-analysis"), "token-classification"
 ("ner"), "fill-mask", "zero-shot-classification" and "text-generation" (transformers' pipelines with
 the model call on the IPU, see `text_pipelines.py`), and "summarization", "translation" and
-"text2text-generation" (which transformers v5 removed; see `seq2seq_pipelines.py`). As in the original, the text tasks pad every
+"text2text-generation" (which transformers v5 removed; see `seq2seq_pipelines.py`), and
+"audio-classification" and "automatic-speech-recognition" (CTC models and Whisper; see
+`audio_pipelines.py`). As in the original, the text tasks pad every
 input to the task's default length (128 tokens) unless `padding=` / `max_length=` say otherwise,
 and text generation stops at 50 tokens unless `max_length=` / `max_new_tokens=` say otherwise.
 """
@@ -28,13 +30,17 @@ from typing import Any
 
 import torch
 from transformers import (
+    AutoFeatureExtractor,
     AutoImageProcessor,
+    AutoModelForAudioClassification,
     AutoModelForCausalLM,
+    AutoModelForCTC,
     AutoModelForImageClassification,
     AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
+    AutoModelForSpeechSeq2Seq,
     AutoModelForTokenClassification,
     AutoTokenizer,
     ImageClassificationPipeline,
@@ -42,6 +48,10 @@ from transformers import (
 )
 from transformers.utils import ModelOutput
 
+from optimum_ipu.compat.audio_pipelines import (
+    IPUAudioClassificationPipeline,
+    IPUAutomaticSpeechRecognitionPipeline,
+)
 from optimum_ipu.compat.question_answering import IPUQuestionAnsweringPipeline, RunsOnIPU
 from optimum_ipu.compat.seq2seq_pipelines import (
     IPUSummarizationPipeline,
@@ -73,6 +83,8 @@ __all__ = [
     "IPUSummarizationPipeline",
     "IPUText2TextGenerationPipeline",
     "IPUTranslationPipeline",
+    "IPUAudioClassificationPipeline",
+    "IPUAutomaticSpeechRecognitionPipeline",
     "IPUTextClassificationPipeline",
     "IPUTextGenerationPipeline",
     "IPUTokenClassificationPipeline",
@@ -173,6 +185,19 @@ SUPPORTED_TASKS: dict[str, dict[str, Any]] = {
         # Used when no model / IPU config is given, as in Optimum Graphcore (the model needs the Hub).
         "default": {"model": "google/vit-base-patch16-224", "ipu_config": "Graphcore/vit-base-ipu"},
         "type": "image",
+    },
+    # Optimum Graphcore's defaults; Whisper is placed for generation (encoder and decoder on their IPUs).
+    "audio-classification": {
+        "impl": IPUAudioClassificationPipeline,
+        "class": (AutoModelForAudioClassification,),
+        "default": {"model": "superb/hubert-base-superb-ks", "ipu_config": "Graphcore/hubert-base-ipu"},
+        "type": "audio",
+    },
+    "automatic-speech-recognition": {
+        "impl": IPUAutomaticSpeechRecognitionPipeline,
+        "class": (AutoModelForCTC, AutoModelForSpeechSeq2Seq),
+        "default": {"model": "facebook/wav2vec2-base-960h", "ipu_config": "Graphcore/wav2vec2-ctc-base-ipu"},
+        "type": "multimodal",
     },
     "question-answering": {
         "impl": IPUQuestionAnsweringPipeline,
@@ -317,15 +342,16 @@ def pipeline(
         task: one of `list_tasks()`: "question-answering", "image-classification", "text-classification"
             (alias "sentiment-analysis"), "token-classification" ("ner"), "fill-mask",
             "zero-shot-classification", "text-generation", "summarization", "translation" (or
-            "translation_xx_to_yy"), "text2text-generation".
+            "translation_xx_to_yy"), "text2text-generation", "audio-classification",
+            "automatic-speech-recognition" (CTC models and Whisper).
         model: a model name or path, or a loaded transformers model (then pass its `tokenizer` or
             `feature_extractor` too). None loads the original's default model from the Hub.
         ipu_config: an `IPUConfig`, a config name or path, or a dict; None takes the original's default
             for the task (e.g. `Graphcore/distilbert-base-ipu`; `IPUConfig()` for text generation). Its inference
             layout places the model; the pipeline works on a copy.
-        tokenizer: the tokenizer (question answering), or a name or path.
-        feature_extractor: the image processor (image classification), or a name or path;
-            `image_processor=` is accepted too.
+        tokenizer: the tokenizer (text tasks, speech recognition), or a name or path.
+        feature_extractor: the image processor (image classification) or feature extractor (audio
+            tasks), or a name or path; `image_processor=` is accepted too.
         revision, use_auth_token: for loading from the Hub.
         pipeline_class: a subclass of the task's IPU pipeline class, to customise it.
         fp16: run the model in fp16 (the IPU default); False keeps fp32.
@@ -364,9 +390,11 @@ def pipeline(
     load = {"revision": revision, "token": use_auth_token}
     model_id = spec["default"]["model"] if model is None else model
     if isinstance(model_id, str):
-        model = spec["class"][0].from_pretrained(model_id, **load)
+        model = _load_model(spec["class"], model_id, load)
     processor = feature_extractor if feature_extractor is not None else kwargs.pop("image_processor", None)
-    if spec["type"] == "text":
+    if spec["type"] in ("audio", "multimodal"):
+        processors = _audio_processors(spec["type"], model_id, tokenizer, processor, load)
+    elif spec["type"] == "text":
         if tokenizer is None and not isinstance(model_id, str):
             raise ValueError(
                 "A model passed as an object needs its tokenizer: pipeline(..., tokenizer=tokenizer)."
@@ -430,6 +458,35 @@ def _task_defaults(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         )  # fmt: skip
     defaults = tokenizer_defaults(task, kwargs.get("max_length") or length)
     return {**defaults, **kwargs}
+
+
+def _load_model(classes: tuple, model_id: str, load: dict[str, Any]):
+    """The model from the first of the task's classes that knows its architecture (CTC, then seq2seq)."""
+    for cls in classes[:-1]:
+        try:
+            return cls.from_pretrained(model_id, **load)
+        except ValueError:  # "Unrecognized configuration class ... for this kind of AutoModel"
+            continue
+    return classes[-1].from_pretrained(model_id, **load)
+
+
+def _audio_processors(
+    kind: str, model_id, tokenizer, feature_extractor, load: dict[str, Any]
+) -> dict[str, Any]:
+    """The feature extractor (and for speech recognition the tokenizer) of an audio pipeline."""
+    if not isinstance(model_id, str) and (
+        feature_extractor is None or (kind == "multimodal" and tokenizer is None)
+    ):
+        needed = "feature_extractor=" + (" and tokenizer=" if kind == "multimodal" else "")
+        raise ValueError(f"A model passed as an object needs its processors: pipeline(..., {needed}).")
+    if not _loaded(feature_extractor):
+        feature_extractor = AutoFeatureExtractor.from_pretrained(feature_extractor or model_id, **load)
+    processors = {"feature_extractor": feature_extractor}
+    if kind == "multimodal":
+        if not _loaded(tokenizer):
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer or model_id, **load)
+        processors["tokenizer"] = tokenizer
+    return processors
 
 
 def _loaded(obj) -> bool:

@@ -53,7 +53,7 @@ class _ModelOnIPU:
     def __call__(self, *args, **inputs):
         if args:
             raise TypeError("The IPU model of a pipeline takes keyword inputs only (input_ids=..., ...).")
-        return self._ipu(inputs)
+        return self._ipu({name: value for name, value in inputs.items() if value is not None})
 
     def __getattr__(self, name: str):
         return getattr(self._model, name)

@@ -10,4 +10,11 @@ configs bundled with the package), `ipu_config.py` (the `IPUConfig` class and it
 from optimum_ipu.configuration.ipu_config import CONFIG_NAME, IPUConfig, IPUConfigError, n_ipu_from_pod_type
 from optimum_ipu.configuration.loading import load_ipu_config, total_ipus
 
-__all__ = ["CONFIG_NAME", "IPUConfig", "IPUConfigError", "load_ipu_config", "n_ipu_from_pod_type", "total_ipus"]
+__all__ = [
+    "CONFIG_NAME",
+    "IPUConfig",
+    "IPUConfigError",
+    "load_ipu_config",
+    "n_ipu_from_pod_type",
+    "total_ipus",
+]

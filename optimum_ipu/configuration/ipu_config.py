@@ -124,7 +124,9 @@ class IPUConfig:
         given = dict(locals())
         given["layers_per_ipu"] = [-1] if layers_per_ipu is None else layers_per_ipu
         given["parallelize_kwargs"] = {} if parallelize_kwargs is None else parallelize_kwargs
-        given["inference_parallelize_kwargs"] = {} if inference_parallelize_kwargs is None else inference_parallelize_kwargs
+        given["inference_parallelize_kwargs"] = (
+            {} if inference_parallelize_kwargs is None else inference_parallelize_kwargs
+        )
         for name in FIELD_NAMES:
             validate_value(name, given[name])
         object.__setattr__(self, "_mode", "training")
@@ -220,7 +222,9 @@ class IPUConfig:
         unknown = [name for name in values if name not in FIELD_DEFAULTS]
         if unknown:
             raise IPUConfigError(
-                "Unknown `IPUConfig` attributes: " + ", ".join(f"`{n}`{close_matches(n)}" for n in unknown) + "."
+                "Unknown `IPUConfig` attributes: "
+                + ", ".join(f"`{n}`{close_matches(n)}" for n in unknown)
+                + "."
             )
         snapshot = copy.deepcopy(self.__dict__)
         try:
@@ -305,9 +309,14 @@ class IPUConfig:
             logger.warning(
                 "n_ipu=%d is not a multiple of inference_ipus_per_replica=%d: inference uses %d replicas and "
                 "leaves %d IPUs idle.",
-                n_ipu, inference_ipus, n_ipu // inference_ipus, n_ipu % inference_ipus,
+                n_ipu,
+                inference_ipus,
+                n_ipu // inference_ipus,
+                n_ipu % inference_ipus,
             )
-        return self.update(replication_factor=n_ipu // ipus, inference_replication_factor=n_ipu // inference_ipus)
+        return self.update(
+            replication_factor=n_ipu // ipus, inference_replication_factor=n_ipu // inference_ipus
+        )
 
     # ----- PopTorch ------------------------------------------------------------------------------
 
@@ -424,7 +433,11 @@ class IPUConfig:
                 logger.warning("`use_auth_token` is deprecated in transformers v5; read as `token=`.")
             token = token if token is not None else old_token
         found = resolve_config_file(
-            name_or_path, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
+            name_or_path,
+            revision=revision,
+            token=token,
+            cache_dir=cache_dir,
+            local_files_only=local_files_only,
         )
         origin = f"{found.path} ({found.source})"
         try:

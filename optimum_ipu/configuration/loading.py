@@ -19,7 +19,9 @@ from optimum_ipu.configuration.schema import IPUConfigError
 logger = logging.getLogger(__name__)
 
 
-def total_ipus(pod_type: str | None, n_ipu: int | None, flags: tuple[str, str] = ("--pod_type", "--n_ipu")) -> int | None:
+def total_ipus(
+    pod_type: str | None, n_ipu: int | None, flags: tuple[str, str] = ("--pod_type", "--n_ipu")
+) -> int | None:
     """The number of IPUs a run asks for by `pod_type` (podN, the older spelling) and/or `n_ipu`.
 
     None when neither is given. `flags` are the option names the caller's user typed, for the message.
@@ -87,7 +89,9 @@ def load_ipu_config(
         overridden = {item.partition("=")[0].strip() for item in split_overrides(overrides)}
         config.update_from_string(overrides)
     if n_ipu:
-        kept = {k: v for k, v in config.to_dict().items() if k in overridden and k.endswith("replication_factor")}
+        kept = {
+            k: v for k, v in config.to_dict().items() if k in overridden and k.endswith("replication_factor")
+        }
         config.for_n_ipu(n_ipu)
         if kept:
             config.update(**kept)

@@ -74,7 +74,9 @@ MODES: tuple[str, ...] = ("training", "inference")
 
 # Attributes with an `inference_` twin: in inference mode, reading the plain name gives the twin.
 MODE_MANAGED: tuple[str, ...] = tuple(
-    name for name in FIELD_NAMES if not name.startswith("inference_") and f"inference_{name}" in FIELD_DEFAULTS
+    name
+    for name in FIELD_NAMES
+    if not name.startswith("inference_") and f"inference_{name}" in FIELD_DEFAULTS
 )
 
 # The mode-managed attributes that decide placement. Optimum Graphcore's model code reads them as
@@ -123,7 +125,7 @@ def attribute_for_mode(name: str, mode: str) -> str:
 
 
 def close_matches(name: str, candidates: Iterable[str] = FIELD_NAMES) -> str:
-    """" (did you mean `x`?)" for a mistyped attribute name, or "" when nothing is close."""
+    """ " (did you mean `x`?)" for a mistyped attribute name, or "" when nothing is close."""
     found = difflib.get_close_matches(name, list(candidates), n=2, cutoff=0.75)
     return f" (did you mean {' or '.join(f'`{m}`' for m in found)}?)" if found else ""
 
@@ -152,18 +154,26 @@ def derive_defaults(values: Mapping[str, Any], explicit: Iterable[str]) -> dict[
     if "inference_ipus_per_replica" not in explicit:
         inference_layers = v["inference_layers_per_ipu"]
         if "inference_layers_per_ipu" in explicit or v["ipus_per_replica"] == n_layers:
-            v["inference_ipus_per_replica"] = len(inference_layers) if isinstance(inference_layers, list) else 1
+            v["inference_ipus_per_replica"] = (
+                len(inference_layers) if isinstance(inference_layers, list) else 1
+            )
         else:
             v["inference_ipus_per_replica"] = v["ipus_per_replica"]
     elif "inference_layers_per_ipu" not in explicit:
         copied = v["inference_layers_per_ipu"]
-        if isinstance(copied, list) and not _all_wildcards(copied) and len(copied) != v["inference_ipus_per_replica"]:
+        if (
+            isinstance(copied, list)
+            and not _all_wildcards(copied)
+            and len(copied) != v["inference_ipus_per_replica"]
+        ):
             v["inference_layers_per_ipu"] = [-1]
 
     if "inference_matmul_proportion" not in explicit:
         proportion = v["matmul_proportion"]
         wrong_length = isinstance(proportion, list) and len(proportion) != v["inference_ipus_per_replica"]
-        v["inference_matmul_proportion"] = DEFAULT_MATMUL_PROPORTION if wrong_length else copy.deepcopy(proportion)
+        v["inference_matmul_proportion"] = (
+            DEFAULT_MATMUL_PROPORTION if wrong_length else copy.deepcopy(proportion)
+        )
 
     for kind in _SERIALIZED:
         factor, splits = f"{kind}_serialization_factor", f"serialized_{kind}_splits_per_ipu"
@@ -184,7 +194,6 @@ def derive_defaults(values: Mapping[str, Any], explicit: Iterable[str]) -> dict[
 
 def _all_wildcards(layers: list) -> bool:
     return bool(layers) and all(n == -1 for n in layers)
-
 
 
 def _is_int(value: Any) -> bool:

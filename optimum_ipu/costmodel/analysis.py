@@ -2,7 +2,7 @@
 
 Both trace the model once on the meta device (no weights allocated, the caller's model untouched)
 and then run the torch-free models on the profile: `report.report_for` prices one layout,
-`planner.propose_layout` searches many.
+`layout_search.propose_layout` searches many.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 from torch import nn
 
 from optimum_ipu.costmodel.hardware import ChipSpec, chip
-from optimum_ipu.costmodel.planner import LayoutProposal, propose_layout
+from optimum_ipu.costmodel.layout_search import LayoutProposal, propose_layout
 from optimum_ipu.costmodel.report import CompileReport, report_for
 from optimum_ipu.costmodel.trace import profile_model, sample_inputs_for
 from optimum_ipu.costmodel.workload import Workload
-from optimum_ipu.pipelining.plan import StagePlan, build_stage_plan
 from optimum_ipu.pipelining.spec import generic_spec, spec_for
+from optimum_ipu.pipelining.stage_plan import StagePlan, build_stage_plan
 
 
 def model_name_of(model: nn.Module) -> str:

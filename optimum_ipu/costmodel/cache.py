@@ -15,13 +15,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from optimum_ipu.costmodel.profile import ModelProfile
 
 PROFILE_FORMAT = 1
+T = TypeVar("T")
 _TRACER_SOURCES = ("trace.py", "profile.py")
 
 
@@ -56,21 +58,32 @@ def profile_key(**parts: Any) -> str:
 
 def load_profile(key: str, folder: str | os.PathLike | None = None) -> ModelProfile | None:
     """The cached profile for `key` (in `folder`, default `cache_dir()`), or None when missing or unreadable."""
-    path = Path(folder or cache_dir()) / f"{key}.json"
-    try:
-        return ModelProfile.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
+    return load_entry(key, ModelProfile.from_dict, folder)
 
 
 def save_profile(key: str, profile: ModelProfile, folder: str | os.PathLike | None = None) -> Path | None:
     """Store `profile` under `key` (in `folder`, default `cache_dir()`); None when it is not writable."""
+    return save_entry(key, profile.to_dict(), folder)
+
+
+def load_entry(key: str, read: Callable[[Any], T], folder: str | os.PathLike | None = None) -> T | None:
+    """`read` of the JSON cached under `key`, or None when missing or unreadable (any traced data:
+    a profile, the programs of a generation)."""
+    path = Path(folder or cache_dir()) / f"{key}.json"
+    try:
+        return read(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def save_entry(key: str, data: Any, folder: str | os.PathLike | None = None) -> Path | None:
+    """Store the JSON-able `data` under `key`; None when the folder is not writable."""
     folder = Path(folder or cache_dir())
     path = folder / f"{key}.json"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(profile.to_dict()))
+        partial.write_text(json.dumps(data))
         partial.replace(path)  # atomic: a concurrent reader sees the old entry or the new one
     except OSError:
         return None

@@ -16,7 +16,9 @@ For each IPU of one replica's pipeline the model adds up, in bytes:
   layer is a checkpoint, the whole stage's otherwise;
 * temporaries: matmul working memory, capped by `matmul_proportion` x memory (beyond the cap Poplar
   serializes the matmul, which costs time, see `performance.py`), and the word-embedding gradient
-  piece, divided by the embedding serialization factor.
+  piece, divided by the embedding serialization factor;
+* kv cache: a generating decoder's key/value buffers of the maximum length, on the IPU of each
+  decoder layer (`decoding.py` fills it; zero, and not shown, otherwise).
 
 Out of memory is judged per IPU against the 1472 x 624 KiB of SRAM, with warnings when a total is
 so close to the limit (or one tensor so large) that some tile would likely overflow first.
@@ -33,7 +35,9 @@ from optimum_ipu.costmodel.profile import BlockProfile, Matmul, ModelProfile, pl
 from optimum_ipu.costmodel.workload import Workload
 
 MiB = 2**20
-CATEGORIES = ("code", "weights", "gradients", "optimizer", "stash", "activations", "temporaries")
+CATEGORIES = ("code", "weights", "gradients", "optimizer", "stash", "activations", "temporaries", "kv_cache")
+# Categories the table shows only when some IPU has any.
+_SHOWN_IF_USED = ("kv_cache",)
 
 
 class IPUOutOfMemoryError(MemoryError):
@@ -75,6 +79,7 @@ class IPUMemory:
     stash: int = 0
     activations: int = 0
     temporaries: int = 0
+    kv_cache: int = 0
     matmul_need: int = 0
     matmul_budget: int = 0
     largest_tensor: int = 0
@@ -111,11 +116,12 @@ class MemoryReport:
 
     def table(self) -> str:
         """The per-IPU table: one row per IPU, one column per category, MiB."""
-        columns = ("layers",) + CATEGORIES + ("total",)
+        shown = [c for c in CATEGORIES if c not in _SHOWN_IF_USED or any(getattr(m, c) for m in self.ipus)]
+        columns = ["layers"] + [c.replace("_", " ") for c in shown] + ["total"]
         header = "IPU  " + " ".join(f"{c[:11]:>11}" for c in columns) + "   limit"
         lines = [header]
         for m in self.ipus:
-            cells = [f"{m.layers:>11}"] + [f"{getattr(m, c) / MiB:>11.1f}" for c in CATEGORIES]
+            cells = [f"{m.layers:>11}"] + [f"{getattr(m, c) / MiB:>11.1f}" for c in shown]
             flag = "  OUT OF MEMORY" if m.total > self.capacity else ""
             lines.append(
                 f"{m.ipu:<4} " + " ".join(cells) + f" {m.total / MiB:>11.1f}   {self.capacity / MiB:.0f} MiB"
@@ -272,7 +278,9 @@ def estimate_memory(
     """Bytes per IPU of one replica for the blocks placed as `ipu_of` says (block name -> IPU)."""
     n = workload.ipus_per_replica
     stages = pipeline_stages(profile, ipu_of, n)
-    entering = stage_input_bytes(profile, {b.name: k for k, (_, blocks) in enumerate(stages) for b in blocks}, len(stages))
+    entering = stage_input_bytes(
+        profile, {b.name: k for k, (_, blocks) in enumerate(stages) for b in blocks}, len(stages)
+    )
     later = [sum(entering[j] for j in range(n, len(stages)) if stages[j][0] == k) for k in range(n)]
     shares = table_shares(profile, ipu_of, workload)
     ipus = [

@@ -174,7 +174,11 @@ def per_ipu(stages: Sequence[StageTime]) -> list[StageTime]:
     out: dict[int, StageTime] = {}
     for s in stages:
         t = out.setdefault(s.ipu, StageTime(s.ipu))
-        t.forward, t.recompute, t.backward = t.forward + s.forward, t.recompute + s.recompute, t.backward + s.backward
+        t.forward, t.recompute, t.backward = (
+            t.forward + s.forward,
+            t.recompute + s.recompute,
+            t.backward + s.backward,
+        )
         t.forward_flops += s.forward_flops
         t.matmul_pieces = max(t.matmul_pieces, s.matmul_pieces)
     return [out[k] for k in sorted(out)]
@@ -365,7 +369,9 @@ def inference_cycles(
     if pipelined and n > 1 and device_iterations >= len(ipus):
         steady = max(s.forward for s in ipus) + copy  # every stage running
         return [
-            steady if n - 1 <= c < device_iterations else _busiest_ipu(stages, c, device_iterations, False) + copy
+            steady
+            if n - 1 <= c < device_iterations
+            else _busiest_ipu(stages, c, device_iterations, False) + copy
             for c in range(device_iterations + n - 1)
         ]
     one = [s.forward + (copy if k < n - 1 else 0.0) for k, s in enumerate(stages)]

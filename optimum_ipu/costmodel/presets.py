@@ -38,6 +38,20 @@ _WAV2VEC2_LARGE = dict(_WAV2VEC2_BASE, hidden_size=1024, num_hidden_layers=24, n
                        intermediate_size=4096, feat_extract_norm="layer", do_stable_layer_norm=True,
                        conv_bias=True)  # fmt: skip
 _HUBERT_BASE = dict(model_type="hubert", vocab_size=32)
+# Encoder-decoder checkpoints (their config.json): BART, T5 / MT5 (MT5's LM head is untied), and Whisper,
+# whose encoder reads one 30 s window of 80 log-mel bins (3000 frames, 1500 after its convolutions).
+_BART_BASE = dict(model_type="bart", vocab_size=50265, d_model=768, encoder_layers=6, decoder_layers=6,
+                  encoder_attention_heads=12, decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072,
+                  max_position_embeddings=1024)  # fmt: skip
+_BART_LARGE = dict(_BART_BASE, d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16,
+                   decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096)  # fmt: skip
+_T5_SMALL = dict(model_type="t5", vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8,
+                 feed_forward_proj="relu")  # fmt: skip
+_MT5_SMALL = dict(model_type="mt5", vocab_size=250112, d_model=512, d_kv=64, d_ff=1024, num_layers=8, num_heads=6,
+                  feed_forward_proj="gated-gelu", tie_word_embeddings=False)  # fmt: skip
+_WHISPER_TINY = dict(model_type="whisper", vocab_size=51865, d_model=384, encoder_layers=4, decoder_layers=4,
+                     encoder_attention_heads=6, decoder_attention_heads=6, encoder_ffn_dim=1536, decoder_ffn_dim=1536,
+                     num_mel_bins=80, max_source_positions=1500, max_target_positions=448)  # fmt: skip
 
 PRESETS: dict[str, dict[str, Any]] = {
     "bert-base-uncased": _BERT_BASE,
@@ -55,6 +69,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "facebook/wav2vec2-base": _WAV2VEC2_BASE,
     "facebook/wav2vec2-large-lv60": _WAV2VEC2_LARGE,
     "facebook/hubert-base-ls960": _HUBERT_BASE,
+    "facebook/bart-base": _BART_BASE,
+    "facebook/bart-large": _BART_LARGE,
+    "t5-small": _T5_SMALL,
+    "google/mt5-small": _MT5_SMALL,
+    "openai/whisper-tiny": _WHISPER_TINY,
 }
 # Hub ids that name the same checkpoints (the Hub's renamed repos, Graphcore's copies).
 ALIASES = {
@@ -69,6 +88,7 @@ ALIASES = {
     "facebook/wav2vec2-base-960h": "facebook/wav2vec2-base",
     "facebook/wav2vec2-large-960h-lv60-self": "facebook/wav2vec2-large-lv60",
     "sentence-transformers/all-mpnet-base-v2": "microsoft/mpnet-base",
+    "google-t5/t5-small": "t5-small",
 }
 # --task -> transformers Auto class building that head.
 TASKS = {
@@ -84,8 +104,12 @@ TASKS = {
     # Encoder-decoder models: the LM head, trained on (source, target) pairs of --seq-len tokens each.
     "summarization": "AutoModelForSeq2SeqLM",
     "translation": "AutoModelForSeq2SeqLM",
+    # Whisper: log-mel features in, a transcript of --seq-len tokens out.
+    "speech-recognition": "AutoModelForSpeechSeq2Seq",
     "base": "AutoModel",
 }
+# The tasks whose inference is a generation (`optimum-ipu plan --inference --generation_max_length`).
+SEQ2SEQ_TASKS = ("summarization", "translation", "speech-recognition")
 # Others: question-answering. The speech defaults are the heads of the bundled configs
 # (Graphcore/wav2vec2-ctc-*-ipu, Graphcore/hubert-base-ipu).
 _DEFAULT_TASK = {
@@ -96,10 +120,12 @@ _DEFAULT_TASK = {
     "bart": "summarization",
     "t5": "summarization",
     "mt5": "summarization",
+    "whisper": "speech-recognition",
 }
 
 
 AUDIO_MODEL_TYPES = ("wav2vec2", "hubert")
+_GENERATING_BUILDERS = {TASKS[task] for task in SEQ2SEQ_TASKS}
 
 
 @dataclass(frozen=True)
@@ -113,6 +139,11 @@ class ModelSource:
     @property
     def is_vision(self) -> bool:
         return "image_size" in self.config and "num_channels" in self.config
+
+    @property
+    def generates(self) -> bool:
+        """An encoder-decoder model with an LM head, whose inference is a generation (BART, T5, MT5, Whisper)."""
+        return self.builder in _GENERATING_BUILDERS or self.builder.endswith("ForConditionalGeneration")
 
     @property
     def is_audio(self) -> bool:

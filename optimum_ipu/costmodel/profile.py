@@ -165,12 +165,14 @@ class ModelProfile:
 
     def placement(self, layers_per_ipu: Sequence[int], ipus_per_replica: int) -> dict[str, int]:
         """IPU of every block for another `layers_per_ipu`: layers by `pipelining.placement` (the rule
-        `build_stage_plan` applies), embeddings and tied heads on IPU 0, other heads on the last; an
-        "attached" block (a stack's final norm) with the layer before it, a "leading" one (Whisper's
-        decoder embedding) with the layer after it."""
+        `build_stage_plan` applies), embeddings on IPU 0, a head tied to the word embedding beside the
+        table (IPU 0, or Whisper's decoder embedding's IPU), the heads Optimum Graphcore put back on IPU
+        0 there, other heads on the last; an "attached" block (a stack's final norm) with the layer
+        before it, a "leading" one (Whisper's decoder embedding) with the layer after it."""
         rule = placement_rule()
         layer_ipus = iter(rule.ipu_of_each_layer(self.num_layers, layers_per_ipu, ipus_per_replica))
         last = ipus_per_replica - 1
+        table = next((b.name for b in self.blocks if b.word_embedding_parameters), None)
         ipus: dict[str, int] = {}
         previous_layer, leading = None, []
         for b in self.blocks:
@@ -183,6 +185,8 @@ class ModelProfile:
                 ipus[b.name] = previous_layer
             elif b.kind == "leading":
                 leading.append(b.name)
+            elif table in ipus and any(m.word_embedding for m in b.matmuls):
+                ipus[b.name] = ipus[table]  # a tied head runs where its weight, the table, lives
             else:
                 ipus[b.name] = 0 if b.on_first_ipu else last
         ipus.update({name: last for name in leading})  # no layer after them

@@ -19,8 +19,8 @@ def trace_source(source: ModelSource, micro_batch: int, seq_len: int | None, ima
     embedding from the others, which only a plan over more than one IPU shows: trace over two.
     """
     from optimum_ipu.costmodel.trace import profile_model, sample_inputs_for
-    from optimum_ipu.pipelining.plan import build_stage_plan
     from optimum_ipu.pipelining.spec import generic_spec, spec_for
+    from optimum_ipu.pipelining.stage_plan import build_stage_plan
 
     model = build_meta_model(source)
     spec = spec_for(model) or generic_spec(model)
@@ -40,7 +40,9 @@ def model_profile(
     from optimum_ipu.costmodel.cache import load_profile, profile_key, save_profile
     from optimum_ipu.costmodel.shipped import load_shipped
 
-    max_len = source.config.get("max_position_embeddings") or source.config.get("n_positions")
+    config = source.config
+    max_len = config.get("max_position_embeddings") or config.get("n_positions")
+    max_len = max_len or config.get("max_target_positions")  # Whisper's transcripts
     if source.is_vision:
         seq_len = None
         image_size = image_size or source.config.get("image_size")
@@ -58,3 +60,49 @@ def model_profile(
         profile = trace_source(source, **shape)
         save_profile(key, profile)
     return profile
+
+
+def generation_profiles(source: ModelSource, batch: int, seq_len: int, settings, float_bytes: int,
+                        use_cache: bool = True):  # fmt: skip
+    """The traced programs of a generation (`decoding.GenerationProfiles`): the encoder on `batch`
+    sources of `seq_len` tokens, one decoder call on batch x beams rows with a KV cache of
+    `settings.max_length`. Traced on first use (imports torch), then cached like the profiles.
+
+    Raises:
+        ValueError: not an encoder-decoder model, or a length beyond its position tables.
+    """
+    import hashlib
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from optimum_ipu.costmodel.cache import load_entry, profile_key, save_entry
+    from optimum_ipu.costmodel.decoding import GenerationProfiles
+
+    config = source.config
+    targets = config.get("max_target_positions") or config.get("max_position_embeddings")
+    if targets and settings.max_length > targets:
+        raise ValueError(
+            f"--generation_max_length {settings.max_length} is longer than the {targets} positions of {source.name}'s "
+            f"decoder; give at most {targets}."
+        )
+    if not config.get("max_source_positions") and config.get("max_position_embeddings", seq_len) < seq_len:
+        positions = config["max_position_embeddings"]
+        raise ValueError(f"--seq-len {seq_len} is longer than the model's {positions} positions.")
+    tracer = hashlib.sha256((Path(__file__).parent / "decoding_trace.py").read_bytes()).hexdigest()
+    key = profile_key(config=config, builder=source.builder, program="generation", batch=batch, seq_len=seq_len,
+                      float_bytes=float_bytes, generation=asdict(settings), generation_tracer=tracer)  # fmt: skip
+    if use_cache:
+        cached = load_entry(key, GenerationProfiles.from_dict)
+        if cached is not None:
+            return cached
+    from optimum_ipu.costmodel.decoding_trace import trace_decoder_step, trace_encoder
+
+    encoder = trace_encoder(source, batch, seq_len, float_bytes)
+    on_device = settings.on_device_steps > 0
+    step, kv_cache = trace_decoder_step(source, batch, seq_len, settings.max_length, settings.num_beams,
+                                        settings.cross_cache, float_bytes, on_device)  # fmt: skip
+    # On the device the call returns the chosen tokens (int32, one per row, or 2 x beams per source), not logits.
+    returned = 4 * batch * (1 if settings.num_beams == 1 else 2 * settings.num_beams)
+    profiles = GenerationProfiles(encoder, step, kv_cache, returned if on_device else None)
+    save_entry(key, profiles.to_dict())
+    return profiles

@@ -26,7 +26,7 @@ REPORT_JSON = "ipu_report.json"
 REPORT_PNG = "ipu_report.png"
 _COLOURS = {
     "code": "#9e9e9e", "weights": "#1f77b4", "gradients": "#aec7e8", "optimizer": "#ff7f0e", "stash": "#2ca02c",
-    "activations": "#98df8a", "temporaries": "#d62728",
+    "activations": "#98df8a", "temporaries": "#d62728", "kv_cache": "#9467bd",
 }  # fmt: skip
 
 
@@ -111,7 +111,9 @@ class CompileReport:
                 for total in p.ipu_stages
                 if len(on[total.ipu]) > 1
             ]
-            rows.append(f"  ({depth} pipeline stages on {n} IPUs: the head tied to the embedding runs on IPU 0 last)")
+            rows.append(
+                f"  ({depth} pipeline stages on {n} IPUs: the head tied to the embedding runs on IPU 0 last)"
+            )
             stages = "\n".join(rows)
         if w.training:
             ga = w.gradient_accumulation_steps
@@ -200,6 +202,8 @@ class CompileReport:
         bottom = [0.0] * len(ipus)
         for category in CATEGORIES:
             values = [getattr(m, category) / MiB for m in self.memory.ipus]
+            if category == "kv_cache" and not any(values):
+                continue  # only a generating decoder has one
             bars.bar(ipus, values, bottom=bottom, label=category, color=_COLOURS[category])
             bottom = [b + v for b, v in zip(bottom, values)]
         limit = self.memory.capacity / MiB

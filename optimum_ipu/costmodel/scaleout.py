@@ -55,7 +55,9 @@ class PodShape:
         return cls(pods, per_pod, per_host)
 
 
-def allreduce_time(trainable: Sequence[int], workload: Workload, hardware: ChipSpec, calibration: Calibration) -> float:
+def allreduce_time(
+    trainable: Sequence[int], workload: Workload, hardware: ChipSpec, calibration: Calibration
+) -> float:
     """Seconds of the gradient all-reduce across replicas, once per weight update.
 
     Args:

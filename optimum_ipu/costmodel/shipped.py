@@ -166,6 +166,8 @@ def shipped_settings():
     for name in PRESETS:
         for task in (None, *_EXTRA_TASKS.get(name, ())):
             source = resolve_model(name, task)
+            if source.generates:
+                continue  # encoder-decoder presets are traced on first use (then cached)
             if source.is_vision:
                 yield source, None, source.config.get("image_size")
             else:

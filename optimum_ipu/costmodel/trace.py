@@ -24,8 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from optimum_ipu.costmodel.profile import HOST, BlockProfile, Matmul, ModelProfile, Transfer
-from optimum_ipu.pipelining.plan import StagePlan
 from optimum_ipu.pipelining.spec import base_model_path, generic_spec, spec_for
+from optimum_ipu.pipelining.stage_plan import StagePlan
 
 aten = torch.ops.aten
 
@@ -132,6 +132,9 @@ def sample_inputs_for(
     (default the config's); speech models (Wav2Vec2, HuBERT) get `input_values`, a waveform just long
     enough for their feature encoder to make `seq_len` frames (default 384, 7.7 s at 16 kHz), and CTC
     transcripts of a quarter as many tokens (12.5 a second; read speech runs at about 15 characters).
+    Whisper gets the log-mel `input_features` of the one window its encoder accepts (30 s: twice
+    `max_source_positions` frames, which its stride-2 convolution halves) and transcripts (`labels`) of
+    `seq_len` tokens (default 384).
     """
     config = model.config
     accepted = set(inspect.signature(model.forward).parameters)
@@ -145,6 +148,10 @@ def sample_inputs_for(
         if "interpolate_pos_encoding" in accepted and size != getattr(config, "image_size", size):
             inputs["interpolate_pos_encoding"] = True
         token_shape: tuple[int, ...] = (b,)
+    elif "input_features" in accepted:
+        window = 2 * int(config.max_source_positions)
+        inputs["input_features"] = torch.empty(b, int(config.num_mel_bins), window, device=meta)
+        token_shape = (b, int(seq_len or 384))
     elif "input_values" in accepted:
         frames = int(seq_len or 384)
         inputs["input_values"] = torch.empty(b, _waveform_length(config, frames), device=meta)
@@ -338,7 +345,9 @@ def profile_model(
     Args:
         model: the model (real or on meta; it is neither changed nor run).
         plan: its stage plan; only block names and module paths are used, not the IPUs.
-        sample_inputs: one micro-batch (tensors of any device; only shapes and dtypes matter).
+        sample_inputs: one micro-batch (tensors of any device; only shapes and dtypes matter). Tensors
+            nested in a value (a `ModelOutput`, a tuple) count as inputs from the host as well; other
+            objects (a KV cache) are the device's own state.
         training: trace in training mode (dropout on, activations saved for backward).
         float_bytes: bytes of a floating-point element on the IPU (2 in fp16, 4 in fp32).
     """
@@ -357,7 +366,8 @@ def profile_model(
     recorder = _Recorder(profile, float_bytes, _key(table) if table is not None else None)
 
     inputs = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in sample_inputs.items()}
-    for value in inputs.values():
+    # Tensors inside a structured input (an encoder's output handed to the decoder) stream from the host too.
+    for value in tree_leaves(inputs):
         if isinstance(value, torch.Tensor):
             recorder.producer[_key(value)] = HOST
             profile.input_bytes += recorder.nbytes(value)

@@ -1,9 +1,9 @@
 """Cutting models into pipeline stages: cut specs, stage plans, serialized layers, `to_pipelined`."""
 
 from optimum_ipu.pipelining.pipeline import PipelinedModel, UnsupportedModelError, to_pipelined
-from optimum_ipu.pipelining.plan import Block, StagePlan, build_stage_plan
 from optimum_ipu.pipelining.serialized import SerializedEmbedding, SerializedLinear
 from optimum_ipu.pipelining.spec import CUT_SPECS, CutSpec
+from optimum_ipu.pipelining.stage_plan import Block, StagePlan, build_stage_plan
 
 __all__ = [
     "CUT_SPECS",

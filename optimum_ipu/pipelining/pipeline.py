@@ -9,22 +9,24 @@ the original module objects come back, and no state_dict key ever changes.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from optimum_ipu.pipelining.plan import StagePlan, build_stage_plan
 from optimum_ipu.pipelining.serialized import SerializedEmbedding, SerializedLinear
 from optimum_ipu.pipelining.spec import CutSpec, base_model_path, generic_spec, spec_for
+from optimum_ipu.pipelining.stage_plan import StagePlan, build_stage_plan
 from optimum_ipu.runtime.batches import move_to
+from optimum_ipu.runtime.fp16_compute import recomputed_in_same_mode
 
 logger = logging.getLogger(__name__)
 
 
 class UnsupportedModelError(ValueError):
-    """The model has no registered cut spec and `force_to_pipelined` was not set."""
+    """The model has no registered cut spec and `force` was not set."""
 
 
 def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
@@ -46,7 +48,7 @@ def _checkpointed(module: nn.Module, forward: Callable) -> Callable:
 
     def run(*args, **kwargs):
         if module.training and torch.is_grad_enabled():
-            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+            return checkpoint(recomputed_in_same_mode(forward), *args, use_reentrant=False, **kwargs)
         return forward(*args, **kwargs)
 
     return run
@@ -200,24 +202,39 @@ def untied_output_projection(model: nn.Module) -> str | None:
     return next((path for path, m in model.named_modules() if m is head), None)
 
 
-def to_pipelined(model: nn.Module, ipu_config, force_to_pipelined: bool = False) -> PipelinedModel:
+def to_pipelined(
+    model: nn.Module, ipu_config, force: bool = False, *, force_to_pipelined: bool | None = None
+) -> PipelinedModel:
     """Wrap `model` in a `PipelinedModel` for `ipu_config` (nothing is changed until `parallelize()`).
+
+    The signature is Optimum Graphcore's `to_pipelined(model, ipu_config, force=False)`; that one
+    returns the model's view (`optimum.graphcore.modeling_utils`), this one the `PipelinedModel`.
 
     Args:
         model: the model to lay out.
         ipu_config: an `IPUConfig`.
-        force_to_pipelined: for an architecture without a registered cut spec, guess one from the
-            module tree (the largest `nn.ModuleList` is the layer list) instead of failing.
+        force: for an architecture without a registered cut spec, guess one from the module tree
+            (the largest `nn.ModuleList` is the layer list) instead of failing.
+        force_to_pipelined: the earlier name of `force` (IPUTrainer's argument keeps this name, as
+            Optimum Graphcore's does); it still acts, with a warning.
     """
+    if force_to_pipelined is not None:
+        warnings.warn(
+            "to_pipelined(force_to_pipelined=...) is now to_pipelined(force=...), Optimum Graphcore's name; "
+            "the old keyword still acts.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        force = force or force_to_pipelined
     spec = spec_for(model)
     if spec is None:
         model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-        if not force_to_pipelined:
+        if not force:
             from optimum_ipu.pipelining.spec import CUT_SPECS
 
             raise UnsupportedModelError(
                 f"No pipelined version of {type(model).__name__} (model_type {model_type!r}); supported: "
-                f"{', '.join(sorted(CUT_SPECS))}. Pass force_to_pipelined=True to place it with the generic "
+                f"{', '.join(sorted(CUT_SPECS))}. Pass force=True (IPUTrainer: force_to_pipelined=True) to place it with the generic "
                 "cut (largest nn.ModuleList = layers, embeddings on IPU 0, the rest on the last IPU)."
             )
         spec = generic_spec(model)

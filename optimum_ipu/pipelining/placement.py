@@ -1,7 +1,7 @@
 """Where each encoder layer goes: the `layers_per_ipu` rule of Optimum Graphcore, as a pure function.
 
 This is the one place that turns an IPU config's `layers_per_ipu` (with `-1` wildcards) into an IPU
-index per layer. Pipelining, the memory model and the layout planner all build on it, so it knows
+index per layer. Pipelining, the memory model and the layout search all build on it, so it knows
 nothing of models: only counts.
 """
 

@@ -231,7 +231,7 @@ def _has_layer_lists(model: nn.Module, spec: CutSpec) -> bool:
 
 
 def generic_spec(model: nn.Module) -> CutSpec:
-    """A spec guessed from the module tree, for `force_to_pipelined=True`.
+    """A spec guessed from the module tree, for `to_pipelined(..., force=True)` (IPUTrainer: `force_to_pipelined=True`).
 
     The layer list is the `nn.ModuleList` with the most parameters; the embeddings are the
     `nn.Embedding` modules outside it (none for, e.g., a plain MLP stack).

@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 from optimum_ipu.compiling import CompileResult, report_layout
 from optimum_ipu.costmodel.memory import IPUOutOfMemoryError
-from optimum_ipu.pipelining.plan import Block, StagePlan
+from optimum_ipu.pipelining.stage_plan import Block, StagePlan
 from optimum_ipu.poptorch._logging import Error
 
 __all__ = ["PopTorchOutOfMemoryError", "compile_report", "recording_module_blocks", "stage_plan_from_blocks"]

@@ -25,7 +25,11 @@ def split_batch(batch: Mapping[str, Any], parts: int) -> list[dict[str, Any]]:
     """Split every tensor of `batch` into `parts` equal chunks along dim 0 (other values are shared)."""
     chunks: list[dict[str, Any]] = [{} for _ in range(parts)]
     for key, value in batch.items():
-        pieces = value.chunk(parts, dim=0) if isinstance(value, torch.Tensor) and value.dim() > 0 else [value] * parts
+        pieces = (
+            value.chunk(parts, dim=0)
+            if isinstance(value, torch.Tensor) and value.dim() > 0
+            else [value] * parts
+        )
         for chunk, piece in zip(chunks, pieces):
             chunk[key] = piece
     return chunks

@@ -1,6 +1,6 @@
 """PopTorch's compile-time checks, with messages that say what to change.
 
-Each check is a pure function of counts so it is testable alone and reusable by the planner.
+Each check is a pure function of counts so it is testable alone and reusable by the cost model's layout search.
 """
 
 from __future__ import annotations

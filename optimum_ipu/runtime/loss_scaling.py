@@ -53,7 +53,9 @@ class LossScaler:
         max_scale: float = 2.0**15,
     ):
         if not initial_scale > 0:
-            raise ValueError(f"loss_scaling must be > 0, got {initial_scale}; typical values are 64 to 32768.")
+            raise ValueError(
+                f"loss_scaling must be > 0, got {initial_scale}; typical values are 64 to 32768."
+            )
         self.scale = float(initial_scale)
         self.auto = auto
         self.update_period = update_period
@@ -68,9 +70,7 @@ class LossScaler:
         """The loss to call `backward()` on: `loss × S`, in fp32."""
         return loss.float() * self.scale
 
-    def unscale_(
-        self, gradients: Sequence[torch.Tensor], micro_batches: int, replicas=None
-    ) -> float | None:
+    def unscale_(self, gradients: Sequence[torch.Tensor], micro_batches: int, replicas=None) -> float | None:
         """Turn fp32 sums of scaled micro-batch gradients into mean true gradients, in place.
 
         Args:
@@ -91,7 +91,9 @@ class LossScaler:
             return None
         divisor = self.scale * micro_batches
         if self.auto:
-            above, total = replicas.sum_over_stages(self._counts_above_edge(gradients, micro_batches)).tolist()
+            above, total = replicas.sum_over_stages(
+                self._counts_above_edge(gradients, micro_batches)
+            ).tolist()
             self._after_clean_update(replicas.any(above / max(total, 1.0) > self.threshold))
         if gradients:
             torch._foreach_mul_(list(gradients), 1.0 / divisor)
@@ -129,7 +131,11 @@ class LossScaler:
             )
 
     def state_dict(self) -> dict:
-        return {"scale": self.scale, "clean_updates": self.clean_updates, "skipped_updates": self.skipped_updates}
+        return {
+            "scale": self.scale,
+            "clean_updates": self.clean_updates,
+            "skipped_updates": self.skipped_updates,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.scale = float(state["scale"])

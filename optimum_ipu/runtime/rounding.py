@@ -33,7 +33,10 @@ def stochastic_round_to_half(x: torch.Tensor, generator: torch.Generator | None 
 
 
 def write_back(
-    param: torch.Tensor, value: torch.Tensor, stochastic_rounding: bool, generator: torch.Generator | None = None
+    param: torch.Tensor,
+    value: torch.Tensor,
+    stochastic_rounding: bool,
+    generator: torch.Generator | None = None,
 ) -> None:
     """Store an fp32 `value` into `param`, with stochastic rounding (from `generator`) when `param` is fp16."""
     if param.dtype == torch.float16 and stochastic_rounding:

@@ -27,15 +27,27 @@ def test_show_bert_large(capsys):
     assert "Source: copy bundled with optimum-ipu" in out
     assert "File: " in out and "bert-large-ipu/ipu_config.json" in out
     assert '"embedding_serialization_factor": 2' in out
-    assert "pipeline: 4 IPUs per replica, layers_per_ipu [3, 7, 7, 7], matmul_proportion [0.15, 0.18, 0.2, 0.25]" in out
-    assert "combined batch: micro-batch 1 × gradient accumulation 16 × replicas 1 × device iterations 1 = 16" in out
+    assert (
+        "pipeline: 4 IPUs per replica, layers_per_ipu [3, 7, 7, 7], matmul_proportion [0.15, 0.18, 0.2, 0.25]"
+        in out
+    )
+    assert (
+        "combined batch: micro-batch 1 × gradient accumulation 16 × replicas 1 × device iterations 1 = 16"
+        in out
+    )
     assert "combined batch: micro-batch 1 × replicas 1 × device iterations 5 = 5" in out
     assert "IPUs: 1 replicas × 4 = 4" in out
 
 
 def test_show_with_micro_batch_pod_and_overrides(capsys):
     code, out, _ = _show(
-        capsys, "Graphcore/bert-base-ipu", "--micro-batch", "2", "--pod-type", "pod16", "--overrides",
+        capsys,
+        "Graphcore/bert-base-ipu",
+        "--micro-batch",
+        "2",
+        "--pod-type",
+        "pod16",
+        "--overrides",
         "embedding_serialization_factor=2",
     )
     assert code == 0
@@ -86,7 +98,11 @@ def test_the_console_command(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}
     done = subprocess.run(
         [*command, "config", "show", "Graphcore/bert-large-ipu", "--micro-batch", "2"],
-        capture_output=True, text=True, env=env, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     assert "= 32" in done.stdout

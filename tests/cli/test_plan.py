@@ -73,7 +73,14 @@ def test_out_of_memory_layout_exits_1_with_advice(capsys):
 
 def test_second_run_prices_the_cached_profile_without_tracing(capsys, monkeypatch, profile_cache):
     # seq-len 96 is not among the shipped shapes, so the first run traces and caches.
-    args = ["plan", "distilbert-base-uncased", "--ipu-config", "Graphcore/distilbert-base-ipu", "--seq-len", "96"]
+    args = [
+        "plan",
+        "distilbert-base-uncased",
+        "--ipu-config",
+        "Graphcore/distilbert-base-ipu",
+        "--seq-len",
+        "96",
+    ]
     first = _run(capsys, *args)
     assert list((profile_cache / "profiles").glob("*.json"))
     monkeypatch.setattr(profiling, "trace_source", lambda *a, **k: pytest.fail("traced although cached"))
@@ -133,10 +140,7 @@ def test_local_config_folder_uses_its_architecture_unless_a_task_is_given(tmp_pa
     config.save_pretrained(tmp_path)
     source = presets.resolve_model(str(tmp_path))
     assert source.builder == "BertForSequenceClassification"
-    assert (
-        presets.resolve_model(str(tmp_path / "config.json"), "masked-lm").builder
-        == "AutoModelForMaskedLM"
-    )
+    assert presets.resolve_model(str(tmp_path / "config.json"), "masked-lm").builder == "AutoModelForMaskedLM"
     model = presets.build_meta_model(source)
     assert type(model).__name__ == "BertForSequenceClassification"
     assert model.bert.embeddings.word_embeddings.weight.device == torch.device("meta")
@@ -170,7 +174,9 @@ def test_the_ipu_count_picks_the_pod_keyed_values_of_an_old_config(capsys, tmp_p
     ],
 )
 def test_plan_prices_the_bundled_speech_and_mpnet_configs(capsys, model, ipu_config, task, layers):
-    code, out, err = _run(capsys, "plan", model, "--ipu-config", ipu_config, "--task", task, "--seq-len", "128")
+    code, out, err = _run(
+        capsys, "plan", model, "--ipu-config", ipu_config, "--task", task, "--seq-len", "128"
+    )
     assert code == 0, err
     assert f"Layers per IPU: {layers}" in out and "Estimated throughput:" in out
 
@@ -186,8 +192,18 @@ def _call_ms(out: str) -> float:
 def test_pipelined_inference_overlaps_the_stages_across_device_iterations(capsys):
     # Hand-worked reference: S equal stages, DI micro-batches. Sharded: DI x S stage times per call;
     # pipelined: DI + S - 1 cycles of one stage time each (copies between IPUs add to both).
-    overrides = "inference_layers_per_ipu=[3 3 3 3],inference_ipus_per_replica=4,inference_device_iterations=8"
-    argv = ["plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--inference", "--overrides", overrides]
+    overrides = (
+        "inference_layers_per_ipu=[3 3 3 3],inference_ipus_per_replica=4,inference_device_iterations=8"
+    )
+    argv = [
+        "plan",
+        "bert-base-uncased",
+        "--ipu-config",
+        "Graphcore/bert-base-ipu",
+        "--inference",
+        "--overrides",
+        overrides,
+    ]
     code, sharded_out, _ = _run(capsys, *argv)
     assert code == 0 and "Sharded inference" in sharded_out
     code, pipelined_out, _ = _run(capsys, *argv, "--pipelined")
@@ -197,5 +213,7 @@ def test_pipelined_inference_overlaps_the_stages_across_device_iterations(capsys
 
 
 def test_pipelined_is_refused_for_training_with_the_reason(capsys):
-    code, _, err = _run(capsys, "plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--pipelined")
+    code, _, err = _run(
+        capsys, "plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--pipelined"
+    )
     assert code == 2 and "--pipelined is for --inference" in err

@@ -1,17 +1,17 @@
 """The cost model prices encoder-decoder layouts where pipelining puts them: `optimum-ipu plan --task
-summarization|translation` on BART, T5 and Graphcore/mt5-small-ipu."""
+summarization|translation|speech-recognition` on BART, T5, Graphcore/mt5-small-ipu and Whisper."""
 
 from __future__ import annotations
 
 import pytest
-from fixtures import tiny_bart_config, tiny_t5_config
+from fixtures import tiny_bart_config, tiny_t5_config, tiny_whisper_config
 
 from optimum_ipu import cli
 from optimum_ipu.costmodel.presets import build_meta_model, resolve_model
 from optimum_ipu.costmodel.profiling import trace_source
 from optimum_ipu.pipelining.placement import stage_of_each_block
-from optimum_ipu.pipelining.plan import build_stage_plan
 from optimum_ipu.pipelining.spec import spec_for
+from optimum_ipu.pipelining.stage_plan import build_stage_plan
 
 
 @pytest.fixture(autouse=True)
@@ -23,6 +23,8 @@ CONFIGS = {
     "bart": (lambda: tiny_bart_config(layers=4), "summarization", [1, 3, 2, 2]),
     "t5": (lambda: tiny_t5_config(layers=4), "translation", [2, 2, 2, 2]),
     "mt5": (lambda: tiny_t5_config(layers=8, mt5=True), "translation", [0, 8, 8, 0]),
+    # The output projection, tied to the decoder's embedding, on that embedding's IPU (not IPU 0).
+    "whisper": (lambda: tiny_whisper_config(layers=2), "speech-recognition", [1, 1, 1, 1]),
 }
 
 

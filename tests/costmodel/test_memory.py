@@ -25,6 +25,8 @@ from optimum_ipu.pipelining.spec import spec_for
 
 MK2 = HARDWARE["mk2"]
 CAPACITY = MK2.memory_bytes
+
+
 def memory(layers_per_ipu=(2, 2), **changes):
     profile = synthetic(sum(layers_per_ipu))
     w = workload(ipus_per_replica=len(layers_per_ipu), **changes)
@@ -68,7 +70,9 @@ def test_a_tied_head_deepens_every_stash_and_holds_its_own_input_once():
     profile = synthetic(4)
     head = dataclasses.replace(profile.blocks[-1], on_first_ipu=True)
     profile = dataclasses.replace(profile, blocks=profile.blocks[:-1] + [head])
-    first, last = estimate_memory(profile, profile.placement([2, 2], 2), workload(ipus_per_replica=2), MK2).ipus
+    first, last = estimate_memory(
+        profile, profile.placement([2, 2], 2), workload(ipus_per_replica=2), MK2
+    ).ipus
     assert first.stash == 5 * IDS + OUT  # S = 3: 2S-1 = 5 of the embedding's input, 1 of the head's
     assert last.stash == 3 * OUT  # no longer the last stage: it stashes 2(S-1)-1 = 3 and recomputes
 

@@ -55,7 +55,9 @@ def test_pipeline_cycles_by_hand():
 def _tied_head(layers: int = 4):
     """`synthetic` with its head tied to the embedding (on IPU 0, after the last layer) and doing work."""
     profile = synthetic(layers)
-    head = dataclasses.replace(profile.blocks[-1], on_first_ipu=True, matmuls=[Matmul(1, 128, 256, 1024)], output_bytes=4)
+    head = dataclasses.replace(
+        profile.blocks[-1], on_first_ipu=True, matmuls=[Matmul(1, 128, 256, 1024)], output_bytes=4
+    )
     return dataclasses.replace(profile, blocks=profile.blocks[:-1] + [head])
 
 
@@ -118,7 +120,9 @@ def test_a_tied_head_lengthens_fill_and_drain_and_makes_the_last_ipu_recompute()
     assert report.ipu_stages[0].forward == pytest.approx(embedding.forward + head.forward)
     segments = [s for s in report.timeline() if s["ipu"] == 0]
     spans = sorted((s["start"], s["start"] + s["duration"]) for s in segments)
-    assert all(a_end <= b_start + 1e-15 for (_, a_end), (b_start, _) in zip(spans, spans[1:]))  # one at a time
+    assert all(
+        a_end <= b_start + 1e-15 for (_, a_end), (b_start, _) in zip(spans, spans[1:])
+    )  # one at a time
     w = workload(training=False, device_iterations=6, pipelined_inference=True)
     inference = estimate_performance(profile, placement, w, MK2)
     assert len(inference.cycles) == 6 + 3 - 1 and inference.micro_batches == 6
@@ -229,7 +233,9 @@ def test_the_host_writes_every_calls_outputs_into_new_tensors_at_the_fitted_rate
     """PopTorch returns each call's outputs in tensors it allocates for that call, and the host writes
     every byte into them after the links carried it: one host writes the outputs of all its replicas."""
     profile = synthetic(4)
-    blocks = [dataclasses.replace(b, output_bytes=2_000_000) if b.name == "Head" else b for b in profile.blocks]
+    blocks = [
+        dataclasses.replace(b, output_bytes=2_000_000) if b.name == "Head" else b for b in profile.blocks
+    ]
     profile = dataclasses.replace(profile, blocks=blocks)  # logits of 2 MB per micro-batch
     assert profile.output_bytes == 2_000_000
     placement = profile.placement([2, 2], 2)
@@ -246,7 +252,8 @@ def test_the_host_writes_every_calls_outputs_into_new_tensors_at_the_fitted_rate
         )
     trained = estimate_performance(profile, placement, workload(ipus_per_replica=2), MK2)
     assert trained.host_time == pytest.approx(
-        CALIBRATION.host_call_overhead_s + host_io_time(profile.input_bytes * 8, 0, workload(ipus_per_replica=2), MK2)
+        CALIBRATION.host_call_overhead_s
+        + host_io_time(profile.input_bytes * 8, 0, workload(ipus_per_replica=2), MK2)
     )  # training returns only the loss
 
 
@@ -390,7 +397,9 @@ def test_an_evaluation_is_estimated_over_the_samples_its_run_counted():
     cola = next(p for p in calibration.POINTS if "CoLA" in p.name)
     assert cola.reported_samples == 1043
     counted = calibration.estimate(calibration.prepare(cola), CALIBRATION)
-    run = calibration.estimate(calibration.prepare(dataclasses.replace(cola, reported_samples=None)), CALIBRATION)
+    run = calibration.estimate(
+        calibration.prepare(dataclasses.replace(cola, reported_samples=None)), CALIBRATION
+    )
     assert counted / run == pytest.approx(1043 / (52 * 20))
 
 
@@ -404,6 +413,8 @@ def test_an_evaluation_adds_the_host_work_its_timer_also_covered():
     assert 0.3 < ner.host_work_s < 1.5
     prepared = calibration.prepare(ner)
     with_work = calibration.estimate(prepared, CALIBRATION)
-    without = calibration.estimate(calibration.prepare(dataclasses.replace(ner, host_work_s=0.0)), CALIBRATION)
+    without = calibration.estimate(
+        calibration.prepare(dataclasses.replace(ner, host_work_s=0.0)), CALIBRATION
+    )
     samples = 162 * 20
     assert samples / with_work - samples / without == pytest.approx(ner.host_work_s)

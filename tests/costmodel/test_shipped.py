@@ -74,7 +74,9 @@ def test_an_unshipped_shape_or_model_is_not_invented():
         ("6.0.0", "5.24.0", False),
     ],
 )
-def test_shipped_profiles_are_used_only_for_the_transformers_releases_they_are_proven_for(installed, traced, proven):
+def test_shipped_profiles_are_used_only_for_the_transformers_releases_they_are_proven_for(
+    installed, traced, proven
+):
     assert shipped.proven_for(installed, traced) is proven
 
 

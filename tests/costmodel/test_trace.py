@@ -187,4 +187,10 @@ def test_audio_classification_inputs_have_one_label_per_waveform():
     inputs = sample_inputs_for(model, BATCH, seq_len=20)
     assert set(inputs) == {"input_values", "labels"} and inputs["labels"].shape == (BATCH,)
     profile = profile_model(model, build_stage_plan(model, spec_for(model), [0, 2], 2), inputs)
-    assert [b.name for b in profile.blocks] == ["Embedding", "Encoder 0", "Encoder 1", "Projector", "Classifier"]
+    assert [b.name for b in profile.blocks] == [
+        "Embedding",
+        "Encoder 0",
+        "Encoder 1",
+        "Projector",
+        "Classifier",
+    ]

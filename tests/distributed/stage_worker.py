@@ -151,7 +151,9 @@ def main(scenario: str, out_dir: str) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         optimizer.step()
         one_f_one_b.broadcast_optimizer_state(optimizer)
-        out["optimizer_state"] = {n: dict(optimizer.state[p]) for n, p in names.items() if p in optimizer.state}
+        out["optimizer_state"] = {
+            n: dict(optimizer.state[p]) for n, p in names.items() if p in optimizer.state
+        }
     torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()

@@ -127,7 +127,9 @@ def test_a_world_size_that_does_not_divide_the_replicas_is_an_error_before_any_w
     assert not list((tmp_path / "out").glob("rank*_step*.pt"))
 
 
-@pytest.mark.parametrize("keep_trainer", [False, True], ids=["trainer-garbage-at-exit", "trainer-kept-to-the-end"])
+@pytest.mark.parametrize(
+    "keep_trainer", [False, True], ids=["trainer-garbage-at-exit", "trainer-kept-to-the-end"]
+)
 def test_no_gloo_thread_is_left_when_the_interpreter_finalizes(tmp_path, keep_trainer):
     """The teardown abort's cause: gloo's threads outlived destroy_process_group into the finalization.
 

@@ -53,7 +53,9 @@ def test_n_hot_covers_the_14_findings_and_no_finding_is_all_zero():
 
 
 def test_bad_finding_labels_are_explained():
-    with pytest.raises(ValueError, match=r"Unknown finding label\(s\) \['Pleural Thickening'\].*Pleural_Thickening"):
+    with pytest.raises(
+        ValueError, match=r"Unknown finding label\(s\) \['Pleural Thickening'\].*Pleural_Thickening"
+    ):
         n_hot("Pleural Thickening")
     with pytest.raises(ValueError, match="combines 'No Finding' with findings"):
         n_hot("No Finding|Mass")
@@ -96,7 +98,9 @@ def test_missing_and_unreadable_images_fail_with_the_fix(tmp_path):
     records = read_label_csv(path)
     with pytest.raises(FileNotFoundError, match=r"1 of 3 images .* gone.png.*--skip_missing_images"):
         check_images(records, images)
-    with pytest.raises(ValueError, match=r"cannot be trained on: broken.png \(not an image.*--skip_bad_images"):
+    with pytest.raises(
+        ValueError, match=r"cannot be trained on: broken.png \(not an image.*--skip_bad_images"
+    ):
         check_images(records, images, skip_missing=True)
     kept = check_images(records[:2], images, skip_missing=True)
     assert [r.image for r in kept] == ["a.png"]
@@ -158,7 +162,10 @@ def test_generator_writes_the_real_csv_columns_and_grayscale_images(synthetic):
     assert tuple(reader.fieldnames) == CSV_COLUMNS
     first = rows[0]
     assert first["Image Index"] == f"{int(first['Patient ID']):08d}_{int(first['Follow-up #']):03d}.png"
-    assert {r["View Position"] for r in rows} <= {"PA", "AP"} and {r["Patient Gender"] for r in rows} <= {"M", "F"}
+    assert {r["View Position"] for r in rows} <= {"PA", "AP"} and {r["Patient Gender"] for r in rows} <= {
+        "M",
+        "F",
+    }
     image = Image.open(synthetic / "images" / first["Image Index"])
     assert image.mode == "L" and image.size == (32, 32)
     labelled = [r["Finding Labels"] for r in rows]
@@ -213,7 +220,9 @@ def test_hard_findings_are_faint_and_overlap_their_neighbours_easy_ones_do_not()
 def test_generator_command_line_easy_switch(tmp_path):
     from make_synthetic_chestxray import main
 
-    assert main(["--output_dir", str(tmp_path / "easy"), "--patients", "6", "--image_size", "32", "--easy"]) == 0
+    assert (
+        main(["--output_dir", str(tmp_path / "easy"), "--patients", "6", "--image_size", "32", "--easy"]) == 0
+    )
     with open(tmp_path / "easy" / LABEL_FILE, newline="") as handle:
         assert len(list(csv.DictReader(handle))) >= 6
     with pytest.raises(SystemExit):

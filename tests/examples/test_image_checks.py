@@ -45,7 +45,12 @@ def png_16_bit(colour_type: int, samples: tuple[int, ...], size: int = 4) -> byt
 
     row = b"\x00" + struct.pack(f">{len(samples)}H", *samples) * size
     header = struct.pack(">IIBBBBB", size, size, 16, colour_type, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(row * size)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(row * size))
+        + chunk(b"IEND", b"")
+    )
 
 
 # -- which files pass -----------------------------------------------------------------------------
@@ -65,7 +70,9 @@ def test_data_after_the_end_marker_is_no_false_alarm():
 
 @pytest.mark.parametrize("image_format", ["PNG", "JPEG", "GIF"])
 def test_a_file_cut_in_half_is_truncated(image_format):
-    data = encoded(Image.fromarray(noise((32, 32, 3))).convert("RGB" if image_format != "GIF" else "P"), image_format)
+    data = encoded(
+        Image.fromarray(noise((32, 32, 3))).convert("RGB" if image_format != "GIF" else "P"), image_format
+    )
     assert image_problem(data[: len(data) // 2]).startswith(("truncated", "corrupt"))
 
 
@@ -158,7 +165,9 @@ def test_skip_bad_images_trains_without_them_and_logs_the_count(tmp_path, vit, c
                       "--do_eval", "--max_steps", "1", "--skip_bad_images")  # fmt: skip
     assert metrics["train_samples"] == 10 and metrics["eval_samples"] == 10 and metrics["train_steps"] == 1
     skipped = [r.getMessage() for r in caplog.records if "--skip_bad_images" in r.getMessage()]
-    assert len(skipped) == 2 and all(m.startswith("Skipping 2 of 12 images") for m in skipped)  # train, validation
+    assert len(skipped) == 2 and all(
+        m.startswith("Skipping 2 of 12 images") for m in skipped
+    )  # train, validation
     assert "a/0.png: truncated PNG" in skipped[0] and "a/1.png: truncated PNG" in skipped[0]
 
 
@@ -166,11 +175,17 @@ def test_large_sets_show_a_progress_bar(tmp_path, capsys, monkeypatch):
     import datasets
 
     images = [{"bytes": encoded(Image.fromarray(noise((4, 4), seed=n))), "path": None} for n in range(3)]
-    dataset = datasets.Dataset.from_dict({"image": images}, features=datasets.Features(image=datasets.Image()))
-    image_checks.find_bad_images(image_checks.undecoded(dataset, "image", "x"), "image", "train", show_progress=True)
+    dataset = datasets.Dataset.from_dict(
+        {"image": images}, features=datasets.Features(image=datasets.Image())
+    )
+    image_checks.find_bad_images(
+        image_checks.undecoded(dataset, "image", "x"), "image", "train", show_progress=True
+    )
     assert "Checking the train images" not in capsys.readouterr().err  # 3 images: no bar
     monkeypatch.setattr(image_checks, "PROGRESS_FROM", 3)
-    report = image_checks.find_bad_images(image_checks.undecoded(dataset, "image", "x"), "image", "train", True)
+    report = image_checks.find_bad_images(
+        image_checks.undecoded(dataset, "image", "x"), "image", "train", True
+    )
     assert "Checking the train images" in capsys.readouterr().err and report.bad == []
 
 
@@ -181,8 +196,12 @@ def test_a_test_split_without_labels_is_predicted_without_scores(tmp_path, vit):
     folder = tmp_path / "hub" / "data"
     folder.mkdir(parents=True)
     for split, labels in (("train", [0, 1] * 4), ("test", [-1] * 4)):
-        images = [{"bytes": encoded(Image.fromarray(noise((16, 16), seed=n))), "path": None} for n in range(len(labels))]
+        images = [
+            {"bytes": encoded(Image.fromarray(noise((16, 16), seed=n))), "path": None}
+            for n in range(len(labels))
+        ]
         datasets.Dataset.from_dict({"image": images, "label": labels}, features=features).to_parquet(
-            str(folder / f"{split}-00000-of-00001.parquet"))
+            str(folder / f"{split}-00000-of-00001.parquet")
+        )
     metrics = run(tmp_path, vit, "--dataset_name", str(folder.parent), "--do_predict")
     assert "test_runtime" in metrics and "test_accuracy" not in metrics and "test_loss" not in metrics

@@ -53,7 +53,9 @@ def test_roc_auc_per_finding_and_macro_on_sigmoid_scores():
     logits = np.array([[3.0, -1.0, 0.0], [-2.0, 2.0, 0.0], [1.0, -0.5, 0.0], [-1.0, 0.5, 0.0]])
     metrics = multilabel_roc_auc(logits, labels, ["a", "b", "c"])
     assert metrics["roc_auc_a"] == 1.0  # positives scored above every negative
-    assert metrics["roc_auc_b"] == pytest.approx(0.75)  # positives 2.0, -0.5 vs negatives -1.0, 0.5: 3 of 4 pairs ordered
+    assert metrics["roc_auc_b"] == pytest.approx(
+        0.75
+    )  # positives 2.0, -0.5 vs negatives -1.0, 0.5: 3 of 4 pairs ordered
     assert math.isnan(metrics["roc_auc_c"])  # only positives: undefined, left out of the mean
     assert metrics["roc_auc"] == pytest.approx((1.0 + 0.75) / 2)
     assert metrics["roc_auc_findings_scored"] == 2

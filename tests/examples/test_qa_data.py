@@ -12,19 +12,41 @@ from qa_data import find_misplaced_answers, flatten_squad, load_qa_file, read_qa
 
 NESTED = {
     "version": "1.1",
-    "data": [{"title": "T", "paragraphs": [{
-        "context": "Bob lives in Rome. Ann lives in Oslo.",
-        "qas": [{"id": "a", "question": "Where does Ann live?", "answers": [{"text": "Oslo", "answer_start": 32}]},
-                {"id": "b", "question": "Where does Bob live?", "answers": [{"text": "Rome", "answer_start": 13}]}],
-    }]}],
+    "data": [
+        {
+            "title": "T",
+            "paragraphs": [
+                {
+                    "context": "Bob lives in Rome. Ann lives in Oslo.",
+                    "qas": [
+                        {
+                            "id": "a",
+                            "question": "Where does Ann live?",
+                            "answers": [{"text": "Oslo", "answer_start": 32}],
+                        },
+                        {
+                            "id": "b",
+                            "question": "Where does Bob live?",
+                            "answers": [{"text": "Rome", "answer_start": 13}],
+                        },
+                    ],
+                }
+            ],
+        }
+    ],
 }
 
 
 def test_nested_squad_is_flattened_to_the_hub_layout():
     records = flatten_squad(NESTED)
     assert [r["id"] for r in records] == ["a", "b"]
-    assert records[0] == {"id": "a", "title": "T", "context": NESTED["data"][0]["paragraphs"][0]["context"],
-                          "question": "Where does Ann live?", "answers": {"text": ["Oslo"], "answer_start": [32]}}
+    assert records[0] == {
+        "id": "a",
+        "title": "T",
+        "context": NESTED["data"][0]["paragraphs"][0]["context"],
+        "question": "Where does Ann live?",
+        "answers": {"text": ["Oslo"], "answer_start": [32]},
+    }
 
 
 @pytest.mark.parametrize("layout", ["nested", "data_field", "list", "jsonl"])
@@ -47,8 +69,14 @@ def test_every_layout_loads_to_the_same_dataset(tmp_path, layout):
 def test_v2_impossible_questions_get_empty_answers():
     nested = json.loads(json.dumps(NESTED))
     nested["data"][0]["paragraphs"][0]["qas"].append(
-        {"id": "c", "question": "Where does Eve live?", "answers": [], "is_impossible": True,
-         "plausible_answers": [{"text": "Rome", "answer_start": 13}]})
+        {
+            "id": "c",
+            "question": "Where does Eve live?",
+            "answers": [],
+            "is_impossible": True,
+            "plausible_answers": [{"text": "Rome", "answer_start": 13}],
+        }
+    )
     assert flatten_squad(nested)[-1]["answers"] == {"text": [], "answer_start": []}
 
 
@@ -79,7 +107,9 @@ def test_unknown_json_shapes_and_missing_columns_are_explained(tmp_path):
 
 def test_render_records_slot_offsets():
     text, offsets = render("{person} lives in {city}.", {"person": "Ann", "city": "Oslo"})
-    assert text == "Ann lives in Oslo." and text[offsets["city"]:].startswith("Oslo") and offsets["person"] == 0
+    assert (
+        text == "Ann lives in Oslo." and text[offsets["city"] :].startswith("Oslo") and offsets["person"] == 0
+    )
 
 
 def test_generated_data_is_deterministic_valid_and_in_squad_layout(tmp_path):
@@ -118,7 +148,9 @@ def test_fact_kinds_recur_by_default_and_are_unique_per_paragraph_in_the_easy_da
     def kinds(paragraph):
         # The pool an answer comes from names its kind (the pools of the facts do not overlap).
         pools = {slot: set(pool) for fact in FACTS for slot, pool in fact.values.items()}
-        return [next(slot for slot, pool in pools.items() if answer in pool) for answer in _answers(paragraph)]
+        return [
+            next(slot for slot, pool in pools.items() if answer in pool) for answer in _answers(paragraph)
+        ]
 
     def repeats(document):
         return any(len(k) != len(set(k)) for k in map(kinds, _paragraphs(document)))
@@ -130,17 +162,25 @@ def test_fact_kinds_recur_by_default_and_are_unique_per_paragraph_in_the_easy_da
 
 def test_distractor_sentences_mention_no_person_and_only_the_hard_data_has_them():
     def person_free_sentences(paragraph):
-        return sum(1 for sentence in paragraph["context"].split(". ") if not any(n in sentence.split() for n in NAMES))
+        return sum(
+            1
+            for sentence in paragraph["context"].split(". ")
+            if not any(n in sentence.split() for n in NAMES)
+        )
 
     for distractors in (0, 2, 5):
-        document = generate_squad(200, seed=0) if distractors == 2 else generate_squad(200, 0, distractors=distractors)
+        document = (
+            generate_squad(200, seed=0)
+            if distractors == 2
+            else generate_squad(200, 0, distractors=distractors)
+        )
         assert {person_free_sentences(p) for p in _paragraphs(document)} == {distractors}
     paragraphs = _paragraphs(generate_squad(200, seed=0))
     # Answers never come from a distractor: each answer's sentence names the question's person.
     for paragraph in paragraphs:
         for q in paragraph["qas"]:
             start = q["answers"][0]["answer_start"]
-            sentence = paragraph["context"][paragraph["context"].rfind(". ", 0, start) + 1:].split(". ")[0]
+            sentence = paragraph["context"][paragraph["context"].rfind(". ", 0, start) + 1 :].split(". ")[0]
             person = next(n for n in NAMES if n in q["question"].replace("'s", " ").replace("?", " ").split())
             assert person in sentence.split(), (q["question"], sentence)
 
@@ -160,13 +200,40 @@ def test_paraphrases_vary_the_wording_and_the_easy_data_uses_one():
 def test_command_line_easy_switch_and_explicit_knobs(tmp_path):
     from make_synthetic_squad import main
 
-    assert main(["--output_dir", str(tmp_path / "easy"), "--train_questions", "40", "--validation_questions",
-                 "10", "--easy"]) == 0
+    assert (
+        main(
+            [
+                "--output_dir",
+                str(tmp_path / "easy"),
+                "--train_questions",
+                "40",
+                "--validation_questions",
+                "10",
+                "--easy",
+            ]
+        )
+        == 0
+    )
     easy = json.loads((tmp_path / "easy" / "train.json").read_text())
     assert easy == generate_squad(40, 0, repeat_fact_kinds=False, distractors=0, paraphrase=False)
-    assert main(["--output_dir", str(tmp_path / "mixed"), "--train_questions", "40", "--validation_questions",
-                 "10", "--easy", "--distractors", "3"]) == 0
+    assert (
+        main(
+            [
+                "--output_dir",
+                str(tmp_path / "mixed"),
+                "--train_questions",
+                "40",
+                "--validation_questions",
+                "10",
+                "--easy",
+                "--distractors",
+                "3",
+            ]
+        )
+        == 0
+    )
     mixed = json.loads((tmp_path / "mixed" / "train.json").read_text())
     assert mixed == generate_squad(40, 0, repeat_fact_kinds=False, distractors=3, paraphrase=False)
     assert json.loads((tmp_path / "mixed" / "validation.json").read_text()) == generate_squad(
-        10, 1, repeat_fact_kinds=False, distractors=3, paraphrase=False)
+        10, 1, repeat_fact_kinds=False, distractors=3, paraphrase=False
+    )

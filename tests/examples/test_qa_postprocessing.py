@@ -70,7 +70,10 @@ def test_spans_ending_before_they_start_or_too_long_are_dropped():
 
 
 def test_the_answer_can_come_from_any_feature_of_an_example():
-    features = [{"example_id": "q1", "offset_mapping": OFFSETS}, {"example_id": "q1", "offset_mapping": OFFSETS}]
+    features = [
+        {"example_id": "q1", "offset_mapping": OFFSETS},
+        {"example_id": "q1", "offset_mapping": OFFSETS},
+    ]
     result = run([logits(t6=1), logits(t9=4)], [logits(t6=1), logits(t9=4)], features=features)
     assert result.predictions["q1"] == "Paris"
 
@@ -87,9 +90,16 @@ def test_v2_null_answer_wins_when_its_score_beats_the_best_span_by_more_than_the
 
 def test_v2_null_score_is_the_smallest_over_the_features():
     # Window 1 says "not here" strongly (null 10); window 2 finds the answer (null -2 < span 8).
-    features = [{"example_id": "q1", "offset_mapping": OFFSETS}, {"example_id": "q1", "offset_mapping": OFFSETS}]
-    result = run([logits(t0=5), logits(t0=-1, t9=4)], [logits(t0=5), logits(t0=-1, t9=4)],
-                 features=features, version_2_with_negative=True)
+    features = [
+        {"example_id": "q1", "offset_mapping": OFFSETS},
+        {"example_id": "q1", "offset_mapping": OFFSETS},
+    ]
+    result = run(
+        [logits(t0=5), logits(t0=-1, t9=4)],
+        [logits(t0=5), logits(t0=-1, t9=4)],
+        features=features,
+        version_2_with_negative=True,
+    )
     assert result.predictions["q1"] == "Paris"
     assert result.null_odds["q1"] == pytest.approx(-2 - 8)
 
@@ -119,15 +129,22 @@ def test_answer_token_span_is_none_when_the_answer_is_outside_the_window():
 def tokenised(tmp_path_factory):
     root = tmp_path_factory.mktemp("qa")
     tokenizer = tiny_tokenizer(root / "tok")
-    paths = write_synthetic_squad(root / "data", train_questions=40, validation_questions=30,
-                                  unanswerable_fraction=0.25)
+    paths = write_synthetic_squad(
+        root / "data", train_questions=40, validation_questions=30, unanswerable_fraction=0.25
+    )
     examples = load_qa_file(paths["validation"])
     settings = FeatureSettings(max_seq_length=32, doc_stride=12)  # forces several windows per context
     check_tokenizer(tokenizer, settings)
-    train = examples.map(partial(prepare_train_features, tokenizer=tokenizer, settings=settings),
-                         batched=True, remove_columns=examples.column_names)
-    valid = examples.map(partial(prepare_validation_features, tokenizer=tokenizer, settings=settings),
-                         batched=True, remove_columns=examples.column_names)
+    train = examples.map(
+        partial(prepare_train_features, tokenizer=tokenizer, settings=settings),
+        batched=True,
+        remove_columns=examples.column_names,
+    )
+    valid = examples.map(
+        partial(prepare_validation_features, tokenizer=tokenizer, settings=settings),
+        batched=True,
+        remove_columns=examples.column_names,
+    )
     return examples, train, valid
 
 
@@ -141,8 +158,10 @@ def test_features_round_trip_to_the_answers(tokenised):
         start[row, s] += 20
         end[row, e] += 20
     result = postprocess_qa_predictions(examples, valid, (start, end), version_2_with_negative=True)
-    predictions = [{"id": k, "prediction_text": v, "no_answer_probability": result.no_answer_probability[k]}
-                   for k, v in result.predictions.items()]
+    predictions = [
+        {"id": k, "prediction_text": v, "no_answer_probability": result.no_answer_probability[k]}
+        for k, v in result.predictions.items()
+    ]
     references = [{"id": i, "answers": a} for i, a in zip(examples["id"], examples["answers"])]
     scores = compute(predictions, references, version_2_with_negative=True)
     assert scores["exact"] == 100.0 and scores["NoAns_total"] > 0

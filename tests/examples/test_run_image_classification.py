@@ -28,8 +28,9 @@ IPU_FLAGS = [
 
 @pytest.fixture(scope="module")
 def chestxray(tmp_path_factory):
-    return write_synthetic_chestxray(tmp_path_factory.mktemp("cxr") / "data", patients=24, image_size=32,
-                                     test_fraction=0.2)
+    return write_synthetic_chestxray(
+        tmp_path_factory.mktemp("cxr") / "data", patients=24, image_size=32, test_fraction=0.2
+    )
 
 
 def run_main(argv, tmp_path):
@@ -38,15 +39,26 @@ def run_main(argv, tmp_path):
 
 def test_chestxray_multilabel_run_end_to_end(chestxray, tmp_path):
     model = tiny_vit_model_dir(tmp_path / "vit", num_labels=14)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "cache"))
+    env = dict(
+        os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "cache")
+    )
     command = [sys.executable, str(IMAGE_EXAMPLE_DIR / "run_image_classification.py"),
                "--chestxray_dir", str(chestxray), "--train_val_split", "0.25", "--model_name_or_path", str(model),
                "--image_processor_name", str(model), *IPU_FLAGS, "--do_train", "--do_eval", "--do_predict",
                "--max_steps", "3", "--logging_steps", "1", "--warmup_ratio", "0.25", "--loss_scaling", "64",
                "--output_dir", str(tmp_path / "out")]  # fmt: skip
-    (model / "preprocessor_config.json").write_text(json.dumps(
-        {"image_processor_type": "ViTImageProcessor", "size": {"height": 32, "width": 32},
-         "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "do_resize": True, "do_normalize": True}))
+    (model / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "ViTImageProcessor",
+                "size": {"height": 32, "width": 32},
+                "image_mean": [0.5] * 3,
+                "image_std": [0.5] * 3,
+                "do_resize": True,
+                "do_normalize": True,
+            }
+        )
+    )
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -84,9 +96,23 @@ def test_single_label_imagefolder(tmp_path):
                 pixels = np.clip(level + rng.normal(0, 10, (20, 20)), 0, 255).astype(np.uint8)
                 Image.fromarray(pixels).save(folder / f"{n}.png")
     model = tiny_vit_model_dir(tmp_path / "vit", num_labels=2)
-    metrics = run_main(["--train_dir", str(tmp_path / "train"), "--validation_dir", str(tmp_path / "val"),
-                        "--model_name_or_path", str(model), *IPU_FLAGS, "--do_train", "--do_eval",
-                        "--max_steps", "1", "--fp32"], tmp_path)  # no preprocessor_config.json: ViT defaults
+    metrics = run_main(
+        [
+            "--train_dir",
+            str(tmp_path / "train"),
+            "--validation_dir",
+            str(tmp_path / "val"),
+            "--model_name_or_path",
+            str(model),
+            *IPU_FLAGS,
+            "--do_train",
+            "--do_eval",
+            "--max_steps",
+            "1",
+            "--fp32",
+        ],
+        tmp_path,
+    )  # no preprocessor_config.json: ViT defaults
     assert 0.0 <= metrics["eval_accuracy"] <= 1.0 and metrics["eval_samples"] == 12
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["id2label"] == {"0": "dark", "1": "light"}
@@ -117,7 +143,14 @@ def _copy_without(chestxray, tmp_path, drop_image=None, bad_label=None):
 
 def test_missing_image_is_a_clear_error_and_can_be_skipped(chestxray, tmp_path, vit_with_processor):
     root, rows = _copy_without(chestxray, tmp_path, drop_image="00000002_000.png")
-    args = ["--chestxray_dir", str(root), "--model_name_or_path", str(vit_with_processor), *IPU_FLAGS, "--do_eval"]
+    args = [
+        "--chestxray_dir",
+        str(root),
+        "--model_name_or_path",
+        str(vit_with_processor),
+        *IPU_FLAGS,
+        "--do_eval",
+    ]
     with pytest.raises(FileNotFoundError, match=r"00000002_000.png.*--skip_missing_images"):
         run_main(args, tmp_path)
     metrics = run_main([*args, "--skip_missing_images"], tmp_path)
@@ -127,8 +160,17 @@ def test_missing_image_is_a_clear_error_and_can_be_skipped(chestxray, tmp_path, 
 def test_unknown_finding_label_is_a_clear_error(chestxray, tmp_path, vit_with_processor):
     root, _ = _copy_without(chestxray, tmp_path, bad_label="Mass|Pnuemonia")
     with pytest.raises(ValueError, match=r"line 3 .*Unknown finding label\(s\) \['Pnuemonia'\]"):
-        run_main(["--chestxray_dir", str(root), "--model_name_or_path", str(vit_with_processor), *IPU_FLAGS,
-                  "--do_eval"], tmp_path)
+        run_main(
+            [
+                "--chestxray_dir",
+                str(root),
+                "--model_name_or_path",
+                str(vit_with_processor),
+                *IPU_FLAGS,
+                "--do_eval",
+            ],
+            tmp_path,
+        )
 
 
 def test_exactly_one_data_source():

@@ -46,7 +46,11 @@ def assets(tmp_path_factory):
 
 def tiny_seed_command(model, data, output_dir) -> list[str]:
     flags = SEED_FLAGS
-    for name, value in (("--max_seq_length", "64"), ("--doc_stride", "32"), ("--dataloader_num_workers", "0")):
+    for name, value in (
+        ("--max_seq_length", "64"),
+        ("--doc_stride", "32"),
+        ("--dataloader_num_workers", "0"),
+    ):
         flags = with_flag(flags, name, value)
     return ["--model_name_or_path", str(model), "--train_file", str(data["train"]),
             "--validation_file", str(data["validation"]), *flags, "--max_steps", "1",
@@ -85,8 +89,9 @@ def test_seed_command_line_trains_and_scores_end_to_end(assets, tmp_path):
 
 def test_squad_v2_flat_files_and_predict(tmp_path, assets):
     model, _ = assets
-    data = write_synthetic_squad(tmp_path / "v2", train_questions=40, validation_questions=12,
-                                 layout="flat", unanswerable_fraction=0.3)
+    data = write_synthetic_squad(
+        tmp_path / "v2", train_questions=40, validation_questions=12, layout="flat", unanswerable_fraction=0.3
+    )
     metrics = run_qa.main([
         "--model_name_or_path", str(model), "--ipu_config_name", "Graphcore/bert-base-ipu",
         "--train_file", str(data["train"]), "--validation_file", str(data["validation"]),
@@ -119,16 +124,38 @@ def test_answers_outside_their_context_fail_before_training(tmp_path, assets):
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps(document))
     with pytest.raises(ValueError, match=rf"id '{qa['id']}'.*\n.*Fix: `answer_start` must be"):
-        run_qa.main(["--model_name_or_path", str(model), "--train_file", str(broken), "--do_train",
-                     "--ipu_config_name", "Graphcore/bert-base-ipu", "--output_dir", str(tmp_path / "out")])
+        run_qa.main(
+            [
+                "--model_name_or_path",
+                str(model),
+                "--train_file",
+                str(broken),
+                "--do_train",
+                "--ipu_config_name",
+                "Graphcore/bert-base-ipu",
+                "--output_dir",
+                str(tmp_path / "out"),
+            ]
+        )
 
 
 def test_unanswerable_training_questions_need_the_v2_flag(tmp_path, assets):
     model, _ = assets
     data = write_synthetic_squad(tmp_path / "v2", 20, 5, unanswerable_fraction=0.3)
     with pytest.raises(ValueError, match="have no answer.*--version_2_with_negative"):
-        run_qa.main(["--model_name_or_path", str(model), "--train_file", str(data["train"]), "--do_train",
-                     "--ipu_config_name", "Graphcore/bert-base-ipu", "--output_dir", str(tmp_path / "out")])
+        run_qa.main(
+            [
+                "--model_name_or_path",
+                str(model),
+                "--train_file",
+                str(data["train"]),
+                "--do_train",
+                "--ipu_config_name",
+                "Graphcore/bert-base-ipu",
+                "--output_dir",
+                str(tmp_path / "out"),
+            ]
+        )
 
 
 def test_no_data_source_is_an_error():
@@ -150,4 +177,6 @@ def test_a_hub_data_set_loses_only_its_records_with_empty_text_with_a_warning(tm
         raw = run_qa.load_raw_datasets(data_args, model_args)
     assert raw["train"]["id"] == ["q0", "q2", "q4"]
     warning = " ".join(r.getMessage() for r in caplog.records)
-    assert "Dropping 2 of 5 records" in warning and "id 'q1': context is ''" in warning and "id 'q3'" in warning
+    assert (
+        "Dropping 2 of 5 records" in warning and "id 'q1': context is ''" in warning and "id 'q3'" in warning
+    )

@@ -56,8 +56,10 @@ def test_f1_is_token_overlap_harmonic_mean():
 
 
 def test_v1_scores_are_means_over_questions_on_a_0_to_100_scale():
-    scores = compute_squad([pred("q1", "Paris"), pred("q2", "the cat sat")],
-                           [ref("q1", "Paris"), ref("q2", "cat sat on the mat")])
+    scores = compute_squad(
+        [pred("q1", "Paris"), pred("q2", "the cat sat")],
+        [ref("q1", "Paris"), ref("q2", "cat sat on the mat")],
+    )
     assert scores["exact_match"] == pytest.approx(50.0)
     assert scores["f1"] == pytest.approx(100 * (1 + 2 / 3) / 2)
 
@@ -87,7 +89,9 @@ def test_v2_splits_answerable_and_unanswerable_questions():
 
 def test_v2_best_threshold_abstains_where_the_no_answer_probability_is_high():
     # Abstaining above 0.1 answers q1 (right) and abstains on q2 (right): 100 %, threshold 0.1.
-    scores = compute_squad_v2([pred("q1", "Paris", 0.1), pred("q2", "Rome", 0.9)], [ref("q1", "Paris"), ref("q2")])
+    scores = compute_squad_v2(
+        [pred("q1", "Paris", 0.1), pred("q2", "Rome", 0.9)], [ref("q1", "Paris"), ref("q2")]
+    )
     assert scores["best_exact"] == 100.0
     assert scores["best_exact_thresh"] == pytest.approx(0.1)
     # Only answerable questions, all right: the best is to abstain nowhere.

@@ -156,9 +156,15 @@ def test_ipu_config_from_pretrained_accepts_the_original_use_auth_token_keyword(
     assert "use_auth_token" not in config.to_dict()
     seen = []
     resolve = optimum_ipu.configuration.hub.resolve_config_file
-    monkeypatch.setattr(optimum_ipu.configuration.hub, "resolve_config_file", lambda *a, **k: seen.append(k["token"]) or resolve(*a, **k))
+    monkeypatch.setattr(
+        optimum_ipu.configuration.hub,
+        "resolve_config_file",
+        lambda *a, **k: seen.append(k["token"]) or resolve(*a, **k),
+    )
     IPUConfig.from_pretrained("Graphcore/bert-base-ipu", use_auth_token="hf_old")
-    IPUConfig.from_pretrained("Graphcore/bert-base-ipu", token="hf_new", use_auth_token=True)  # True: "a token"
+    IPUConfig.from_pretrained(
+        "Graphcore/bert-base-ipu", token="hf_new", use_auth_token=True
+    )  # True: "a token"
     assert seen == ["hf_old", "hf_new"]
     with caplog.at_level(logging.WARNING, logger="optimum_ipu.configuration"):
         IPUConfig.from_pretrained("Graphcore/bert-base-ipu", use_auth_token=False)

@@ -7,7 +7,7 @@ from tests.launcher.test_notebook import write_notebook
 
 MISSING = "someone/model-not-in-any-cache"
 
-SCRIPT = f'''
+SCRIPT = f"""
 from dataclasses import dataclass, field
 
 from transformers import AutoConfig, HfArgumentParser
@@ -21,7 +21,7 @@ class ModelArguments:
 
 (args,) = HfArgumentParser(ModelArguments).parse_args_into_dataclasses()
 config = AutoConfig.from_pretrained(args.model_name_or_path)
-'''
+"""
 
 
 @pytest.fixture
@@ -33,7 +33,9 @@ def offline(monkeypatch, tmp_path):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
-def test_a_scripts_model_needing_the_hub_offline_names_the_id_the_line_and_the_scripts_flags(offline, tmp_path):
+def test_a_scripts_model_needing_the_hub_offline_names_the_id_the_line_and_the_scripts_flags(
+    offline, tmp_path
+):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     with pytest.raises(LauncherError) as raised:
@@ -50,7 +52,9 @@ def test_a_notebooks_model_needing_the_hub_offline_names_the_cell(offline, tmp_p
         ("code", "from transformers import AutoConfig"),
         ("code", f"config = AutoConfig.from_pretrained({MISSING!r})"),
     ])  # fmt: skip
-    with pytest.raises(LauncherError, match=rf"nb.ipynb cell 2:1: {MISSING!r} needs the Hugging Face Hub.*local folder"):
+    with pytest.raises(
+        LauncherError, match=rf"nb.ipynb cell 2:1: {MISSING!r} needs the Hugging Face Hub.*local folder"
+    ):
         run_notebook(notebook, [])
 
 

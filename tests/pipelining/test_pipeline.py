@@ -59,8 +59,17 @@ def _roberta():
 
 
 def _distilbert():
-    return DistilBertConfig(vocab_size=128, dim=32, n_layers=4, n_heads=4, hidden_dim=64, dropout=0.0, attention_dropout=0.0,
-                            seq_classif_dropout=0.0, qa_dropout=0.0)
+    return DistilBertConfig(
+        vocab_size=128,
+        dim=32,
+        n_layers=4,
+        n_heads=4,
+        hidden_dim=64,
+        dropout=0.0,
+        attention_dropout=0.0,
+        seq_classif_dropout=0.0,
+        qa_dropout=0.0,
+    )
 
 
 def _gpt2():
@@ -93,7 +102,10 @@ TEXT_MODELS = [
 def _text_inputs(labels: dict, batch=3, seq=12, vocab=128, multiple_choice=False):
     g = torch.Generator().manual_seed(1)
     shape = (batch, 2, seq) if multiple_choice else (batch, seq)
-    inputs = {"input_ids": torch.randint(2, vocab, shape, generator=g), "attention_mask": torch.ones(shape, dtype=torch.long)}
+    inputs = {
+        "input_ids": torch.randint(2, vocab, shape, generator=g),
+        "attention_mask": torch.ones(shape, dtype=torch.long),
+    }
     inputs["attention_mask"][..., -2:] = 0
     makers = {
         "mlm": lambda: torch.randint(0, vocab, (batch, seq), generator=g),
@@ -133,7 +145,9 @@ def _assert_equivalent(model_cls, config, inputs, cfg):
     return pipelined
 
 
-@pytest.mark.parametrize("model_cls,make_config,labels", TEXT_MODELS, ids=lambda x: getattr(x, "__name__", ""))
+@pytest.mark.parametrize(
+    "model_cls,make_config,labels", TEXT_MODELS, ids=lambda x: getattr(x, "__name__", "")
+)
 def test_pipelined_text_models_match_plain(model_cls, make_config, labels):
     cfg = ipu_cfg(ipus_per_replica=4, layers_per_ipu=[0, 2, 1, 1], embedding_serialization_factor=4,
                   recompute_checkpoint_every_layer=True)  # fmt: skip
@@ -143,7 +157,9 @@ def test_pipelined_text_models_match_plain(model_cls, make_config, labels):
 
 def test_multiple_choice_matches_plain():
     inputs = _text_inputs({"labels": "mc"}, multiple_choice=True)
-    _assert_equivalent(BertForMultipleChoice, tiny_bert_config(), inputs, ipu_cfg(recompute_checkpoint_every_layer=True))
+    _assert_equivalent(
+        BertForMultipleChoice, tiny_bert_config(), inputs, ipu_cfg(recompute_checkpoint_every_layer=True)
+    )
 
 
 def test_mpnet_multiple_choice_matches_plain():
@@ -170,16 +186,29 @@ def test_mpnet_is_placed_as_optimum_graphcore_places_it():
 def test_vit_matches_plain():
     inputs = {"pixel_values": torch.randn(3, 3, 32, 32), "labels": torch.tensor([0, 2, 1])}
     pipelined = _assert_equivalent(
-        ViTForImageClassification, tiny_vit_config(), inputs, ipu_cfg(ipus_per_replica=4, recompute_checkpoint_every_layer=True)
+        ViTForImageClassification,
+        tiny_vit_config(),
+        inputs,
+        ipu_cfg(ipus_per_replica=4, recompute_checkpoint_every_layer=True),
     )
-    assert [b.ipu for b in pipelined.plan.blocks] == [0, 0, 1, 2, 3, 3, 3]  # embedding, 4 layers, layernorm, classifier
+    assert [b.ipu for b in pipelined.plan.blocks] == [
+        0,
+        0,
+        1,
+        2,
+        3,
+        3,
+        3,
+    ]  # embedding, 4 layers, layernorm, classifier
 
 
 def test_deparallelize_restores_original_modules_exactly():
     model = BertForMaskedLM(tiny_bert_config())
     originals = {name: module for name, module in model.named_modules()}
     forward_attrs = {name: "forward" in m.__dict__ for name, m in originals.items()}
-    pipelined = to_pipelined(model, ipu_cfg(embedding_serialization_factor=2, recompute_checkpoint_every_layer=True))
+    pipelined = to_pipelined(
+        model, ipu_cfg(embedding_serialization_factor=2, recompute_checkpoint_every_layer=True)
+    )
     pipelined.parallelize()
     assert isinstance(model.bert.embeddings.word_embeddings, SerializedEmbedding)
     assert isinstance(model.cls.predictions.decoder, SerializedLinear)  # tied head serialized alongside
@@ -234,13 +263,21 @@ class _Stack(nn.Module):
 
 
 def test_unregistered_models_need_force_and_then_use_the_generic_cut():
-    with pytest.raises(UnsupportedModelError, match="force_to_pipelined=True"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"Pass force=True \(IPUTrainer: force_to_pipelined=True\)"
+    ):
         to_pipelined(_Stack(), ipu_cfg())
     model = _Stack()
     ids = torch.randint(0, 10, (2, 5))
     expected = model(ids)
-    pipelined = to_pipelined(model, ipu_cfg(), force_to_pipelined=True).parallelize()
+    pipelined = to_pipelined(model, ipu_cfg(), force=True).parallelize()
     assert [(b.name, b.ipu) for b in pipelined.plan.blocks] == [
         ("Embedding", 0), ("Layer 0", 0), ("Layer 1", 0), ("Layer 2", 1), ("Layer 3", 1), ("Head", 1),
     ]  # fmt: skip
     torch.testing.assert_close(model(ids), expected)
+
+
+def test_the_earlier_keyword_force_to_pipelined_still_acts_and_says_it_is_renamed():
+    with pytest.warns(FutureWarning, match=r"now to_pipelined\(force=\.\.\.\)"):
+        pipelined = to_pipelined(_Stack(), ipu_cfg(), force_to_pipelined=True)
+    assert [b.ipu for b in pipelined.plan.layer_blocks] == [0, 0, 1, 1]

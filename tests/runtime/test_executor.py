@@ -19,7 +19,10 @@ from optimum_ipu.runtime.replicas import ReplicaStreams
 
 def cfg(ga=1, replicas=1, di=1, output_mode="final"):
     return SimpleNamespace(
-        gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=di, output_mode=output_mode
+        gradient_accumulation_steps=ga,
+        replication_factor=replicas,
+        device_iterations=di,
+        output_mode=output_mode,
     )
 
 
@@ -211,7 +214,9 @@ def test_invalid_batch_dimension():
 
 
 def test_compile_time_checks_name_the_rule_and_the_fix():
-    with pytest.raises(checks.IPUCompilationError, match=r"2S−1 = 7 for S = 4 .*gradient_accumulation_steps=4"):
+    with pytest.raises(
+        checks.IPUCompilationError, match=r"2S−1 = 7 for S = 4 .*gradient_accumulation_steps=4"
+    ):
         checks.check_pipelined_training(4, 4)
     checks.check_pipelined_training(7, 4)
     checks.check_pipelined_training(1, 1)
@@ -224,4 +229,3 @@ def test_compile_time_checks_name_the_rule_and_the_fix():
     with pytest.raises(checks.IPUCompilationError, match="at most 64"):
         checks.check_num_ipus(8, 16)
     assert checks.check_num_ipus(4, 4) == 16
-

@@ -83,7 +83,9 @@ def test_unscaling_gives_the_mean_true_gradient_and_its_norm():
 def test_without_a_loss_scaling_argument_the_scale_is_1_and_a_scale_of_0_or_less_is_refused():
     assert LossScaler().scale == 1.0 and not LossScaler().auto
     for bad in (0.0, -64.0):
-        with pytest.raises(ValueError, match=rf"loss_scaling must be > 0, got {bad}; typical values are 64 to 32768"):
+        with pytest.raises(
+            ValueError, match=rf"loss_scaling must be > 0, got {bad}; typical values are 64 to 32768"
+        ):
             LossScaler(bad)
 
 
@@ -114,7 +116,11 @@ def test_the_scaler_state_round_trips_through_a_checkpoint():
     for value in (1.0, float("inf"), 1.0):
         scaler.unscale_(gradients_with(value, micro_batches=1), micro_batches=1)
     state = scaler.state_dict()
-    assert state == {"scale": 2048.0, "clean_updates": 1, "skipped_updates": 1}  # 1024 -> 2048 -> 1024 -> 2048
+    assert state == {
+        "scale": 2048.0,
+        "clean_updates": 1,
+        "skipped_updates": 1,
+    }  # 1024 -> 2048 -> 1024 -> 2048
     restored = LossScaler(1.0, auto=True)
     restored.load_state_dict(state)
     assert restored.state_dict() == state

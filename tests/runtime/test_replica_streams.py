@@ -90,7 +90,9 @@ def test_both_kinds_of_replicas_give_the_executable_the_whole_interface():
     assert wanted == {"local_replicas", "sum_", "any", "sum_over_stages", "gather_losses"}
     for kind in (LocalReplicas, ProcessReplicas):
         signatures = {n: list(inspect.signature(getattr(kind, n)).parameters) for n in wanted}
-        assert signatures == {n: list(inspect.signature(getattr(Replicas, n)).parameters) for n in wanted}, kind
+        assert signatures == {n: list(inspect.signature(getattr(Replicas, n)).parameters) for n in wanted}, (
+            kind
+        )
     assert isinstance(LocalReplicas(), Replicas)
 
 

@@ -1,7 +1,7 @@
 """The stage plan: which block of a model runs on which IPU of a replica's pipeline.
 
 A `StagePlan` is plain data (block names, module paths, IPU indices), so the simulator's memory
-and performance models can read it without importing transformers, and the planner can build
+and performance models can read it without importing transformers, and the layout search can build
 plans for layouts that were never applied to a model.
 """
 

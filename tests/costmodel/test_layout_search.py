@@ -1,4 +1,4 @@
-"""The layout planner: checked against exhaustive search, fixes layouts that do not fit."""
+"""The layout search: checked against exhaustive search, fixes layouts that do not fit."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from optimum_ipu.configuration import IPUConfig
 from optimum_ipu.costmodel import HARDWARE
 from optimum_ipu.costmodel.analysis import plan_layout
 from optimum_ipu.costmodel.hardware import CALIBRATION
-from optimum_ipu.costmodel.planner import propose_layout
+from optimum_ipu.costmodel.layout_search import propose_layout
 from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile
 from optimum_ipu.pipelining import build_stage_plan
 from optimum_ipu.pipelining.spec import spec_for
@@ -44,7 +44,7 @@ def _meta(cls, config):
         ),
     ],
 )
-def test_planner_proposes_a_fitting_override_of_the_published_config(name, build, inputs, micro_batch):
+def test_layout_search_proposes_a_fitting_override_of_the_published_config(name, build, inputs, micro_batch):
     config = IPUConfig.from_pretrained(f"Graphcore/{name}")
     proposal = plan_layout(build(), config, micro_batch_size=micro_batch, **inputs)
     assert proposal.given.layers_per_ipu == config.layers_per_ipu
@@ -67,7 +67,7 @@ def _heavy(layers: int) -> ModelProfile:
     return ModelProfile(blocks, profile.transfers, 1, 2, profile.input_bytes, True)
 
 
-def test_planner_repairs_a_layout_that_does_not_fit():
+def test_layout_search_repairs_a_layout_that_does_not_fit():
     profile = _heavy(8)
     w = workload(ipus_per_replica=4, gradient_accumulation_steps=16)
     given = profile.placement([5, 1, 1, 1], 4)
@@ -78,7 +78,7 @@ def test_planner_repairs_a_layout_that_does_not_fit():
     assert max(proposal.layers_per_ipu) - min(proposal.layers_per_ipu) <= 1
 
 
-def test_planner_reports_no_layout_when_nothing_fits():
+def test_layout_search_reports_no_layout_when_nothing_fits():
     profile = _heavy(8)
     w = workload(ipus_per_replica=1, matmul_proportion=(0.2,))
     proposal = propose_layout(profile, profile.placement([8], 1), w, HARDWARE["mk2"])
@@ -97,7 +97,7 @@ def test_proposed_placement_is_the_one_build_stage_plan_makes():
     assert set(proposal.to_dict()) >= {"layers_per_ipu", "matmul_proportion", "speedup", "given", "proposed"}
 
 
-def test_planner_handles_inference_and_another_pipeline_length():
+def test_layout_search_handles_inference_and_another_pipeline_length():
     model = BertForQuestionAnswering(tiny_bert_config())
     config = IPUConfig(layers_per_ipu=[3, 1], ipus_per_replica=2).eval()
     proposal = plan_layout(model, config, micro_batch_size=2, seq_len=16, training=False, ipus_per_replica=4)
@@ -106,9 +106,9 @@ def test_planner_handles_inference_and_another_pipeline_length():
 
 
 @pytest.mark.parametrize("tied_head", [False, True])
-def test_planner_finds_the_best_layout_an_exhaustive_search_finds(tied_head):
+def test_layout_search_finds_the_best_layout_an_exhaustive_search_finds(tied_head):
     """A second implementation: price every split of 8 layers over 4 IPUs with every matmul proportion
-    the planner may choose, and check the planner's proposal is as fast as the best of them; also with
+    the layout search may choose, and check the layout search's proposal is as fast as the best of them; also with
     a head tied to the embedding, whose last pipeline stage comes back to IPU 0 with work of its own."""
     import dataclasses
     from itertools import product
@@ -119,7 +119,9 @@ def test_planner_finds_the_best_layout_an_exhaustive_search_finds(tied_head):
 
     profile = _heavy(8)
     if tied_head:
-        head = dataclasses.replace(profile.blocks[-1], on_first_ipu=True, matmuls=[Matmul(1, 512, 1024, 4096)])
+        head = dataclasses.replace(
+            profile.blocks[-1], on_first_ipu=True, matmuls=[Matmul(1, 512, 1024, 4096)]
+        )
         profile = dataclasses.replace(profile, blocks=profile.blocks[:-1] + [head])
     w = workload(ipus_per_replica=4, gradient_accumulation_steps=16)
     mk2 = HARDWARE["mk2"]
@@ -148,7 +150,7 @@ def test_a_proposal_says_that_the_memory_model_not_a_measurement_makes_it_fit():
     assert stuck.proposed is stuck.given and stuck.fit_note is None
 
 
-def test_on_bert_large_a_higher_matmul_proportion_is_never_slower_and_the_planner_uses_it():
+def test_on_bert_large_a_higher_matmul_proportion_is_never_slower_and_the_layout_search_uses_it():
     from optimum_ipu.costmodel.memory import estimate_memory
     from optimum_ipu.costmodel.performance import estimate_performance
     from optimum_ipu.costmodel.presets import resolve_model
@@ -166,7 +168,7 @@ def test_on_bert_large_a_higher_matmul_proportion_is_never_slower_and_the_planne
         temporaries.append(estimate_memory(profile, placement, w, HARDWARE["mk2"]).ipus[1].temporaries)
     assert speeds == sorted(speeds) and speeds[-1] > 1.05 * speeds[0]
     assert temporaries == sorted(temporaries) and temporaries[-1] > temporaries[0]
-    # At micro-batch 4 the planner gives the IPUs more than the 0.05 floor, each as much as its
+    # At micro-batch 4 the layout search gives the IPUs more than the 0.05 floor, each as much as its
     # memory leaves, and is faster for it than the same layout at 0.05.
     profile = load_shipped(source.config, source.builder, micro_batch=4, seq_len=384, image_size=None,
                            training=True, float_bytes=2)  # fmt: skip
@@ -177,21 +179,23 @@ def test_on_bert_large_a_higher_matmul_proportion_is_never_slower_and_the_planne
     proposal = propose_layout(profile, profile.placement([3, 7, 7, 7], 4), floor, HARDWARE["mk2"])
     assert proposal.proposed.memory.fits
     assert min(proposal.matmul_proportion) > 0.05 and len(set(proposal.matmul_proportion)) > 1
-    at_floor = estimate_performance(profile, profile.placement(proposal.layers_per_ipu, 4), floor, HARDWARE["mk2"])
+    at_floor = estimate_performance(
+        profile, profile.placement(proposal.layers_per_ipu, 4), floor, HARDWARE["mk2"]
+    )
     assert proposal.proposed.estimated_samples_per_second > at_floor.samples_per_second
 
 
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("counts", [[2, 2, 2, 2], [1, 3, 3, 1], [3, 2, 3, 0], [8, 0, 0, 0]])
-def test_the_planner_prices_a_layout_as_the_performance_model_does_with_a_tied_head(training, counts):
-    """The planner times candidate layouts from per-IPU options; with a head tied to the embedding
+def test_the_layout_search_prices_a_layout_as_the_performance_model_does_with_a_tied_head(training, counts):
+    """The layout search times candidate layouts from per-IPU options; with a head tied to the embedding
     (one stage more than IPUs, the last IPU recomputing, unless every layer is on IPU 0 so the
     forward never leaves it) that must equal the full estimate."""
     import dataclasses
 
+    from optimum_ipu.costmodel.layout_search import _Pricer
     from optimum_ipu.costmodel.memory import table_shares
     from optimum_ipu.costmodel.performance import estimate_performance
-    from optimum_ipu.costmodel.planner import _Pricer
     from optimum_ipu.costmodel.profile import Matmul
 
     profile = synthetic(8)

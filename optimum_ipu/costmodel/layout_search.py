@@ -1,7 +1,7 @@
-"""The layout planner: the `layers_per_ipu` and `matmul_proportion` that run fastest within memory.
+"""The layout search: the `layers_per_ipu` and `matmul_proportion` that run fastest within memory.
 
 The trace is layout-independent, and what one IPU costs depends only on which layers it holds (plus
-the embeddings / heads pinned to the first / last IPU). So the planner prices every (IPU, range of
+the embeddings / heads pinned to the first / last IPU). So the layout search prices every (IPU, range of
 layers) pair once: the memory left decides the matmul proportion (as high as the largest matmul
 can use, as low as the memory forces), which decides the stage time. A dynamic programme over the
 IPUs finds the smallest achievable bottleneck stage; every layout within a few percent of it is then
@@ -59,7 +59,7 @@ class _Option:
 
 @dataclass
 class LayoutProposal:
-    """The planner's layout beside the given one, each with its full compile report."""
+    """The layout search's layout beside the given one, each with its full compile report."""
 
     given: CompileReport
     proposed: CompileReport
@@ -201,7 +201,7 @@ class _Pricer:
 
     def option(self, ipu: int, start: int, stop: int, returns: bool = True) -> _Option | None:
         """IPU `ipu` holding layers [start, stop), in a layout whose forward comes back to IPU 0 or not
-        (the planner's search assumes it does: only layouts with every layer on IPU 0 do not)."""
+        (the layout search's search assumes it does: only layouts with every layer on IPU 0 do not)."""
         key = (ipu, start, stop, returns)
         if key not in self.cache:
             self.cache[key] = self._price(ipu, start, stop, returns)
