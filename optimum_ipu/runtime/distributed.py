@@ -55,7 +55,7 @@ def process_layout(world_size: int, replication_factor: int, ipus_per_replica: i
     """
     if world_size <= 1:
         return ProcessLayout(1, 1, 1)
-    stages = ipus_per_replica if ipus_per_replica > 1 and world_size % ipus_per_replica == 0 else 1
+    stages = ipus_per_replica if world_size % ipus_per_replica == 0 else 1  # 1 IPU per replica: stages of 1
     data_parallel = world_size // stages
     if replication_factor % data_parallel:
         if stages > 1:
@@ -78,9 +78,7 @@ def process_layout(world_size: int, replication_factor: int, ipus_per_replica: i
 
 def _valid_sizes(replication_factor: int, ipus_per_replica: int) -> str:
     replicas = [d for d in range(1, replication_factor + 1) if replication_factor % d == 0]
-    sizes = sorted(
-        set(replicas) | ({ipus_per_replica * d for d in replicas} if ipus_per_replica > 1 else set())
-    )
+    sizes = sorted(set(replicas) | {ipus_per_replica * d for d in replicas})  # whole replicas, whole pipelines
     return ", ".join(str(s) for s in sizes)
 
 
@@ -126,7 +124,7 @@ class ProcessReplicas:
             offset += t.numel()
 
     def any(self, flag: bool) -> bool:
-        value = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        value = torch.tensor([float(flag)], device=self.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item() > 0)
 

@@ -267,6 +267,41 @@ def test_sums_over_stages_come_back_on_the_values_device(ranks):
     assert fake.run(step) == [4.0, 4.0]
 
 
+class GpuOnlyCollectives:
+    """NCCL's rule in a stand-in: a collective takes only tensors on the replicas' (GPU) device."""
+
+    ReduceOp = dist.ReduceOp
+
+    def __init__(self, device: torch.device):
+        self.device, self.seen = device, []
+
+    def all_reduce(self, tensor, op=dist.ReduceOp.SUM, group=None):
+        if tensor.device != self.device:
+            raise RuntimeError(f"NCCL reduces only tensors on {self.device}, got one on {tensor.device}")
+        self.seen.append((tensor.device, group))
+
+
+def test_values_cross_to_the_replicas_device_for_a_collective_and_come_back_to_their_own(monkeypatch):
+    """NCCL reduces only GPU tensors, while the norm and the losses the executable reads are CPU values.
+
+    Without a GPU here, the meta device stands in for it: under FakeTensorMode a meta tensor copies
+    to and from the CPU (no data moves), so only where each tensor lives is checked; the values are
+    checked on the CPU above.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    meta = torch.device("meta")
+    collectives = GpuOnlyCollectives(meta)
+    monkeypatch.setattr(distributed, "dist", collectives)
+    mesh = SimpleNamespace(get_group=lambda name: name, get_local_rank=lambda name: 0)
+    replicas = ProcessReplicas(ProcessLayout(4, 2, 2), mesh, meta)
+    with FakeTensorMode():
+        total = replicas.sum_over_stages(torch.ones(1))
+        losses = replicas.gather_losses(torch.ones(2, 4, 1))
+    assert (total.device, losses.device) == (torch.device("cpu"), torch.device("cpu"))
+    assert collectives.seen == [(meta, "pp"), (meta, "dp")]
+
+
 def _losses(replicas: int) -> torch.Tensor:
     """losses[d, r, g] of a combined batch of 2 device iterations and 3 accumulation steps."""
     return torch.arange(2 * replicas * 3, dtype=torch.float32).reshape(2, replicas, 3) / 7 + 0.25
@@ -398,9 +433,21 @@ def test_the_sizes_offered_are_the_divisors_of_the_replicas_and_as_many_whole_pi
 ):
     # Each size offered is accepted, and a replication_factor of 1 with one IPU offers only 1.
     assert distributed._valid_sizes(replicas, ipus) == sizes
-    for size in map(int, sizes.split(", ")):
-        process_layout(size, replicas, ipus)
     assert distributed._valid_sizes(1, 1) == "1"
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4, 6, 8, 12])
+@pytest.mark.parametrize("ipus", [1, 2, 3, 4])
+def test_the_sizes_offered_are_exactly_the_sizes_accepted(replicas, ipus):
+    offered = {int(size) for size in distributed._valid_sizes(replicas, ipus).split(", ")}
+    accepted = set()
+    for world in range(1, 2 * replicas * ipus + 2):
+        try:
+            process_layout(world, replicas, ipus)
+            accepted.add(world)
+        except ValueError:
+            pass
+    assert offered == accepted
 
 
 # -- building the replicas of this process ---------------------------------------------------------------------------
@@ -430,6 +477,7 @@ def test_several_processes_build_a_dp_by_pp_mesh_and_close_it_at_exit(monkeypatc
     assert meshes == [("cuda", (2, 2), ("dp", "pp"))]
     assert registered == [distributed._close_process_group]
     assert replicas.layout == ProcessLayout(4, 2, 2) and replicas.device == torch.device("cuda:1")
+    assert replicas.mesh.get_local_rank("dp") == 1  # the DeviceMesh is kept for what builds on it
     assert (replicas.dp_rank, replicas.stage, replicas.dp_group.name, replicas.pp_group.name) == (
         1,
         1,
@@ -549,11 +597,13 @@ def test_holding_process_groups_does_not_keep_the_holder_alive():
     assert not any(isinstance(h, Holder) for h in distributed._GROUP_HOLDERS)
 
 
-def test_gloo_threads_are_read_from_proc_and_nothing_where_there_is_none(monkeypatch):
+def test_gloo_threads_are_read_from_proc_and_nothing_where_there_is_none(gloo_group, monkeypatch):
     import os
 
+    _replicas_on_a_real_mesh().any(True)
     real_listdir = os.listdir
     before = gloo_threads()
+    assert before
     monkeypatch.setattr(
         os, "listdir", lambda path: ["999999999", *real_listdir(path)]
     )  # a thread that just ended
