@@ -301,3 +301,50 @@ def test_transformers_gradient_checkpointing_recomputes_under_the_same_mode():
             model(input_ids=ids).last_hidden_state.float().sum().backward()
         grads.append([p.grad.clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_the_converted_functions_are_found_under_each_owner():
+    assert {torch.matmul, torch.Tensor.__matmul__, F.linear, torch.linalg.matmul} <= _CONVERTED
+    found = _functions("torch.bmm", "Tensor.matmul", "F.conv2d", "linalg.matmul")
+    assert found == {torch.bmm, torch.Tensor.matmul, F.conv2d, torch.linalg.matmul}
+
+
+def test_tensors_inside_a_list_are_replaced_and_other_entries_kept():
+    from optimum_ipu.runtime.fp16_compute import _tensors_of, _with_tensors
+
+    a, b = torch.ones(1), torch.zeros(1)
+    args, kwargs = ("eq", ["x", a, 3]), {"bias": b, "flag": True}
+    assert _tensors_of(args, kwargs) == [a, b]
+    new_args, new_kwargs = _with_tensors(args, kwargs, ["A", "B"])
+    assert new_args == ("eq", ["x", "A", 3]) and new_kwargs == {"bias": "B", "flag": True}
+
+
+def test_outside_the_mode_a_checkpointed_function_is_left_as_it_is():
+    from optimum_ipu.runtime.fp16_compute import recomputed_in_same_mode
+
+    def forward(x):
+        return x
+
+    assert recomputed_in_same_mode(forward) is forward
+
+
+def test_transformers_checkpoint_functions_are_wrapped_once_and_pass_every_argument_on():
+    from optimum_ipu.runtime.fp16_compute import recompute_transformers_checkpoints_in_same_mode
+
+    calls = []
+
+    def checkpoint(function, *args, **kwargs):
+        calls.append((args, kwargs))
+        return function(*args)
+
+    layer, plain = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    layer._gradient_checkpointing_func = checkpoint
+    model = torch.nn.Sequential(layer, plain)
+    recompute_transformers_checkpoints_in_same_mode(model)
+    wrapped = layer._gradient_checkpointing_func
+    recompute_transformers_checkpoints_in_same_mode(model)  # a second call (every training call makes one)
+    assert layer._gradient_checkpointing_func is wrapped is not checkpoint
+    assert not hasattr(plain, "_gradient_checkpointing_func")
+    assert wrapped(lambda x: x + 1, 1, use_reentrant=False) == 2 and calls == [
+        ((1,), {"use_reentrant": False})
+    ]
