@@ -34,13 +34,12 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
+from overhead import cpu_description
 from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
 from optimum_ipu import IPUConfig
@@ -59,19 +58,6 @@ MODELS: dict[str, Callable[[], torch.nn.Module]] = {
         pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None,
     )),
 }  # fmt: skip
-
-
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo, and the cores and torch threads in use."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            name = next(
-                (line.partition(":")[2].strip() for line in handle if line.startswith("model name")), name
-            )
-    except OSError:
-        pass
-    return f"CPU: {name} ({os.cpu_count()} cores visible, {torch.get_num_threads()} torch threads)"
 
 
 def placed(model: torch.nn.Module) -> torch.nn.Module:
@@ -102,7 +88,7 @@ def main() -> None:
     parser.add_argument("--no-trainer", action="store_true", help="leave out the trainers' predict() runs")
     args = parser.parse_args()
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    print(cpu_name(), f"torch {torch.__version__}")
+    print(cpu_description(), f"{torch.get_num_threads()} torch threads, torch {torch.__version__}")
     print(f"fp32, batch {args.batch}, sources of {args.source_length} tokens, {args.max_length} tokens generated; "
           f"{args.rounds} interleaved rounds, one generate() call per run and round")  # fmt: skip
     print(f"{'':<45} {'CPU time of this process':^29} {'wall clock':^19}")

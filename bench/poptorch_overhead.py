@@ -25,31 +25,17 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
-import os
-import platform
 import statistics
 import time
 
 import torch
+from overhead import cpu_description
 from torch import nn
 
 import poptorch
 
 MICRO_BATCH, ACCUMULATION, DEVICE_ITERATIONS = 16, 2, 4
 COMBINED = MICRO_BATCH * ACCUMULATION * DEVICE_ITERATIONS
-
-
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo, and the cores and torch threads in use."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            name = next(
-                (line.partition(":")[2].strip() for line in handle if line.startswith("model name")), name
-            )
-    except OSError:
-        pass
-    return f"CPU: {name} ({os.cpu_count()} cores visible, {torch.get_num_threads()} torch threads)"
 
 
 class MLP(nn.Module):
@@ -86,7 +72,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10, help="timed host calls per run and round")
     args = parser.parse_args()
     logging.getLogger("poptorch").setLevel(logging.ERROR)
-    print(cpu_name(), f"torch {torch.__version__}")
+    print(cpu_description(), f"{torch.get_num_threads()} torch threads, torch {torch.__version__}")
     print(f"MLP 784-512-256-10, SGD momentum; micro-batch {MICRO_BATCH} x GA {ACCUMULATION} x DI "
           f"{DEVICE_ITERATIONS} = {COMBINED} samples per host call; {args.rounds} rounds x {args.calls} calls")  # fmt: skip
 
