@@ -160,12 +160,21 @@ class FP32PartialsMode(TorchFunctionMode):
         return func(*fp32_args, **fp32_kwargs).half()
 
 
+def _as_saved(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
 class _FP32Call(torch.autograd.Function):
-    """One converted call: its fp32 graph is built in forward and run by backward."""
+    """One converted call: its fp32 graph is built in forward and run by backward.
+
+    The fp32 graph keeps what it saves itself, out of reach of saved-tensor hooks around the call (a
+    recomputation checkpoint's): a checkpoint would otherwise recompute its block again from inside
+    this call's backward, once per converted call, and the fp32 graph's saves belong to no block.
+    """
 
     @staticmethod
     def forward(ctx, mode: FP32PartialsMode, func, args, kwargs, *tensors):
-        with torch.enable_grad():
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_as_saved, _as_saved):
             copies = [mode._up(t).detach().requires_grad_(t.requires_grad) for t in tensors]
             fp32_args, fp32_kwargs = _with_tensors(args, kwargs, copies)
             out = func(*fp32_args, **fp32_kwargs)

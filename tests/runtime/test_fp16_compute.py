@@ -348,3 +348,21 @@ def test_transformers_checkpoint_functions_are_wrapped_once_and_pass_every_argum
     assert wrapped(lambda x: x + 1, 1, use_reentrant=False) == 2 and calls == [
         ((1,), {"use_reentrant": False})
     ]
+
+
+def test_a_recomputed_block_runs_its_forward_once_more_not_once_per_converted_call():
+    """The fp32 graphs of converted calls keep their own saves: a checkpoint recomputes its block once in
+    the backward, as without the mode (it once recomputed it from inside every converted call's backward)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from optimum_ipu.runtime.fp16_compute import recomputed_in_same_mode
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8), torch.nn.GELU(),
+                                torch.nn.Linear(8, 8)).half()  # fmt: skip
+    forwards = []
+    block.register_forward_pre_hook(lambda *_: forwards.append(1))  # a recomputation may stop early
+    with FP32PartialsMode(block.parameters()):
+        x = _half(4, 8).requires_grad_()
+        checkpoint(recomputed_in_same_mode(block), x, use_reentrant=False).float().sum().backward()
+    assert len(forwards) == 2, len(forwards)  # the forward, then one recomputation
