@@ -295,7 +295,12 @@ def test_transformers_gradient_checkpointing_recomputes_under_the_same_mode():
     for checkpointing in (False, True):
         model.zero_grad()
         if checkpointing:
-            model.activation_checkpointing_enable()  # transformers' own, non-reentrant
+            # transformers' own, non-reentrant (activation_checkpointing_enable in recent releases; 5.18 has gradient_...)
+            enable = getattr(model, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable()
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             recompute_transformers_checkpoints_in_same_mode(model)
         with FP32PartialsMode(model.parameters()):
             model(input_ids=ids).last_hidden_state.float().sum().backward()
