@@ -20,7 +20,6 @@ from optimum_ipu.pipelining.serialized import SerializedEmbedding, SerializedLin
 from optimum_ipu.pipelining.spec import CutSpec, base_model_path, generic_spec, spec_for
 from optimum_ipu.pipelining.stage_plan import StagePlan, build_stage_plan
 from optimum_ipu.runtime.batches import move_to
-from optimum_ipu.runtime.fp16_compute import recomputed_in_same_mode
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ def _checkpointed(module: nn.Module, forward: Callable) -> Callable:
 
     def run(*args, **kwargs):
         if module.training and torch.is_grad_enabled():
-            return checkpoint(recomputed_in_same_mode(forward), *args, use_reentrant=False, **kwargs)
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
         return forward(*args, **kwargs)
 
     return run

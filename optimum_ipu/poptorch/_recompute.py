@@ -26,7 +26,6 @@ from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
 from optimum_ipu.poptorch._logging import logger
-from optimum_ipu.runtime.fp16_compute import recomputed_in_same_mode
 
 __all__ = ["finding_recomputed_modules", "note_checkpoint", "recomputing"]
 
@@ -89,7 +88,7 @@ def finding_recomputed_modules(model: nn.Module) -> Iterator[list[nn.Module]]:
 def _recomputed_forward(forward, *args, **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
-    return checkpoint(recomputed_in_same_mode(forward), *args, use_reentrant=False, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 @contextlib.contextmanager

@@ -29,10 +29,7 @@ from torch import nn
 
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, concatenate, slice_batch, split_batch
 from optimum_ipu.runtime.checks import micro_batch_size_of
-from optimum_ipu.runtime.fp16_compute import (
-    fp16_compute_context,
-    recompute_transformers_checkpoints_in_same_mode,
-)
+from optimum_ipu.runtime.fp16_compute import fp16_compute_context
 from optimum_ipu.runtime.gradients import GradientAccumulator, clip_
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.replicas import LocalReplicas, Replicas, ReplicaStreams
@@ -113,8 +110,6 @@ class TrainingExecutable:
         losses = torch.full((di, replicas, ga), float("nan"))
 
         self.model.train()
-        if self.fp16_compute == "emulated":  # transformers' checkpointing may be switched on at any time
-            recompute_transformers_checkpoints_in_same_mode(self.model)
         for d in range(di):
             # The weights stay the same until the update below: fp16 compute converts them once.
             weights = self.model.parameters()

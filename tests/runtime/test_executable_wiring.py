@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import nn
-from torch.overrides import _get_current_function_mode
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from optimum_ipu.runtime.batches import split_batch
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
@@ -31,7 +31,7 @@ class Tiny(nn.Module):
         self.seen: list[tuple[torch.dtype, object]] = []
 
     def forward(self, x, labels=None):
-        self.seen.append((x.dtype, _get_current_function_mode()))
+        self.seen.append((x.dtype, _get_current_dispatch_mode()))
         out = self.linear(x).squeeze(-1)
         if not self.as_dict:
             return out
