@@ -1,10 +1,18 @@
 """Overhead of `poptorch.trainingModel` over a plain PyTorch loop doing the same micro-batch steps.
 
-An MNIST-sized MLP (784 -> 512 -> 256 -> 10, cross-entropy) is trained with SGD (momentum 0.9) at
-micro-batch 16, gradient accumulation 2 and 4 device iterations: one host call of `trainingModel`
-is 8 micro-batches and 4 weight updates. The plain loop does exactly those steps: per device
-iteration, forward and backward of 2 micro-batches (loss / 2, the Mean reduction), then
-`optimizer.step()`. These runs are interleaved over several rounds, each timing `--calls` host calls
+Two programs, each trained through `trainingModel` and by a plain loop on the same micro-batches:
+
+- `seed`: the program of seed 004 ("Intro to PopTorch", `examples/poptorch/mnist_poptorch.py`): its
+  `Network` (two convolution blocks, two linear layers, dropout, log-softmax) in its
+  `TrainingModelWithLoss`, batch size 8, 50 device iterations, SGD with lr 0.05: one host call is
+  50 micro-batches and 50 weight updates. The plain loop is the tutorial's PyTorch loop
+  (`zero_grad`, `backward`, `step` per batch).
+- `mlp`: an MNIST-sized MLP (784 -> 512 -> 256 -> 10, cross-entropy) with SGD (momentum 0.9) at
+  micro-batch 16, gradient accumulation 2 and 4 device iterations: 8 micro-batches and 4 updates
+  per host call; the plain loop divides each loss by 2 (the Mean reduction). Its weights are large
+  beside its micro-batch, so it shows the cost of weight-sized work per update.
+
+For each program these runs are interleaved over several rounds, each timing `--calls` host calls
 after a warm-up call (compilation excluded, as in PopTorch's own throughput figures):
 
 - `plain fp32`: the plain loop, fp32 weights;
@@ -13,11 +21,11 @@ after a warm-up call (compilation excluded, as in PopTorch's own throughput figu
   compute on a CPU).
 
 Printed: the CPU, each run's median time per host call, and `plain fp32 time / poptorch time` (1.0 =
-no overhead; targets >= 0.9 in fp32 and >= 0.8 in half, issue 23), all measured in this one run, in
-this process's CPU time (`time.process_time`: with one torch thread it is the work done, which other
-jobs on a shared machine do not inflate) and in wall-clock time.
+no overhead; targets >= 0.9 in fp32 and >= 0.8 in half for the seed program, issue 23), all measured
+in this one run, in this process's CPU time (`time.process_time`: with one torch thread it is the
+work done, which other jobs on a shared machine do not inflate) and in wall-clock time.
 
-    OMP_NUM_THREADS=1 python bench/poptorch_overhead.py [--rounds 5] [--calls 10]
+    OMP_NUM_THREADS=1 python bench/poptorch_overhead.py [--rounds 5] [--calls 10] [--program seed mlp]
 """
 
 from __future__ import annotations
@@ -25,8 +33,11 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import os
 import statistics
+import sys
 import time
+from dataclasses import dataclass
 
 import torch
 from overhead import cpu_description
@@ -34,8 +45,24 @@ from torch import nn
 
 import poptorch
 
-MICRO_BATCH, ACCUMULATION, DEVICE_ITERATIONS = 16, 2, 4
-COMBINED = MICRO_BATCH * ACCUMULATION * DEVICE_ITERATIONS
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "poptorch"))
+from mnist_poptorch import Network, TrainingModelWithLoss  # noqa: E402  (the seed program's model)
+
+
+@dataclass(frozen=True)
+class Program:
+    """A model, its optimizer and its batching: what one host call of `trainingModel` runs."""
+
+    name: str
+    make_model: type
+    make_optimizer: object  # parameters -> optimizer
+    micro_batch: int
+    accumulation: int
+    device_iterations: int
+
+    @property
+    def combined(self) -> int:
+        return self.micro_batch * self.accumulation * self.device_iterations
 
 
 class MLP(nn.Module):
@@ -50,51 +77,46 @@ class MLP(nn.Module):
         return logits, nn.functional.cross_entropy(logits, labels)
 
 
-def _sgd(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+PROGRAMS = {
+    "seed": Program("seed", lambda: TrainingModelWithLoss(Network()),
+                    lambda params: torch.optim.SGD(params, lr=0.05), 8, 1, 50),
+    "mlp": Program("mlp", MLP, lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9), 16, 2, 4),
+}  # fmt: skip
 
 
-def plain_call(model, optimizer, images, labels) -> None:
+def plain_call(program: Program, model, optimizer, images, labels) -> None:
     """One host call's worth of steps in plain PyTorch, micro-batch by micro-batch."""
-    xs = images.view(DEVICE_ITERATIONS, ACCUMULATION, MICRO_BATCH, *images.shape[1:])
-    ys = labels.view(DEVICE_ITERATIONS, ACCUMULATION, MICRO_BATCH)
-    for d in range(DEVICE_ITERATIONS):
+    di, ga, mb = program.device_iterations, program.accumulation, program.micro_batch
+    xs = images.view(di, ga, mb, *images.shape[1:])
+    ys = labels.view(di, ga, mb)
+    for d in range(di):
         optimizer.zero_grad()
-        for g in range(ACCUMULATION):
+        for g in range(ga):
             _, loss = model(xs[d, g], ys[d, g])
-            (loss / ACCUMULATION).backward()
+            (loss / ga if ga > 1 else loss).backward()
         optimizer.step()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=10, help="timed host calls per run and round")
-    args = parser.parse_args()
-    logging.getLogger("poptorch").setLevel(logging.ERROR)
-    print(cpu_description(), f"{torch.get_num_threads()} torch threads, torch {torch.__version__}")
-    print(f"MLP 784-512-256-10, SGD momentum; micro-batch {MICRO_BATCH} x GA {ACCUMULATION} x DI "
-          f"{DEVICE_ITERATIONS} = {COMBINED} samples per host call; {args.rounds} rounds x {args.calls} calls")  # fmt: skip
-
+def measure(program: Program, rounds: int, calls: int) -> None:
     torch.manual_seed(0)
-    base = MLP()
+    base = program.make_model()
     g = torch.Generator().manual_seed(1)
     batches = [
-        (torch.rand(COMBINED, 1, 28, 28, generator=g), torch.randint(0, 10, (COMBINED,), generator=g))
-        for _ in range(args.calls)
-    ]
+        (torch.randn(program.combined, 1, 28, 28, generator=g), torch.randint(0, 10, (program.combined,), generator=g))
+        for _ in range(calls)
+    ]  # fmt: skip
 
     plain = copy.deepcopy(base)
-    plain_optimizer = _sgd(plain)
-    opts = poptorch.Options().deviceIterations(DEVICE_ITERATIONS)
-    opts.Training.gradientAccumulation(ACCUMULATION)
+    plain_optimizer = program.make_optimizer(plain.parameters())
+    opts = poptorch.Options().deviceIterations(program.device_iterations)
+    opts.Training.gradientAccumulation(program.accumulation)
     fp32_model = copy.deepcopy(base)
-    fp32 = poptorch.trainingModel(fp32_model, opts, optimizer=_sgd(fp32_model))
+    fp32 = poptorch.trainingModel(fp32_model, opts, optimizer=program.make_optimizer(fp32_model.parameters()))
     half_model = copy.deepcopy(base).half()
-    half = poptorch.trainingModel(half_model, opts, optimizer=_sgd(half_model))
+    half = poptorch.trainingModel(half_model, opts, optimizer=program.make_optimizer(half_model.parameters()))
 
     runs = {
-        "plain fp32": lambda x, y: plain_call(plain, plain_optimizer, x, y),
+        "plain fp32": lambda x, y: plain_call(program, plain, plain_optimizer, x, y),
         "poptorch fp32": lambda x, y: fp32(x, y),
         "poptorch half": lambda x, y: half(x.half(), y),
     }
@@ -102,7 +124,7 @@ def main() -> None:
         run(*batches[0])
     cpu: dict[str, list[float]] = {name: [] for name in runs}
     wall: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name, run in runs.items():
             start, start_cpu = time.perf_counter(), time.process_time()
             for x, y in batches:
@@ -110,12 +132,33 @@ def main() -> None:
             cpu[name].append((time.process_time() - start_cpu) / len(batches))
             wall[name].append((time.perf_counter() - start) / len(batches))
 
+    print(f"\n{program.name}: micro-batch {program.micro_batch} x GA {program.accumulation} x DI "
+          f"{program.device_iterations} = {program.combined} samples per host call; {rounds} rounds x {calls} calls")  # fmt: skip
     print(f"{'':<15} {'CPU time of this process':^36} {'wall clock':^26}")
-    print(f"{'run':<15} {'ms per host call':>17} {'plain fp32 / run':>18} {'ms per host call':>17} {'ratio':>8}")
-    cpu_reference, wall_reference = statistics.median(cpu["plain fp32"]), statistics.median(wall["plain fp32"])
+    print(
+        f"{'run':<15} {'ms per host call':>17} {'plain fp32 / run':>18} {'ms per host call':>17} {'ratio':>8}"
+    )
+    cpu_reference, wall_reference = (
+        statistics.median(cpu["plain fp32"]),
+        statistics.median(wall["plain fp32"]),
+    )
     for name in runs:
         c, w = statistics.median(cpu[name]), statistics.median(wall[name])
-        print(f"{name:<15} {c * 1e3:17.2f} {cpu_reference / c:18.2f} {w * 1e3:17.2f} {wall_reference / w:8.2f}")
+        print(
+            f"{name:<15} {c * 1e3:17.2f} {cpu_reference / c:18.2f} {w * 1e3:17.2f} {wall_reference / w:8.2f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=10, help="timed host calls per run and round")
+    parser.add_argument("--program", nargs="+", choices=sorted(PROGRAMS), default=["seed", "mlp"])
+    args = parser.parse_args()
+    logging.getLogger("poptorch").setLevel(logging.ERROR)
+    print(cpu_description(), f"{torch.get_num_threads()} torch threads, torch {torch.__version__}")
+    for name in args.program:
+        measure(PROGRAMS[name], args.rounds, args.calls)
 
 
 if __name__ == "__main__":

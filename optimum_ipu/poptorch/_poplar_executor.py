@@ -232,9 +232,7 @@ class PoplarExecutor:
         if self._loss_index is None:
             self._loss_index = _outputs.find_loss(output)
         loss = leaves[self._loss_index]
-        self._recorded.append(
-            pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, output)
-        )
+        self._recorded.append(_detached(output))
         return _outputs.loss_for_backward(loss)
 
     def _fp16_compute(self) -> str | None:
@@ -288,6 +286,7 @@ class PoplarExecutor:
                                    auto=self._options.Training.automatic_loss_scaling),
             streams=self._streams, max_grad_norm=0.0 if max_norm == float("inf") else float(max_norm),
             fp16_compute=self._fp16_compute(), reduction="sum" if reduction == ReductionType.Sum else "mean",
+            measure_grad_norm=False,  # PopTorch returns no gradient norm: measured only to clip
         )  # fmt: skip
 
     # -- PopTorch's API ------------------------------------------------------------------------------
@@ -597,6 +596,15 @@ def _refuse_backward(outputs: Any) -> None:
             _refuse_backward(element)
     elif isinstance(outputs, torch.Tensor):
         outputs.backward = error_on_backward
+
+
+def _detached(output: Any) -> Any:
+    """`output` with every tensor detached (a tensor or a tuple of tensors directly: the common forwards)."""
+    if isinstance(output, torch.Tensor):
+        return output.detach()
+    if type(output) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in output):
+        return type(output)(t.detach() for t in output)
+    return pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, output)
 
 
 def _constant_tensors(model: nn.Module) -> list[torch.Tensor]:

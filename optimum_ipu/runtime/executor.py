@@ -54,6 +54,10 @@ class TrainingExecutable:
             accumulation micro-batches then run through the stages concurrently.
         reduction: "mean" (PopTorch's default: the update uses the mean gradient over accumulation
             steps and replicas) or "sum" (their sum: PopTorch's `ReductionType.Sum`).
+        measure_grad_norm: measure the global gradient norm at every update, into `last_grad_norm`
+            (IPUTrainer logs it, as transformers' Trainer does). Without it (PopTorch returns no
+            norm) the norm is measured only to clip, and the overflow check and the unscaling are one
+            fused pass.
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class TrainingExecutable:
         replicas: Replicas | None = None,
         stages=None,
         reduction: str = "mean",
+        measure_grad_norm: bool = True,
     ):
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
@@ -85,6 +90,7 @@ class TrainingExecutable:
         self.replicas = replicas or LocalReplicas()
         self.stages = stages
         self.reduction = reduction
+        self.measure_grad_norm = measure_grad_norm
         self.device_iterations = ipu_config.device_iterations
         self.replication_factor = ipu_config.replication_factor
         self.gradient_accumulation_steps = ipu_config.gradient_accumulation_steps
@@ -107,26 +113,34 @@ class TrainingExecutable:
         di, replicas, ga = self.device_iterations, self.replication_factor, self.gradient_accumulation_steps
         micro_batch_size_of(batch_size_of(batch), di, replicas, ga)  # raises "Invalid batch dimension"
         micro_batches = split_batch(cast_floating(batch, self.dtype), di * replicas * ga)
-        losses = torch.full((di, replicas, ga), float("nan"))
+        local = self.replicas.local_replicas(replicas)
+        # Every micro-batch's loss, in [device iteration][local replica][accumulation step] order:
+        # 0-dim tensors on the model's device (one copy to the host at the end, not one per loss),
+        # or, when the stages are processes, each replica's GA losses as one host vector.
+        collected: list[torch.Tensor] = []
 
         self.model.train()
         for d in range(di):
             # The weights stay the same until the update below: fp16 compute converts them once.
             weights = self.model.parameters()
             with self.gradients.collecting(), fp16_compute_context(self.fp16_compute, weights):
-                for r in self.replicas.local_replicas(replicas):
+                for r in local:
                     first = (d * replicas + r) * ga
                     with self.streams.use(r):
                         if self.stages is not None:
-                            losses[d, r] = self.stages.run(
-                                micro_batches[first : first + ga], self.loss_scaler.scale
+                            collected.append(
+                                self.stages.run(micro_batches[first : first + ga], self.loss_scaler.scale)
                             )
                             continue
                         for g in range(ga):
                             loss = self.loss_fn(micro_batches[first + g])
                             self.loss_scaler.scale_loss(loss).backward()
-                            losses[d, r, g] = loss.detach().float()
+                            collected.append(loss.detach())
             self._update(replicas * ga if self.reduction == "mean" else 1)
+        losses = torch.full((di, replicas, ga), float("nan"))
+        if collected:
+            values = torch.cat(collected) if self.stages is not None else torch.stack(collected)
+            losses[:, local.start : local.stop] = values.float().cpu().view(di, len(local), ga)
         self.last_losses = self.replicas.gather_losses(losses)
         return self._losses_to_return(self.last_losses)
 
@@ -136,11 +150,15 @@ class TrainingExecutable:
         pairs = self.gradients.gradients()
         params, grads = (list(t) for t in zip(*pairs)) if pairs else ([], [])
         self.replicas.sum_(grads)
-        norm = self.loss_scaler.unscale_(grads, micro_batches, self.replicas)
+        clipping = bool(self.max_grad_norm and self.max_grad_norm > 0)
+        measured = clipping or self.measure_grad_norm
+        norm = self.loss_scaler.unscale_(grads, micro_batches, self.replicas, norm=measured)
         self.last_update_applied = norm is not None
-        if norm is not None:
+        if norm is not None and measured:
             self.last_grad_norm = norm
-            clip_(grads, self.max_grad_norm, torch.tensor(norm))
+            if clipping:
+                clip_(grads, self.max_grad_norm, torch.tensor(norm))
+        if norm is not None:
             fp32_gradients = {p: g for p, g in zip(params, grads) if p.dtype != g.dtype}
             if fp32_gradients:
                 self.optimizer.step(gradients=fp32_gradients)

@@ -7,7 +7,9 @@ each micro-batch's fp16 gradients into fp32 buffers and `LossScaler.unscale_` do
 division in one fp32 multiply, so no gradient representable at scale S is lost.
 
 A non-finite gradient (an fp16 overflow in some backward) skips the update: the weights and the
-optimizer state are untouched. With `auto=True` the scale adapts by the rule PopART documents for
+optimizer state are untouched. The global gradient norm is measured only when something reads it
+(clipping, the trainer's `grad_norm` log, as in transformers); otherwise one fused pass checks for
+non-finite values and unscales, the way torch's `GradScaler` does. With `auto=True` the scale adapts by the rule PopART documents for
 automatic loss scaling: after each update, look at the gradients as the IPU stores them (fp16, still
 scaled, reduced); if more than `threshold` of their elements lie above `bin_edge` x the fp16 maximum,
 halve S, otherwise double it (every `update_period` updates); an overflow halves it at once. Scales
@@ -17,6 +19,7 @@ stay powers of two (exact in fp16 and fp32) between `min_scale` and `max_scale`.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 import torch
@@ -67,10 +70,12 @@ class LossScaler:
         self.skipped_updates = 0
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """The loss to call `backward()` on: `loss × S`, in fp32."""
-        return loss.float() * self.scale
+        """The loss to call `backward()` on: `loss × S`, in fp32 (the loss itself when S is 1)."""
+        return loss.float() if self.scale == 1.0 else loss.float() * self.scale
 
-    def unscale_(self, gradients: Sequence[torch.Tensor], micro_batches: int, replicas=None) -> float | None:
+    def unscale_(
+        self, gradients: Sequence[torch.Tensor], micro_batches: int, replicas=None, *, norm: bool = True
+    ) -> float | None:
         """Turn fp32 sums of scaled micro-batch gradients into mean true gradients, in place.
 
         Args:
@@ -78,18 +83,26 @@ class LossScaler:
             micro_batches: accumulation steps x replicas, the mean's divisor.
             replicas: the replica group (`LocalReplicas` or a distributed one): an overflow on any
                 process skips the update on all, and pipeline stages add their parts of the norm.
+            norm: measure the global norm (for clipping and the logs). Without it, one fused pass
+                checks and unscales, and a clean update returns NaN ("not measured").
 
         Returns:
-            The global L2 norm of the true mean gradient (for clipping and the logs), or None when
-            an overflow skips the update (the caller drops the gradients).
+            The global L2 norm of the true mean gradient (NaN when `norm` is False), or None when an
+            overflow skips the update (the caller drops the gradients).
         """
         replicas = replicas or LocalReplicas()
+        divisor = self.scale * micro_batches
+        if not norm and not self.auto:
+            if replicas.any(_unscale_and_find_non_finite(gradients, 1.0 / divisor)):
+                self.skipped_updates += 1
+                self._after_overflow()
+                return None
+            return math.nan
         squared = replicas.sum_over_stages(global_norm(gradients) ** 2)
         if replicas.any(not bool(squared.isfinite())):
             self.skipped_updates += 1
             self._after_overflow()
             return None
-        divisor = self.scale * micro_batches
         if self.auto:
             above, total = replicas.sum_over_stages(
                 self._counts_above_edge(gradients, micro_batches)
@@ -141,3 +154,22 @@ class LossScaler:
         self.scale = float(state["scale"])
         self.clean_updates = int(state["clean_updates"])
         self.skipped_updates = int(state["skipped_updates"])
+
+
+def _unscale_and_find_non_finite(gradients: Sequence[torch.Tensor], factor: float) -> bool:
+    """Multiply `gradients` by `factor` in place and say whether any element is NaN or infinite.
+
+    One fused pass per device (torch's `_amp_foreach_non_finite_check_and_unscale_`, the kernel of
+    `GradScaler.unscale_`): the product is the same fp32 multiply as `torch._foreach_mul_`.
+    """
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for g in gradients:
+        by_device.setdefault(g.device, []).append(g)
+    found = False
+    for device, tensors in by_device.items():
+        flag = torch.zeros(1, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(
+            tensors, flag, torch.full((1,), factor, device=device)
+        )
+        found = found or bool(flag.item())
+    return found

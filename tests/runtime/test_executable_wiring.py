@@ -86,6 +86,35 @@ def test_gradients_are_not_clipped_unless_a_maximum_is_given():
     assert exe.last_grad_norm == pytest.approx(norm, rel=1e-5)  # the norm of the mean gradient
 
 
+def test_without_measure_grad_norm_the_norm_is_measured_only_to_clip_and_the_update_is_the_same():
+    """PopTorch's front end measures no norm it does not clip with: the fused check-and-unscale pass must
+    give plain PyTorch's update (mean over 2 accumulation steps, not the sum, not scaled by S)."""
+    batch = data(4, scale=30.0)
+    expected, norm = reference_step(batch)
+    m = Tiny()
+    exe = training(m, cfg(ga=2), scaler=LossScaler(8.0), measure_grad_norm=False)
+    exe(batch)
+    assert_same_weights(m, expected)
+    assert exe.last_update_applied and exe.last_grad_norm is None
+    clipped = Tiny()
+    exe = training(clipped, cfg(ga=2), measure_grad_norm=False, max_grad_norm=1.0)
+    exe(batch)
+    assert exe.last_grad_norm == pytest.approx(norm, rel=1e-5)  # measured: clipping needs it
+
+
+def test_without_measure_grad_norm_a_non_finite_gradient_still_skips_the_update():
+    m = Tiny()
+    before = [p.detach().clone() for p in m.parameters()]
+    exe = TrainingExecutable(
+        m, cfg(ga=2), lambda mb: m(**mb)["loss"] * float("inf"), torch.optim.SGD(m.parameters(), lr=0.1),
+        LossScaler(), ReplicaStreams(0, 1), measure_grad_norm=False,
+    )  # fmt: skip
+    exe(data(4))
+    assert not exe.last_update_applied and exe.loss_scaler.skipped_updates == 1
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), before))
+    assert all(p.grad is None for p in m.parameters())
+
+
 def test_a_skipped_first_update_reports_no_gradient_norm():
     m = Tiny().half()
     exe = training(m, cfg(), scaler=LossScaler(2.0**15), fp16_compute="native")

@@ -80,6 +80,25 @@ def test_unscaling_gives_the_mean_true_gradient_and_its_norm():
     assert scaler.scale == 256.0  # static: unchanged
 
 
+def test_unscaling_without_the_norm_gives_the_same_mean_gradient_and_reports_it_as_not_measured():
+    scaler = LossScaler(256.0)
+    grads = [torch.tensor([1024.0, -2048.0]), torch.tensor([0.0, 3072.0])]  # as in the test above
+    norm = scaler.unscale_(grads, micro_batches=4, norm=False)
+    assert grads[0].tolist() == [1.0, -2.0] and grads[1].tolist() == [0.0, 3.0]
+    assert norm != norm  # NaN: not measured (None would mean a skipped update)
+    odd = [torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 1e3]
+    by_hand = odd[0] * torch.tensor(1 / (3 * 256.0))  # GA 3: 1/768 is not exact in binary
+    scaler.unscale_(odd, micro_batches=3, norm=False)
+    assert torch.equal(odd[0], by_hand)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_unscaling_without_the_norm_still_finds_a_non_finite_gradient_and_skips_the_update(bad):
+    scaler = LossScaler(1.0)
+    assert scaler.unscale_([torch.ones(3), torch.tensor([1.0, bad])], micro_batches=2, norm=False) is None
+    assert scaler.skipped_updates == 1
+
+
 def test_without_a_loss_scaling_argument_the_scale_is_1_and_a_scale_of_0_or_less_is_refused():
     assert LossScaler().scale == 1.0 and not LossScaler().auto
     for bad in (0.0, -64.0):
