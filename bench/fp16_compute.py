@@ -4,10 +4,10 @@ An IPU-style device iteration runs GA micro-batches' forwards and backwards on u
 These runs of the same layers and micro-batches are interleaved over several rounds:
 
 - `fp32`: the layers in fp32, no mode (the speed emulation aims at);
-- `per-op`: fp16 layers under `FP32PartialsMode()` with no weights declared: every matmul copies its
-  fp16 weight to fp32 again, forward and backward, for every micro-batch;
-- `per-block`: the same under `FP32PartialsMode(weights)`, as the trainer runs it: each weight is
-  copied once for the block.
+- `per-op`: fp16 layers under `FP32Partials()` with no weights declared: every forward of every
+  micro-batch copies its fp16 weights to fp32 again (its backward reads that copy);
+- `per-block`: the same under `FP32Partials(weights)`, as the trainer runs it: each weight of
+  `CACHED_WEIGHT_ELEMENTS` or more is copied once for the block.
 
 Small micro-batches with wide layers (the IPU configs' micro-batch 1 at BERT-base or -large width)
 are where the weights outweigh the activations, so where the per-block copy matters. The CPU's name
@@ -29,7 +29,7 @@ from overhead import cpu_description
 from transformers import BertConfig
 from transformers.models.bert.modeling_bert import BertLayer
 
-from optimum_ipu.runtime.fp16_compute import FP32PartialsMode
+from optimum_ipu.runtime.fp16_compute import FP32Partials
 
 
 def block_seconds(layers: torch.nn.ModuleList, inputs: list[torch.Tensor], mode) -> float:
@@ -75,8 +75,8 @@ def main() -> None:
     inputs16 = [x.detach().half().requires_grad_() for x in inputs32]
     runs = {
         "fp32": (fp32, inputs32, contextlib.nullcontext),
-        "per-op": (fp16, inputs16, FP32PartialsMode),
-        "per-block": (fp16, inputs16, lambda: FP32PartialsMode(fp16.parameters())),
+        "per-op": (fp16, inputs16, FP32Partials),
+        "per-block": (fp16, inputs16, lambda: FP32Partials(fp16.parameters())),
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.rounds + 1):  # the first round warms up and is not counted

@@ -6,26 +6,30 @@ arithmetic: torch's fp16 matrix multiply runs at 1-3 GFLOP/s there against 50-10
 1-3, Intel client parts, older Xeons; only AVX512-FP16 or AMX parts are fast), so a plain `.half()`
 model trains 15-40x slower than in fp32.
 
-`FP32PartialsMode` is a `TorchDispatchMode`: while it is active, every aten op of the matmul family
-(forward and backward, as autograd runs them) whose inputs are fp16 is computed from exact fp32
-copies of those inputs and its result is rounded to fp16. That is the IPU's arithmetic for these ops
-(fp16 values, fp32 partials, fp16 result), it is bit-identical on every CPU (fp32 products of fp16
-values are exact; only the fp32 summation order may differ between BLAS builds), and it runs at fp32
-speed. Tensors stay fp16 in memory. Ops outside the family keep their fp16 kernels: measured on an
-AVX2 CPU, fp16 elementwise ops, softmax and layer norm run within 1.6x of fp32 (gelu is the worst),
-while matmuls are ~40x and CPU flash attention 3x slower; converting the cheap ones would cost more
-in casts than it saves.
+`FP32Partials` is a context: while it is active, every op of the matmul family (`mm`, `addmm`,
+`bmm`, `baddbmm`, `mv`, `addmv`, `dot`, `convolution`, CPU flash attention) called with an fp16
+input is computed from exact fp32 copies of its inputs, and its result is rounded to fp16. The
+copies and the rounding are ordinary autograd ops, so the op's backward runs in fp32 on those
+copies and each gradient is rounded to fp16 where it leaves the op. That is the IPU's arithmetic
+for these ops in both directions (fp16 values, fp32 partials, fp16 result), bit-identical on every
+CPU (fp32 products of fp16 values are exact; only the fp32 summation order may differ between BLAS
+builds), at fp32 speed. Ops outside the family keep torch's fp16 kernels: measured on an AVX2 CPU,
+fp16 elementwise ops, softmax and layer norm run within 1.6x of fp32, while matmuls are ~40x and CPU
+flash attention 3x slower.
 
-The weights are converted once per block, not once per op: given the model's weights, the mode
-keeps the fp32 copy of each weight's storage for as long as it is active (one device iteration of
-training, GA micro-batches' forwards and backwards with the weights unchanged, or one inference
-call) and reads every view of it (the transposed weight of a forward, the weight of an input
-gradient) from that copy. A weight changed in place while the mode is active (its version counter
-moves) is converted again. The values are the same as converting per op, so results are bit-identical;
-the cost is the fp32 copies held while the block runs (twice the fp16 weights' size). Other tensors
-(activations, gradients) are converted at every op: one can be rewritten without its version counter
-moving (a pipeline stage's receive buffer, written by the communication backend), so no copy of one
-is trusted past the op that made it.
+How the ops are caught: a dispatch key of torch's own, `AutocastIPU` (the autocast slot PyTorch
+keeps for IPUs, unused on CPUs and GPUs), is switched on for the context's thread. Kernels for the
+ops above are registered on it once per process; every other op falls through it inside torch's
+dispatcher, without a Python call. The key sits above autograd, as autocast's do, which is why the
+fp32 copies and the rounding are recorded by autograd. (A `TorchDispatchMode` would see every op,
+forward and backward, in Python: the layer cost more than the arithmetic on small models.)
+
+Memory: an op's backward keeps its fp32 input copies (twice the fp16 size) instead of the fp16
+inputs. Weights declared to the context are copied to fp32 once for the context (one device
+iteration of training, GA micro-batches on unchanged weights, or one inference call) and every op
+and micro-batch reads that copy; a weight changed in place (its version counter moves) is copied
+again. Declared weights of fewer than `CACHED_WEIGHT_ELEMENTS` elements are copied per op, where
+the copy costs less than the bookkeeping.
 
 `enable_half_partials` (Optimum Graphcore's default True) asks the IPU to accumulate matmul partials
 in fp16. This backend does not emulate that: partial sums are fp32, which is at least as accurate,
@@ -40,84 +44,171 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterable, Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["FP16_COMPUTE_CHOICES", "FP32PartialsMode", "fp16_compute_context", "resolve_fp16_compute"]
+__all__ = [
+    "FP16_COMPUTE_CHOICES",
+    "FP32Partials",
+    "fp16_compute_context",
+    "active_fp32_partials",
+    "resolve_fp16_compute",
+]
 
 ENVIRONMENT_VARIABLE = "OPTIMUM_IPU_FP16_COMPUTE"
 FP16_COMPUTE_CHOICES = ("auto", "emulated", "native")
+CACHED_WEIGHT_ELEMENTS = 1 << 16
 
+_KEY = torch._C.DispatchKey.AutocastIPU
+_KEYSET = torch._C.DispatchKeySet(_KEY)
 _aten = torch.ops.aten
 
 
 def _ops(*names: str) -> frozenset:
-    """The overload packets that exist in this torch build (names differ a little across releases)."""
-    return frozenset(getattr(_aten, name) for name in names if hasattr(_aten, name))
+    """The default overloads of the ops that exist in this torch build (names differ across releases)."""
+    return frozenset(getattr(_aten, name).default for name in names if hasattr(_aten, name))
 
 
-# Whole overload packets: every overload (.default, .out excluded below) of these ops is converted.
+# Only the default overloads: `out=` variants write into the caller's tensor with torch's kernel, and the
+# `dtype` overloads choose their own output type.
 _CONVERTED = _ops(
-    "mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "_addmm_activation",
-    "convolution", "convolution_backward",
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
-    "_scaled_dot_product_attention_math",
+    "mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "_addmm_activation", "convolution",
+    "_scaled_dot_product_flash_attention_for_cpu",
 )  # fmt: skip
 # Outputs that are fp32 in torch's own fp16 kernels (the attention's log-sum-exp): left fp32.
 _FP32_OUTPUTS = {"_scaled_dot_product_flash_attention_for_cpu": (1,)}
+
+_state = threading.local()  # .active: the innermost FP32Partials of this thread, or None
+_registrations: list[torch.library.Library] = []
+_registering = threading.Lock()
+
+
+class _ReadCopy(torch.autograd.Function):
+    """A declared weight read from its fp32 copy: the copy forward, the gradient rounded to fp16 backward
+    (what `weight.float()` records, without copying the weight again)."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+        return copy
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.to(torch.float16), None
+
+
+class FP32Partials:
+    """Compute fp16 matmuls, convolutions and attention from fp32 copies; round results to fp16.
+
+    Args:
+        weights: tensors that stay the same inside the context (the model's parameters): copied to
+            fp32 once for the context instead of at every op that reads them.
+
+    Only ops with at least one fp16 tensor input are converted, so an fp32 model (or fp32 parts of
+    a model, such as a loss computed in fp32) runs unchanged in the context. Contexts nest; the
+    innermost one's weights are used.
+    """
+
+    def __init__(self, weights: Iterable[torch.Tensor] = ()):
+        self.weights = [w for w in weights if w.dtype == torch.float16]
+        # Held for the context's life, so no other tensor can get a weight's storage address meanwhile.
+        self._cached = {
+            w.untyped_storage().data_ptr(): w for w in self.weights if w.numel() >= CACHED_WEIGHT_ELEMENTS
+        }
+        self._fp32: dict[int, tuple[int, torch.Tensor]] = {}  # weight storage address -> (version, copy)
+        self._saved: list[tuple[object, bool, bool]] = []
+
+    def __enter__(self) -> FP32Partials:
+        _register_kernels()
+        self._saved.append((
+            getattr(_state, "active", None),
+            torch._C._dispatch_tls_is_dispatch_key_included(_KEY),
+            torch._C._dispatch_tls_is_dispatch_key_excluded(_KEY),
+        ))  # fmt: skip
+        _state.active = self
+        torch._C._dispatch_tls_set_dispatch_key_included(_KEY, True)
+        torch._C._dispatch_tls_set_dispatch_key_excluded(_KEY, False)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        active, included, excluded = self._saved.pop()
+        _state.active = active
+        torch._C._dispatch_tls_set_dispatch_key_included(_KEY, included)
+        torch._C._dispatch_tls_set_dispatch_key_excluded(_KEY, excluded)
+        if not self._saved:
+            self._fp32 = {}
+
+    def _up(self, tensor: torch.Tensor) -> torch.Tensor:
+        """An fp16 tensor as an autograd-recorded fp32 copy; a view of a declared weight from its storage's copy."""
+        if not self._cached:
+            return tensor.float()
+        address = tensor.untyped_storage().data_ptr()
+        version = _version(tensor) if address in self._cached else None
+        if version is None:  # not a declared weight, or no version counter to prove it unchanged
+            return tensor.float()
+        cached = self._fp32.get(address)
+        if cached is None or cached[0] != version:
+            cached = self._fp32[address] = (version, _storage_as_fp32(tensor))
+        copy = cached[1].as_strided(tensor.size(), tensor.stride(), tensor.storage_offset())
+        return _ReadCopy.apply(tensor, copy) if tensor.requires_grad and torch.is_grad_enabled() else copy
+
+
+_UNDECLARED = FP32Partials()
+
+
+def active_fp32_partials() -> FP32Partials | None:
+    """This thread's innermost `FP32Partials` context, None outside one."""
+    return getattr(_state, "active", None)
+
+
+def _kernel(op: torch._ops.OpOverload):
+    """The kernel of `op` on the key: fp32 copies in, fp16 out when an input is fp16; else `op` itself."""
+    keep = _FP32_OUTPUTS.get(op.overloadpacket.__name__, ())
+    attention = op.overloadpacket.__name__.startswith("_scaled_dot_product")
+
+    def kernel(*args, **kwargs):
+        # The ops above take their tensors as positional arguments, none in lists. The key is on only inside
+        # a context, or in a thread autograd runs a backward on for it (the key travels with autograd's
+        # thread-local state, the context object does not): there, no declared weights.
+        context = getattr(_state, "active", None) or _UNDECLARED
+        with torch._C._ExcludeDispatchKeyGuard(_KEYSET):
+            # CPU flash attention with a mask insists on its own dtype rules: masked attention stays native.
+            if attention and kwargs.get("attn_mask") is not None:
+                return op(*args, **kwargs)
+            converted = [
+                context._up(a) if isinstance(a, torch.Tensor) and a.dtype == torch.float16 else a
+                for a in args
+            ]
+            if all(c is a for c, a in zip(converted, args)):  # no fp16 input: the op as it is
+                return op(*args, **kwargs)
+            out = op(*converted, **kwargs)
+            if isinstance(out, (tuple, list)):
+                return type(out)(_down(o, i, keep) for i, o in enumerate(out))
+            return _down(out, 0, keep)
+
+    return kernel
+
+
+def _register_kernels() -> None:
+    """Register the kernels on the key, and a fall-through for every other op (once per process)."""
+    if _registrations:
+        return
+    with _registering:
+        if _registrations:
+            return
+        fallthrough = torch.library.Library("_", "IMPL")
+        fallthrough.fallback(torch.library.fallthrough_kernel, _KEY.name)
+        kernels = torch.library.Library("aten", "IMPL")
+        for op in _CONVERTED:
+            kernels.impl(op.name().removeprefix("aten::"), _kernel(op), _KEY.name)
+        _registrations.extend([fallthrough, kernels])
 
 
 def _down(value, index: int, keep: tuple[int, ...]):
     if isinstance(value, torch.Tensor) and value.dtype == torch.float32 and index not in keep:
         return value.half()
     return value
-
-
-class FP32PartialsMode(TorchDispatchMode):
-    """Compute fp16 matmuls, convolutions and attention from fp32 copies; round results to fp16.
-
-    Only ops with at least one fp16 tensor input are converted, so an fp32 model (or fp32 parts of
-    a model, such as a loss computed in fp32) runs unchanged under the mode. In-place and `out=`
-    variants are left alone (none of them appears in transformers' forward or backward).
-    """
-
-    def __init__(self, weights: Iterable[torch.Tensor] = ()):
-        super().__init__()
-        # Held for the mode's life, so no other tensor can get a weight's storage address meanwhile.
-        self._weights = {
-            w.untyped_storage().data_ptr(): w for w in weights if w.dtype == torch.float16 and w.numel()
-        }
-        self._fp32: dict[int, tuple[int, torch.Tensor]] = {}  # weight storage address -> (version, copy)
-
-    def _up(self, value):
-        """fp16 tensors (also inside lists and tuples) as fp32; a view of a weight from its storage's copy."""
-        if isinstance(value, torch.Tensor) and value.dtype == torch.float16:
-            address = value.untyped_storage().data_ptr()
-            version = _version(value) if address in self._weights else None
-            if version is None:  # not a weight, or no version counter to prove it unchanged
-                return value.float()
-            cached = self._fp32.get(address)
-            if cached is None or cached[0] != version:
-                cached = self._fp32[address] = (version, _storage_as_fp32(value))
-            return cached[1].as_strided(value.size(), value.stride(), value.storage_offset())
-        if isinstance(value, (list, tuple)):
-            return type(value)(self._up(v) for v in value)
-        return value
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        packet = func.overloadpacket
-        # CPU flash attention with a mask insists on its own dtype rules: masked attention stays native.
-        masked = packet.__name__.startswith("_scaled_dot_product") and kwargs.get("attn_mask") is not None
-        if packet in _CONVERTED and not masked and "out" not in kwargs and _has_half(args):
-            out = func(*self._up(args), **self._up(kwargs))
-            keep = _FP32_OUTPUTS.get(packet.__name__, ())
-            if isinstance(out, (tuple, list)):
-                return type(out)(_down(o, i, keep) for i, o in enumerate(out))
-            return _down(out, 0, keep)
-        return func(*args, **kwargs)
 
 
 def _storage_as_fp32(tensor: torch.Tensor) -> torch.Tensor:
@@ -133,16 +224,6 @@ def _version(tensor: torch.Tensor) -> int | None:
         return tensor._version
     except RuntimeError:
         return None
-
-
-def _has_half(args) -> bool:
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            if a.dtype == torch.float16:
-                return True
-        elif isinstance(a, (list, tuple)) and _has_half(a):
-            return True
-    return False
 
 
 def resolve_fp16_compute(requested: str | None, device: torch.device | str) -> str:
@@ -172,14 +253,14 @@ def resolve_fp16_compute(requested: str | None, device: torch.device | str) -> s
 
 @contextlib.contextmanager
 def fp16_compute_context(mode: str, weights: Iterable[torch.Tensor] = ()) -> Iterator[None]:
-    """Run the enclosed forward/backward with `mode` ("emulated" enters `FP32PartialsMode`).
+    """Run the enclosed forward/backward with `mode` ("emulated" enters `FP32Partials`).
 
     Args:
         weights: tensors that stay the same inside the block (the model's parameters): converted to
             fp32 once for the block instead of at every op that reads them.
     """
     if mode == "emulated":
-        with FP32PartialsMode(weights):
+        with FP32Partials(weights):
             yield
     else:
         yield

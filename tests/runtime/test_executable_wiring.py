@@ -10,18 +10,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from optimum_ipu.runtime.batches import split_batch
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
-from optimum_ipu.runtime.fp16_compute import FP32PartialsMode
+from optimum_ipu.runtime.fp16_compute import FP32Partials, active_fp32_partials
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.optimizers import AdamW
 from optimum_ipu.runtime.replicas import LocalReplicas, ReplicaStreams
 
 
 class Tiny(nn.Module):
-    """Linear regression that records the dtype of its inputs and the dispatch mode it runs under."""
+    """Linear regression that records the dtype of its inputs and the fp16 compute context it runs under."""
 
     def __init__(self, as_dict=True):
         super().__init__()
@@ -31,7 +30,7 @@ class Tiny(nn.Module):
         self.seen: list[tuple[torch.dtype, object]] = []
 
     def forward(self, x, labels=None):
-        self.seen.append((x.dtype, _get_current_dispatch_mode()))
+        self.seen.append((x.dtype, active_fp32_partials()))
         out = self.linear(x).squeeze(-1)
         if not self.as_dict:
             return out
@@ -179,8 +178,8 @@ def test_fp16_compute_is_emulated_by_default_with_the_weights_converted_once(mod
         if mode == "native":
             assert active is None
         else:
-            assert isinstance(active, FP32PartialsMode)
-            assert {id(w) for w in active._weights.values()} == {id(p) for p in m.parameters()}
+            assert isinstance(active, FP32Partials)
+            assert {id(w) for w in active.weights} == {id(p) for p in m.parameters()}
 
 
 def test_integer_inputs_keep_their_dtype():

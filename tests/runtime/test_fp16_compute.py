@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from optimum_ipu.runtime.fp16_compute import FP32PartialsMode, _ops, _storage_as_fp32, resolve_fp16_compute
+from optimum_ipu.runtime import fp16_compute
+from optimum_ipu.runtime.fp16_compute import FP32Partials, _ops, _storage_as_fp32, resolve_fp16_compute
 
 
 def _half(*shape, seed=0):
@@ -32,7 +34,7 @@ def test_forward_and_backward_equal_fp32_compute_rounded_to_fp16(name):
     """Bit-equal to a written-out reference: exact fp32 copies in, fp32 op, fp16 out (forward and grads)."""
     fn, inputs = CASES[name]
     ours = [x.clone().requires_grad_() for x in inputs]
-    with FP32PartialsMode():
+    with FP32Partials():
         out = fn(*ours)
         out.float().sum().backward()
     assert out.dtype == torch.float16 and all(x.grad.dtype == torch.float16 for x in ours)
@@ -51,13 +53,14 @@ def test_forward_and_backward_equal_fp32_compute_rounded_to_fp16(name):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_weights_converted_once_per_block_give_the_same_bits(name):
+def test_weights_converted_once_per_block_give_the_same_bits(name, monkeypatch):
     """Every input declared a weight (read from the block's fp32 copy): forward and grads unchanged."""
+    monkeypatch.setattr(fp16_compute, "CACHED_WEIGHT_ELEMENTS", 1)  # these small tensors too
     fn, inputs = CASES[name]
     results = []
     for weights in (False, True):
         ours = [x.clone().requires_grad_() for x in inputs]
-        with FP32PartialsMode(ours if weights else ()):
+        with FP32Partials(ours if weights else ()):
             outs = [fn(*ours) for _ in range(3)]  # three micro-batches on the same weights
             sum(o.float().sum() for o in outs).backward()
         results.append([*outs, *(x.grad for x in ours)])
@@ -83,19 +86,19 @@ class _Conversions(TorchDispatchMode):
 
 
 def test_a_weight_is_converted_once_per_block_and_again_after_an_in_place_change():
-    layer = torch.nn.Linear(64, 48).half()
-    inputs = [_half(4, 64, seed=s) for s in range(4)]
+    layer = torch.nn.Linear(512, 128).half()  # 65,536 weights: at CACHED_WEIGHT_ELEMENTS
+    inputs = [_half(4, 512, seed=s) for s in range(4)]
     weight = layer.weight
     counted = {}
     for declared in (False, True):
         with _Conversions(weight.numel()) as conversions:
-            with FP32PartialsMode(layer.parameters() if declared else ()):
-                for x in inputs:  # forward (weight transposed) and input gradient (weight) per micro-batch
+            with FP32Partials(layer.parameters() if declared else ()):
+                for x in inputs:  # the backward reads the copy its forward made (or the block's)
                     layer(x.requires_grad_()).float().sum().backward()
         counted[declared] = conversions.count
-    assert counted == {False: 8, True: 1}
+    assert counted == {False: 4, True: 1}
 
-    with FP32PartialsMode(layer.parameters()):
+    with FP32Partials(layer.parameters()):
         before = layer(inputs[0])
         with torch.no_grad():
             weight.mul_(2)  # the version counter moves: the cached copy is stale
@@ -104,11 +107,19 @@ def test_a_weight_is_converted_once_per_block_and_again_after_an_in_place_change
     assert not torch.equal(before, after)
 
 
+def test_a_declared_weight_below_the_size_threshold_is_copied_per_op():
+    layer = torch.nn.Linear(64, 48).half()  # 3,072 weights: the copy costs less than the bookkeeping
+    with _Conversions(layer.weight.numel()) as conversions, FP32Partials(layer.parameters()):
+        for s in range(3):
+            layer(_half(4, 64, seed=s))
+    assert conversions.count == 3
+
+
 def test_an_activation_is_never_read_from_a_stale_copy():
     """Only declared weights are copied once; a new tensor at a freed one's address, or one written in
     place, is read as it is now."""
     w = _half(64, 64, seed=99)
-    with FP32PartialsMode():
+    with FP32Partials():
         for i in range(20):
             x = torch.full((64, 64), i / 8, dtype=torch.float16)  # often at the freed x's address
             assert torch.equal(x @ w, (x.float() @ w.float()).half())
@@ -123,7 +134,7 @@ def test_an_activation_is_never_read_from_a_stale_copy():
 def test_within_one_fp16_ulp_of_native_fp16():
     a, b = _half(16, 32), _half(32, 8, seed=1)
     native = a @ b
-    with FP32PartialsMode():
+    with FP32Partials():
         emulated = a @ b
     ulp = torch.finfo(torch.float16).eps * native.float().abs().clamp(min=2.0**-14)
     assert ((emulated.float() - native.float()).abs() <= ulp).all()
@@ -131,7 +142,7 @@ def test_within_one_fp16_ulp_of_native_fp16():
 
 def test_fp32_tensors_pass_through_unchanged():
     a, b = torch.randn(4, 5), torch.randn(5, 3)
-    with FP32PartialsMode():
+    with FP32Partials():
         out = a @ b
     assert out.dtype == torch.float32 and torch.equal(out, a @ b)
 
@@ -149,13 +160,41 @@ def test_mode_is_chosen_per_device_and_can_be_forced(monkeypatch):
         resolve_fp16_compute("auto", "cpu")
 
 
-def test_ops_are_taken_as_whole_overload_packets_and_missing_ones_skipped():
-    assert _ops("mm", "an_op_no_torch_has") == frozenset({torch.ops.aten.mm})
+def test_ops_are_taken_as_default_overloads_and_missing_ones_skipped():
+    assert _ops("mm", "an_op_no_torch_has") == frozenset({torch.ops.aten.mm.default})
+
+
+def _python_calls_into(module_file: str, fn) -> int:
+    """How many Python calls into `module_file` running `fn` makes."""
+    calls = 0
+
+    def profile(frame, event, _arg):
+        nonlocal calls
+        calls += event == "call" and frame.f_code.co_filename == module_file
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_ops_outside_the_family_cost_no_python_call_and_a_converted_one_costs_one():
+    """The point of the dispatch key: elementwise ops, softmax, pooling... fall through in C++."""
+    x, w = _half(8, 16), _half(16, 4, seed=1)
+    with FP32Partials():
+        outside = _python_calls_into(
+            fp16_compute.__file__, lambda: F.max_pool1d(torch.relu(x.unsqueeze(0)), 2).softmax(-1)
+        )
+        converted = _python_calls_into(fp16_compute.__file__, lambda: x @ w)
+    assert outside == 0
+    assert converted >= 1
 
 
 def test_a_weight_viewed_at_an_offset_is_read_from_its_own_elements():
     big, x = _half(10, 4, seed=3), _half(5, 4)
-    with FP32PartialsMode([big]):
+    with FP32Partials([big]):
         out = x @ big[3:7]  # a view 12 elements into the weight's storage
     assert torch.equal(out, (x.float() @ big[3:7].float()).half())
 
@@ -169,7 +208,7 @@ def test_the_fp32_copy_of_a_weight_is_made_on_the_weights_device():
 
 def test_keyword_arguments_reach_the_fp32_op():
     c, a, b = _half(5, 3, seed=2), _half(5, 4), _half(4, 3, seed=1)
-    with FP32PartialsMode():
+    with FP32Partials():
         out = torch.addmm(c, a, b, beta=0.5, alpha=2.0)  # beta and alpha are keyword-only in aten
     assert torch.equal(out, torch.addmm(c.float(), a.float(), b.float(), beta=0.5, alpha=2.0).half())
 
@@ -177,7 +216,7 @@ def test_keyword_arguments_reach_the_fp32_op():
 def test_out_variants_write_into_the_given_tensor_with_torchs_kernel():
     a, b = _half(5, 4), _half(4, 3, seed=1)
     out = torch.empty(5, 3, dtype=torch.float16)
-    with FP32PartialsMode():
+    with FP32Partials():
         torch.mm(a, b, out=out)
     assert torch.equal(out, torch.mm(a, b))
 
@@ -186,7 +225,7 @@ def test_out_variants_write_into_the_given_tensor_with_torchs_kernel():
 def test_masked_attention_keeps_torchs_own_fp16_kernel(mask):
     q, k, v = _half(1, 2, 5, 8), _half(1, 2, 5, 8, seed=1), _half(1, 2, 5, 8, seed=2)
     attn_mask = _half(1, 1, 5, 5, seed=3) if mask == "fp16" else _half(1, 1, 5, 5, seed=3) > -0.5
-    with FP32PartialsMode():
+    with FP32Partials():
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
     assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask))
 
@@ -196,14 +235,14 @@ def test_outputs_keep_the_dtypes_of_torchs_own_fp16_kernels():
     if flash is None:
         pytest.skip("this torch build has no CPU flash attention")
     q, k, v = _half(1, 2, 5, 8), _half(1, 2, 5, 8, seed=1), _half(1, 2, 5, 8, seed=2)
-    with FP32PartialsMode():
+    with FP32Partials():
         emulated = flash(q, k, v)
     assert [o.dtype for o in emulated] == [o.dtype for o in flash(q, k, v)] == [torch.float16, torch.float32]
 
 
 def test_fp32_convolutions_pass_through_unchanged():
     x, w = torch.randn(1, 3, 6, 6), torch.randn(4, 3, 3, 3)
-    with FP32PartialsMode():
+    with FP32Partials():
         out = F.conv2d(x, w, padding=1)
     assert out.dtype == torch.float32 and torch.equal(out, F.conv2d(x, w, padding=1))
 
