@@ -96,7 +96,10 @@ class TrainingExecutable:
         self.gradient_accumulation_steps = ipu_config.gradient_accumulation_steps
         self.output_mode = ipu_config.output_mode
         self.dtype = next(model.parameters()).dtype
-        self.gradients = GradientAccumulator([p for p in model.parameters() if p.requires_grad])
+        self.weights = list(
+            model.parameters()
+        )  # walked once: a module walk per update costs more than a small step
+        self.gradients = GradientAccumulator([p for p in self.weights if p.requires_grad])
         self.last_losses = torch.empty(0)
         self.last_grad_norm: float | None = None
         self.last_update_applied = True
@@ -122,8 +125,7 @@ class TrainingExecutable:
         self.model.train()
         for d in range(di):
             # The weights stay the same until the update below: fp16 compute converts them once.
-            weights = self.model.parameters()
-            with self.gradients.collecting(), fp16_compute_context(self.fp16_compute, weights):
+            with self.gradients.collecting(), fp16_compute_context(self.fp16_compute, self.weights):
                 for r in local:
                     first = (d * replicas + r) * ga
                     with self.streams.use(r):
