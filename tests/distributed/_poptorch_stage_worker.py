@@ -67,9 +67,13 @@ def main(out: Path, replicas: int) -> None:
         losses.append(loss)
     model.detachFromDevice()
     weights = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    # Inference with 1 replica (so not split over the processes): the whole trained model in every process.
+    # (.clone(): a returned tensor carries PopTorch's backward() guard, which torch.save cannot pickle.)
+    predictions = poptorch.inferenceModel(net, poptorch.Options().deviceIterations(2))(xs[0]).clone()
     out.mkdir(parents=True, exist_ok=True)
     torch.save({"x": torch.stack(xs), "labels": torch.stack(labels), "losses": torch.stack(losses),
-                "weights": weights, "seconds": seconds}, out / f"rank{os.environ.get('RANK', '0')}.pt")  # fmt: skip
+                "weights": weights, "predictions": predictions, "seconds": seconds},
+               out / f"rank{os.environ.get('RANK', '0')}.pt")  # fmt: skip
 
 
 if __name__ == "__main__":

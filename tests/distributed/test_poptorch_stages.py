@@ -58,15 +58,18 @@ def plain_loop(xs: torch.Tensor, labels: torch.Tensor, replicas: int) -> tuple[t
             optimizer.step()
             losses.extend(loss.detach() for loss in micro)
     weights = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
-    return torch.stack(losses).reshape(len(xs), -1), weights
+    with torch.no_grad():
+        predictions = net(xs[0])
+    return torch.stack(losses).reshape(len(xs), -1), weights, predictions
 
 
 def check_equals_plain_loop(ranks: list[dict], replicas: int) -> None:
-    losses, weights = plain_loop(ranks[0]["x"], ranks[0]["labels"], replicas)
-    for rank in ranks:  # every process: the same batches, losses and whole model
+    losses, weights, predictions = plain_loop(ranks[0]["x"], ranks[0]["labels"], replicas)
+    for rank in ranks:  # every process: the same batches, losses, whole model and inference outputs
         torch.testing.assert_close(rank["x"], ranks[0]["x"], rtol=0, atol=0)
         torch.testing.assert_close(rank["losses"], losses, rtol=0, atol=1e-6)
         torch.testing.assert_close(rank["weights"], weights, rtol=0, atol=1e-6)
+        torch.testing.assert_close(rank["predictions"], predictions, rtol=0, atol=1e-6)
 
 
 def test_two_stage_processes_train_as_the_plain_loop(tmp_path):
