@@ -43,7 +43,8 @@ class DataLoader(torch.utils.data.DataLoader):
         shuffle, num_workers, drop_last (default True), persistent_workers: as torch's DataLoader.
         mode: `DataLoaderMode.Sync` (default), `Async` or `AsyncRebatched` (load ahead in workers).
         auto_distributed_partitioning: under torchrun, hand each process its replicas' part of every
-            combined batch (default True; False: each process's dataset is its own).
+            combined batch, or the whole combined batch when the replicas are not a multiple of the
+            processes (stage processes); default True; False: each process's dataset is its own.
         async_options, rebatched_worker_size: accepted for PopTorch compatibility.
         **kwargs: passed to `torch.utils.data.DataLoader`.
     """

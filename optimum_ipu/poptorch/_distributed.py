@@ -9,6 +9,11 @@ so every process applies the same update).
 The data follows the replicas: `poptorch.DataLoader` hands each process only its replicas' part of
 every combined batch (batch_size x DI x R/P x GA samples, the samples those replicas get in the
 one-process run), with one shuffle shared by all processes (process 0 draws the seed).
+
+When R is not a multiple of P, the processes do not split the replicas: each is handed the whole
+combined batch, a pipelined training model of N stages runs as P / N pipelines of N stage processes
+(`_stages`; P must be N x a divisor of R, else `layout_error`), and an inference model runs whole in
+every process.
 """
 
 from __future__ import annotations
