@@ -193,30 +193,53 @@ def plan_stages(model: nn.Module, args: tuple, kwargs: dict, strategy, num_stage
         for path, span in spans.items()
         if path in called and path and len(span) == 1 and len(spans[caller(path)]) > 1
     }
-    plan = StagePlan(num_stages, boundaries, placeholders, _owners(model, spans), sent)
-    _check_only_boundaries_cross(model, args, kwargs, plan, plain)
+    plan = StagePlan(num_stages, boundaries, placeholders, {}, sent)
+    reached = _check_only_boundaries_cross(model, args, kwargs, plan, plain)
+    plan.owners = _owners(model, spans, reached)
     return plan
 
 
-def _owners(model: nn.Module, spans: dict[str, set[int]]) -> dict[int, int]:
-    """id(tensor) -> its stage: the stage of the module(s) holding it; a weight used on two stages is an error."""
+def _owners(model: nn.Module, spans: dict[str, set[int]], reached: dict[int, set[int]]) -> dict[int, int]:
+    """id(tensor) -> its stage: for a weight, the stage whose forward reads it (a weight read on two stages
+    is an error); for a buffer or a weight no stage reads, the first stage its module runs on."""
     stages: dict[int, set[int]] = {}
     names: dict[int, str] = {}
-    trainable: dict[int, bool] = {}
     named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
     for name, tensor in named:
-        holder = name.rpartition(".")[0]
-        stages.setdefault(id(tensor), set()).update(spans.get(holder, set()))
         names.setdefault(id(tensor), name)
-        trainable[id(tensor)] = isinstance(tensor, nn.Parameter) and tensor.requires_grad
+        stages.setdefault(id(tensor), set()).update(spans.get(name.rpartition(".")[0], set()))
+    owners = {}
     for key, used in stages.items():
-        if len(used) > 1 and trainable[key]:
+        read = reached.get(key, set())
+        if len(read) > 1:
             raise Error(
-                f"The weight {names[key]} is used on pipeline stages {sorted(used)}: each stage process computes "
-                f"the gradients of its own stage's weights only, so a weight shared between stages (or held by a "
-                f"module whose sub-modules run on several stages) cannot run as stage processes. {RUN_IN_ONE_PROCESS}"
+                f"The weight {names[key]} is used on pipeline stages {sorted(read)}: each stage process computes "
+                f"the gradients of its own stage's weights only, so a weight shared between stages (a tied "
+                f"embedding and head, say) cannot run as stage processes. {RUN_IN_ONE_PROCESS}"
             )
-    return {key: min(used) if used else 0 for key, used in stages.items()}
+        owners[key] = next(iter(read)) if read else min(used, default=0)
+    return owners
+
+
+def _weights_reached(result: Any) -> set[int]:
+    """id() of every tensor with a gradient (a weight) that `result` is computed from (its autograd graph)."""
+    found, seen = set(), set()
+    todo = []
+    for t in _leaves(result):
+        if t.grad_fn is not None:
+            todo.append(t.grad_fn)
+        elif t.requires_grad:
+            found.add(id(t))
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # AccumulateGrad: the leaf its gradient goes to
+        if variable is not None:
+            found.add(id(variable))
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return found
 
 
 def _leaves(output: Any) -> list[torch.Tensor]:
@@ -229,17 +252,24 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _check_only_boundaries_cross(
     model: nn.Module, args: tuple, kwargs: dict, plan: StagePlan, plain: Any
-) -> None:
-    """Each stage, run alone on the traced tensor it receives, sends what the one-process forward had there."""
+) -> dict[int, set[int]]:
+    """Each stage, run alone on the traced tensor it receives, sends what the one-process forward had there.
+
+    Returns id(weight) -> the stages whose forward reads it (from each stage's autograd graph: a weight
+    read functionally, outside its module, counts too).
+    """
+    reached: dict[int, set[int]] = {}
     for stage in range(plan.num_stages):
         received = plan.sent[stage - 1] if stage else None
         last = stage == plan.num_stages - 1
         where = f"the boundary at {plan.boundaries[stage - 1]}" if stage else "its start"
-        with running_stage(model, plan, stage, received):
+        with running_stage(model, plan, stage, received), torch.enable_grad():
             try:
                 result = model(*args, **kwargs)
             except _StageOutput as out:
                 result = out.hidden
+        for key in _weights_reached(result):
+            reached.setdefault(key, set()).add(stage)
         if last:
             expected, got = _leaves(plain), _leaves(result)
             same = len(expected) == len(got) and all(_same(a, b) for a, b in zip(expected, got))
@@ -254,6 +284,7 @@ def _check_only_boundaries_cross(
                 f"starts it (a skip connection across a block boundary), and under torchrun only that input crosses "
                 f"from one stage process to the next. {RUN_IN_ONE_PROCESS}"
             )
+    return reached
 
 
 @contextlib.contextmanager

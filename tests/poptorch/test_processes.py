@@ -91,3 +91,43 @@ def test_a_process_count_that_is_no_whole_number_of_pipelines_is_an_error_naming
     with pytest.raises(poptorch.Error, match=r"replicationFactor\(1\) cannot be shared by the 3 processes.*"
                        r"2 pipeline stages x a number of pipelines.*one of 2,"):  # fmt: skip
         model.compile(torch.randn(2 * 3 * 2, 4))
+
+
+class TiedAcrossStages(torch.nn.Module):
+    """The same Linear on stage 0 and again on stage 1 (a tied weight)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = torch.nn.Linear(4, 4)
+        self.middle = poptorch.BeginBlock(torch.nn.Tanh(), "second", ipu_id=1)
+
+    def forward(self, x):
+        out = torch.nn.functional.linear(self.middle(self.shared(x)), self.shared.weight)
+        return out, out.pow(2).mean()
+
+
+def test_a_weight_used_on_two_stages_is_an_error_naming_it():
+    """Each stage process computes only its own weights' gradients: a weight read on stages 0 and 1 is refused."""
+    model = poptorch.trainingModel(TiedAcrossStages(), pipelined(0, 2))
+    with pytest.raises(poptorch.Error, match=r"The weight shared.weight is used on pipeline stages \[0, 1\]"):
+        model.compile(torch.randn(2 * 3 * 2, 4))
+
+
+def test_a_block_context_starts_a_stage_at_the_first_module_called_in_it():
+    """`with poptorch.Block(...)` (no BeginBlock'ed module): the boundary is the first module run in the block."""
+    from optimum_ipu.poptorch._stages import plan_stages
+
+    class WithBlocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            with poptorch.Block("0", ipu_id=0):
+                x = self.a(x)
+            with poptorch.Block("1", ipu_id=1):
+                return self.b(x)
+
+    with torch.no_grad():
+        plan = plan_stages(WithBlocks(), (torch.randn(2, 4),), {}, poptorch.PipelinedExecution(), 2)
+    assert plan.boundaries == ["b"]
