@@ -28,7 +28,7 @@ def combined_batch_factor(options: Options) -> int:
     of this process's replicas under torchrun (`_distributed`)."""
     return (
         options.device_iterations
-        * (options.replication_factor // options.input_group_size // _distributed.processes(options))
+        * (options.replication_factor // options.input_group_size // _distributed.data_processes(options))
         * options.Training.gradient_accumulation
     )
 
@@ -43,7 +43,8 @@ class DataLoader(torch.utils.data.DataLoader):
         shuffle, num_workers, drop_last (default True), persistent_workers: as torch's DataLoader.
         mode: `DataLoaderMode.Sync` (default), `Async` or `AsyncRebatched` (load ahead in workers).
         auto_distributed_partitioning: under torchrun, hand each process its replicas' part of every
-            combined batch (default True; False: each process's dataset is its own).
+            combined batch, or the whole combined batch when the replicas are not a multiple of the
+            processes (stage processes); default True; False: each process's dataset is its own.
         async_options, rebatched_worker_size: accepted for PopTorch compatibility.
         **kwargs: passed to `torch.utils.data.DataLoader`.
     """
@@ -88,7 +89,8 @@ class DataLoader(torch.utils.data.DataLoader):
             _distributed.processes(options) > 1 and auto_distributed_partitioning and batch_size is not None
         )
         if share and not isinstance(dataset, torch.utils.data.IterableDataset):
-            # Under torchrun: one shuffle for every process, and each takes its replicas' samples.
+            # Under torchrun: one shuffle for every process, and each takes its replicas' samples (every
+            # replica's when the processes do not split the replicas: stage processes).
             sampler = kwargs.pop("sampler", None)
             if sampler is None:
                 sampler = (
@@ -97,7 +99,7 @@ class DataLoader(torch.utils.data.DataLoader):
                     else torch.utils.data.SequentialSampler(dataset)
                 )
             kwargs["batch_sampler"] = _distributed.LocalReplicaBatches(
-                torch.utils.data.BatchSampler(sampler, self._combined_batch_size * _distributed.processes(options),
+                torch.utils.data.BatchSampler(sampler, self._combined_batch_size * _distributed.data_processes(options),
                                               drop_last),
                 batch_size, options.device_iterations, options.Training.gradient_accumulation,
                 options.replication_factor, _distributed.local_replicas(options),

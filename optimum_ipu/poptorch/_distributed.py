@@ -9,6 +9,11 @@ so every process applies the same update).
 The data follows the replicas: `poptorch.DataLoader` hands each process only its replicas' part of
 every combined batch (batch_size x DI x R/P x GA samples, the samples those replicas get in the
 one-process run), with one shuffle shared by all processes (process 0 draws the seed).
+
+When R is not a multiple of P, the processes do not split the replicas: each is handed the whole
+combined batch, a pipelined training model of N stages runs as P / N pipelines of N stage processes
+(`_stages`; P must be N x a divisor of R, else `layout_error`), and an inference model runs whole in
+every process.
 """
 
 from __future__ import annotations
@@ -20,34 +25,65 @@ import torch.distributed as dist
 
 from optimum_ipu.poptorch._logging import Error
 
-__all__ = ["join_process_group", "local_replicas", "processes"]
+__all__ = ["data_processes", "join_process_group", "local_replicas", "processes"]
 
 
 def processes(options) -> int:
-    """How many processes share the run's replicas (1 without torchrun, or after `Distributed.disable()`)."""
+    """Processes of the launch (1 without torchrun, or after `Distributed.disable()`)."""
     count = options.Distributed.numProcesses
-    if count > 1:
-        replicas = options.replication_factor
-        if replicas % count:
-            raise Error(
-                f"replicationFactor({replicas}) cannot be shared by the {count} processes of this launch: each "
-                f"process runs replicationFactor / processes replicas. Launch torchrun --nproc_per_node with a "
-                f"divisor of {replicas}, or set opts.replicationFactor to a multiple of {count}."
-            )
-        if options.input_group_size != 1:
-            raise Error(
-                "inputReplicaGrouping under torchrun is not simulated: run the program in one process "
-                "(the replicas are simulated there too), or leave the input grouping at 1."
-            )
+    if count > 1 and options.input_group_size != 1:
+        raise Error(
+            "inputReplicaGrouping under torchrun is not simulated: run the program in one process "
+            "(the replicas are simulated there too), or leave the input grouping at 1."
+        )
     return count
 
 
-def local_replicas(options) -> range:
-    """The replicas this process runs."""
+def data_processes(options) -> int:
+    """How many processes split each combined batch between them.
+
+    When `replicationFactor` is a multiple of the processes, each process runs its share of the
+    replicas and is handed only their samples. Otherwise every process is handed the whole combined
+    batch: a pipelined training model then runs as stage processes (`_stages`, where the N processes
+    of a pipeline all need its replicas' micro-batches), and an inference model runs whole in each.
+    The DataLoader is built before the model is traced, so this is decided from the options alone.
+    """
     count = processes(options)
+    return count if count > 1 and options.replication_factor % count == 0 else 1
+
+
+def local_replicas(options) -> range:
+    """The replicas whose samples this process is handed (all of them unless the processes split them)."""
+    count = data_processes(options)
     per_process = options.replication_factor // count
     index = options.Distributed.processId if count > 1 else 0
     return range(index * per_process, (index + 1) * per_process)
+
+
+def valid_process_counts(replicas: int, stages: int) -> list[int]:
+    """Process counts a launch may use: divisors of the replicas, and pipelines of `stages` processes."""
+    divisors = [d for d in range(1, replicas + 1) if replicas % d == 0]
+    return sorted(set(divisors) | ({stages * d for d in divisors} if stages > 1 else set()))
+
+
+def layout_error(replicas: int, count: int, stages: int) -> Error:
+    """The error for `count` processes that can run neither replica processes nor stage processes."""
+    valid = ", ".join(str(n) for n in valid_process_counts(replicas, stages) if n > 1)
+    if stages > 1:
+        how = (
+            f"as stage processes, {count} processes must be {stages} pipeline stages x a number of pipelines that "
+            f"divides replicationFactor({replicas}) ({count} is not)"
+        )
+    else:
+        how = (
+            "stage processes (one pipeline stage per process) need a training model pipelined over 2 or more "
+            "stages with poptorch.PipelinedExecution"
+        )
+    return Error(
+        f"replicationFactor({replicas}) cannot be shared by the {count} processes of this launch: each process "
+        f"runs replicationFactor / processes replicas, and {how}. Launch torchrun --nproc_per_node with one of "
+        f"{valid or 1}, or set opts.replicationFactor to a multiple of {count}."
+    )
 
 
 def join_process_group() -> None:

@@ -21,10 +21,11 @@ import weakref
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from optimum_ipu.poptorch import _distributed, _export, _outputs
+from optimum_ipu.poptorch import _distributed, _export, _outputs, _stages
 from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch._recompute import finding_recomputed_modules, recomputing
@@ -94,8 +95,13 @@ class PoplarExecutor:
         options._freeze()
         self._options = options.clone()
         self._options._freeze()
-        self._local = _distributed.local_replicas(self._options)  # the replicas this process runs
+        # The replicas whose samples a call's inputs hold, and those this process runs: the same, except
+        # for stage processes, handed every replica's samples and running their pipeline's (`_stages`).
+        self._input_local = _distributed.local_replicas(self._options)
+        self._local = self._input_local
         self._process_replicas = None
+        self._stage_plan: _stages.StagePlan | None = None
+        self._stages: _stages.PopTorchStages | None = None
         self._user_model = model
         self._training = training
         if training:
@@ -169,13 +175,17 @@ class PoplarExecutor:
         """Replicas this process runs: all of them, or replicas / processes under torchrun."""
         return len(self._local)
 
+    def _input_count(self) -> int:
+        """Replicas whose samples a call's inputs hold (all of them for stage processes)."""
+        return len(self._input_local)
+
     def _check_batch(self, leaves: list[Any]) -> None:
         o = self._options
         di, ga, r, fed = self._counts()
-        per_call = di * fed * ga * self._local_count() // r
+        per_call = di * fed * ga * self._input_count() // r
         replicas = f"Options.replicationFactor({o.replication_factor})"
-        if self._local_count() != r:
-            replicas = f"{replicas} / processes({r // self._local_count()})"
+        if self._input_count() != r:
+            replicas = f"{replicas} / processes({r // self._input_count()})"
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] % per_call:
                 raise AssertionError(
@@ -194,6 +204,9 @@ class PoplarExecutor:
             return leaf
         di, ga, r, fed = self._counts()
         local = self._local
+        if self._stage_plan is not None and len(local) != r:  # every replica's samples: keep this pipeline's
+            x = leaf.reshape(di, ga, r, -1, *leaf.shape[1:])[:, :, local.start : local.stop]
+            leaf = x.reshape(-1, *leaf.shape[1:])
         if (
             len(local) != r
         ):  # under torchrun: this process's replicas, at their places in the runtime's layout
@@ -274,7 +287,19 @@ class PoplarExecutor:
                                        output_mode="all")  # fmt: skip
         reduction = self._options.Training.accumulation_and_replication_reduction_type
         replicas = None
-        if self._local_count() != r:  # under torchrun: gradient sums all-reduced over the processes
+        self._stages = None
+        if self._stage_plan is not None:  # stage processes: N consecutive ranks run one pipeline
+            _distributed.join_process_group()
+            _distributed.broadcast_module(self._user_model)
+            device = self._reference_tensor().device
+            plan = self._stage_plan
+            self._process_replicas = self._process_replicas or build_process_replicas(
+                r, plan.num_stages, device
+            )
+            replicas = self._process_replicas
+            self._local = replicas.local_replicas(r)
+            self._stages = _stages.PopTorchStages(self, plan, replicas.stage, replicas.pp_group, ga)
+        elif self._local_count() != r:  # under torchrun: gradient sums all-reduced over the processes
             _distributed.join_process_group()
             _distributed.broadcast_module(self._user_model)
             device = self._reference_tensor().device
@@ -287,6 +312,7 @@ class PoplarExecutor:
             streams=self._streams, max_grad_norm=0.0 if max_norm == float("inf") else float(max_norm),
             fp16_compute=self._fp16_compute(), reduction="sum" if reduction == ReductionType.Sum else "mean",
             measure_grad_norm=False,  # PopTorch returns no gradient norm: measured only to clip
+            stages=self._stages,
         )  # fmt: skip
 
     # -- PopTorch's API ------------------------------------------------------------------------------
@@ -294,7 +320,7 @@ class PoplarExecutor:
         """The IPUs the forward visits, in order: one micro-batch through the model, in eval mode, no grad."""
         di, ga, r, fed = self._counts()
         micro = [
-            leaf[: max(1, leaf.shape[0] // (di * ga * fed * self._local_count() // r))]
+            leaf[: max(1, leaf.shape[0] // (di * ga * fed * self._input_count() // r))]
             if isinstance(leaf, torch.Tensor) and leaf.dim()
             else leaf
             for leaf in leaves
@@ -318,6 +344,7 @@ class PoplarExecutor:
                 module.training = was_training
         self._checkpointed = checkpointed
         self._traced = (list(trace), module_blocks, micro, spec)
+        self._traced_call = (args, kwargs)
         return [ipu for _, ipu in trace]
 
     def _recomputation_on(self, pipelined_stages: int) -> bool:
@@ -375,6 +402,32 @@ class PoplarExecutor:
                 f"({stages}) when using PopTorch.PipelinedExecution."
             )
 
+    def _plan_processes(self) -> None:
+        """Under torchrun, when the processes do not split the replicas: stage processes, or the layout error.
+
+        Replicas that P processes can share run as replica processes (`_distributed`); otherwise a pipelined
+        training model of N stages runs as P / N pipelines of N stage processes (`_stages`), and an inference
+        model runs whole in every process. Decided, and the placement checked, before any collective.
+        """
+        self._stage_plan, self._local = None, self._input_local
+        count, replicas = _distributed.processes(self._options), self._options.replication_factor
+        if count == 1 or replicas % count == 0 or not self._training:
+            return
+        strategy = self._options.execution_strategy
+        pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution)
+        stages = self.num_stages if pipelined else 1
+        if stages < 2 or count % stages or replicas % (count // stages):
+            raise _distributed.layout_error(replicas, count, stages)
+        args, kwargs = self._traced_call
+        modes = [(m, m.training) for m in self._user_model.modules()]
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                self._user_model.eval()
+                self._stage_plan = _stages.plan_stages(self._user_model, args, kwargs, strategy, stages)
+        finally:
+            for module, was_training in modes:
+                module.training = was_training
+
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Compile for inputs shaped like `args`/`kwargs`: the batch and placement checks, then the executable."""
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -384,6 +437,7 @@ class PoplarExecutor:
         buffers = [(b, b.detach().clone()) for b in self._user_model.buffers()]
         try:
             self._check_placement(self._trace_ipus(leaves, spec))
+            self._plan_processes()
         finally:
             # the trace changes no buffer (a forward that updates one runs again on the IPU)
             with torch.no_grad():
@@ -513,7 +567,7 @@ class PoplarExecutor:
                 module.training = was_training
         di, ga, _, _ = self._counts()
         mode, period = self._output_mode()
-        outputs = _outputs.select_outputs(recorded, di, ga, self._local_count(), mode, period)
+        outputs = _outputs.select_outputs(recorded, di, ga, self._output_count(), mode, period)
         _refuse_backward(outputs)
         return outputs
 
@@ -523,8 +577,11 @@ class PoplarExecutor:
             with self._optimizer_as_set(), recomputing(self._recomputed):
                 self._executable(batch)
             runtime_order = self._recorded  # this process's replicas, [DI][R][GA]
+            if self._stages is not None:
+                runtime_order = self._gather_stage_outputs(runtime_order)
+                self._stages.broadcast_weights()  # every process holds the whole updated model
             di, ga, _, _ = self._counts()
-            r = self._local_count()
+            r = self._output_count()
             recorded = [
                 runtime_order[(d * r + k) * ga + g] for d in range(di) for g in range(ga) for k in range(r)
             ]
@@ -545,6 +602,25 @@ class PoplarExecutor:
         if self._constants:  # outputs may be constants themselves: keep the values this call computed
             recorded = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, recorded)
         return recorded
+
+    def _output_count(self) -> int:
+        """Replicas whose outputs a call returns: this process's, or every replica's for stage processes
+        (their inputs held every replica's samples: each process returns what the one-process run does)."""
+        return self._options.replication_factor if self._stages is not None else self._local_count()
+
+    def _gather_stage_outputs(self, recorded: list[Any]) -> list[Any]:
+        """Every replica's outputs in the runtime's [DI][R][GA] order, on every process, from the pipelines'
+        last stages (the only ones that ran the model's end)."""
+        stages = self._stages
+        last = stages.module.is_last
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, recorded if last else None)
+        di, ga, r, _ = self._counts()
+        pipelines = self._process_replicas.layout.data_parallel
+        per = r // pipelines
+        ends = [gathered[p * stages.num_stages + stages.num_stages - 1] for p in range(pipelines)]
+        return [ends[p][(d * per + k) * ga + g] for d in range(di) for p in range(pipelines) for k in range(per)
+                for g in range(ga)]  # fmt: skip
 
     @contextlib.contextmanager
     def _constants_as_traced(self):
