@@ -661,17 +661,32 @@ class PoplarExecutor:
         return swapped()
 
 
+def _refused_backward(*_: Any, **__: Any) -> None:
+    raise Error(BACKWARD_ON_OUTPUT)
+
+
+_REFUSAL = ("backward", "__getstate__")
+
+
 def _refuse_backward(outputs: Any) -> None:
-    """`backward()` on a returned tensor raises PopTorch's error (the call already ran backward and the update)."""
+    """`backward()` on a returned tensor raises PopTorch's error (the call already ran backward and the update).
 
-    def error_on_backward(*_: Any, **__: Any) -> None:
-        raise Error(BACKWARD_ON_OUTPUT)
-
+    The refusal is an attribute of the tensor; pickling (`torch.save`) leaves it out, so a saved output
+    loads as a plain tensor, with `weights_only=True` too, without optimum-ipu installed.
+    """
     if isinstance(outputs, (list, tuple)):
         for element in outputs:
             _refuse_backward(element)
     elif isinstance(outputs, torch.Tensor):
-        outputs.backward = error_on_backward
+        tensor = weakref.ref(outputs)  # a strong reference from its own attribute would be a cycle
+
+        def state_without_refusal() -> dict[str, Any]:
+            owner = tensor()
+            attributes = vars(owner) if owner is not None else {}
+            return {k: v for k, v in attributes.items() if k not in _REFUSAL}
+
+        outputs.backward = _refused_backward
+        outputs.__getstate__ = state_without_refusal  # what torch's Tensor.__reduce_ex__ saves
 
 
 def _detached(output: Any) -> Any:

@@ -68,8 +68,7 @@ def main(out: Path, replicas: int) -> None:
     model.detachFromDevice()
     weights = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
     # Inference with 1 replica (so not split over the processes): the whole trained model in every process.
-    # (.clone(): a returned tensor carries PopTorch's backward() guard, which torch.save cannot pickle.)
-    predictions = poptorch.inferenceModel(net, poptorch.Options().deviceIterations(2))(xs[0]).clone()
+    predictions = poptorch.inferenceModel(net, poptorch.Options().deviceIterations(2))(xs[0])
     out.mkdir(parents=True, exist_ok=True)
     torch.save({"x": torch.stack(xs), "labels": torch.stack(labels), "losses": torch.stack(losses),
                 "weights": weights, "predictions": predictions, "seconds": seconds},

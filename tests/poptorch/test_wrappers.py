@@ -159,6 +159,19 @@ def test_backward_on_an_output_is_poptorchs_error():
         poptorch.inferenceModel(Net())(torch.randn(3, 4))[1].backward()
 
 
+def test_a_returned_tensor_saves_and_loads_as_a_plain_tensor(tmp_path):
+    """The backward refusal is not pickled: torch.load with weights_only (its default) reads the file."""
+    net = torch.nn.Linear(4, 2)
+    out = poptorch.inferenceModel(net)(torch.randn(3, 4))
+    out.note = "kept"  # the user's own attributes are saved as before
+    torch.save(out, tmp_path / "out.pt")
+    loaded = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert type(loaded) is torch.Tensor and torch.equal(loaded, out) and loaded.note == "kept"
+    assert "backward" not in vars(loaded)
+    with pytest.raises(poptorch.Error):
+        out.backward()
+
+
 @pytest.mark.parametrize(
     "optimizer", [torch.optim.Adam, torch.optim.AdamW, poptorch.optim.Adam, poptorch.optim.AdamW]
 )
