@@ -61,8 +61,8 @@ ENVIRONMENT_VARIABLE = "OPTIMUM_IPU_FP16_COMPUTE"
 FP16_COMPUTE_CHOICES = ("auto", "emulated", "native")
 CACHED_WEIGHT_ELEMENTS = 1 << 16
 
-_KEY = torch._C.DispatchKey.AutocastIPU
-_KEYSET = torch._C.DispatchKeySet(_KEY)
+_KEY = getattr(torch._C.DispatchKey, "AutocastIPU", None)
+_KEYSET = torch._C.DispatchKeySet(_KEY) if _KEY is not None else None
 _aten = torch.ops.aten
 
 
@@ -194,6 +194,12 @@ def _register_kernels() -> None:
     """Register the kernels on the key, and a fall-through for every other op (once per process)."""
     if _registrations:
         return
+    if not (hasattr(torch._C.DispatchKey, "AutocastIPU") and hasattr(torch.library.Library, "fallback")):
+        raise RuntimeError(
+            f"Emulated fp16 compute needs torch's AutocastIPU dispatch key and torch.library fallbacks, which "
+            f"torch {torch.__version__} lacks (torch 2.13 is tested). Upgrade torch, or use --fp16_compute native "
+            "(OPTIMUM_IPU_FP16_COMPUTE=native) to run torch's own fp16 kernels."
+        )
     with _registering:
         if _registrations:
             return

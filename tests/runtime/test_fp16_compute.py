@@ -255,3 +255,13 @@ def test_an_unknown_mode_is_refused_naming_the_argument_the_choices_and_what_the
     )
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         resolve_fp16_compute("fast", "cpu")
+
+
+def test_a_torch_without_the_dispatch_key_api_gets_an_error_naming_the_native_mode(monkeypatch):
+    monkeypatch.setattr(fp16_compute, "_registrations", [])  # as in a fresh process
+    monkeypatch.delattr(torch.library.Library, "fallback")
+    with pytest.raises(
+        RuntimeError, match=r"torch 2\.13 is tested\). Upgrade torch, or use --fp16_compute native"
+    ):
+        with FP32Partials():
+            pass
