@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from typing import Any
 
 import torch
@@ -55,6 +55,16 @@ def recording_module_blocks(model: nn.Module, trace: list) -> Iterator[dict[str,
             handle.remove()
 
 
+def nearest_ancestor_run(path: str, ran: Container[str]) -> str:
+    """The nearest ancestor of module `path` among the modules that ran ("" for the root): containers
+    such as `ModuleList` never run, so a module's caller is the closest ancestor that did."""
+    while path:
+        path = path.rpartition(".")[0]
+        if path in ran:
+            return path
+    return ""
+
+
 def stage_plan_from_blocks(
     model: nn.Module, module_blocks: dict[str, int], entries: list[tuple[str | None, int]], ipus: int
 ) -> StagePlan:
@@ -63,12 +73,8 @@ def stage_plan_from_blocks(
     def within(path: str, root: str) -> bool:
         return not root or path == root or path.startswith(root + ".")
 
-    def caller(path: str) -> str:  # the nearest ancestor that ran (containers such as ModuleList never run)
-        while path:
-            path = path.rpartition(".")[0]
-            if path in module_blocks:
-                return path
-        return ""
+    def caller(path: str) -> str:
+        return nearest_ancestor_run(path, module_blocks)
 
     spans = {path: {b for p, b in module_blocks.items() if within(p, path)} for path in module_blocks}
     owned: dict[int, list[str]] = {}

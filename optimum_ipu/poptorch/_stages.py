@@ -41,6 +41,7 @@ from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._logging import Error
+from optimum_ipu.poptorch._report import nearest_ancestor_run
 from optimum_ipu.poptorch.enums import AutoStage
 from optimum_ipu.runtime.distributed import hold_process_groups
 from optimum_ipu.runtime.stages import PipelineStages, _StageOutput
@@ -181,12 +182,8 @@ def plan_stages(model: nn.Module, args: tuple, kwargs: dict, strategy, num_stage
 
     called = {path for path, _ in calls}
 
-    def caller(path: str) -> str:  # the nearest ancestor that ran (containers such as ModuleList never run)
-        while path:
-            path = path.rpartition(".")[0]
-            if path in called:
-                return path
-        return ""
+    def caller(path: str) -> str:
+        return nearest_ancestor_run(path, called)
 
     placeholders = {
         path: (next(iter(span)), outputs[path])
