@@ -1,10 +1,12 @@
 """A pipelined PopTorch training program (2 blocks on IPUs 0 and 1), run by torchrun as stage processes.
 
-`python -m torch.distributed.run --nproc_per_node P _poptorch_stage_worker.py OUT REPLICAS [SCENARIO]`:
+`python -m torch.distributed.run --nproc_per_node P _poptorch_stage_worker.py OUT REPLICAS [half]`:
 with replicationFactor(REPLICAS) not a multiple of P, the P processes are P / 2 pipelines of two
 stage processes. Every process writes what it saw and returned (`rank{k}.pt`: the combined batches,
 the returned losses of every call, the flattened weights after training), so a test compares them
-with a plain PyTorch loop over the same micro-batches.
+with a plain PyTorch loop over the same micro-batches. `half`: the model in fp16 (`model.half()`,
+emulated fp16 compute) with `poptorch.optim.SGD(loss_scaling=64)`; run without torchrun it is the
+one-process reference of the same program.
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ def data() -> torch.utils.data.TensorDataset:
     )
 
 
-def main(out: Path, replicas: int) -> None:
+def main(out: Path, replicas: int, half: bool = False) -> None:
     torch.manual_seed(0)
-    net = network()
+    net = network().half() if half else network()
     poptorch.BeginBlock(net[0], "first", ipu_id=0)
     poptorch.BeginBlock(net[2], "second", ipu_id=1)
     opts = poptorch.Options().deviceIterations(DEVICE_ITERATIONS).replicationFactor(replicas)
@@ -55,7 +57,10 @@ def main(out: Path, replicas: int) -> None:
     opts.setExecutionStrategy(poptorch.PipelinedExecution())
     opts.outputMode(poptorch.OutputMode.All)
     loader = poptorch.DataLoader(opts, data(), batch_size=MICRO_BATCH, shuffle=True)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    if half:
+        optimizer = poptorch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, loss_scaling=64.0)
+    else:
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model = poptorch.trainingModel(ModelWithLoss(net), opts, optimizer=optimizer)
     xs, labels, losses, seconds = [], [], [], []
     for x, y in loader:
@@ -76,4 +81,4 @@ def main(out: Path, replicas: int) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), half=sys.argv[3:] == ["half"])

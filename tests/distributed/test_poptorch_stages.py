@@ -28,14 +28,27 @@ worker = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(worker)
 
 
-def launch(out: Path, processes: int, replicas: int) -> list[dict]:
+def launch(out: Path, processes: int, replicas: int, *extra: str) -> list[dict]:
+    """Run the worker under torchrun with `processes` processes (1: without torchrun, in one process)."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-               str(WORKER), str(out), str(replicas)]  # fmt: skip
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+    ]
+    command = [
+        *(torchrun if processes > 1 else [sys.executable]),
+        str(WORKER),
+        str(out),
+        str(replicas),
+        *extra,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, f"{processes} processes failed:\n{result.stderr[-4000:]}"
     return [torch.load(out / f"rank{k}.pt") for k in range(processes)]
@@ -83,3 +96,15 @@ def test_two_pipelines_of_two_stage_processes_train_as_the_plain_loop(tmp_path):
     summed over the pipelines before each update."""
     ranks = launch(tmp_path, 4, replicas=2)
     check_equals_plain_loop(ranks, replicas=2)
+
+
+def test_an_fp16_model_with_loss_scaling_trains_as_stage_processes_as_in_one_process(tmp_path):
+    """model.half() (emulated fp16 compute, fp32 gradient sums, fp16 write-back) with loss scaling 64: the
+    two stage processes return the losses, weights and predictions of the same program in one process."""
+    one = launch(tmp_path / "one", 1, 1, "half")[0]
+    ranks = launch(tmp_path / "stages", 2, 1, "half")
+    assert one["weights"].dtype == torch.float16
+    for rank in ranks:
+        torch.testing.assert_close(rank["x"], one["x"], rtol=0, atol=0)
+        for key in ("losses", "weights", "predictions"):
+            torch.testing.assert_close(rank[key], one[key], rtol=0, atol=0)
