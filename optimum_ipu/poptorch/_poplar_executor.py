@@ -477,12 +477,14 @@ class PoplarExecutor:
         """
         if args or kwargs or self._executable is None:
             self.compile(*args, **kwargs)
+        self._gather_stage_optimizer_state()
         _export.export(self, filename, self._example)
 
     def save(self, filename: str, export_model: bool = True, save_rng_state: bool = True) -> None:
         """Save the compiled model to `filename` for `poptorch.load` (as `compileAndExport`, without compiling)."""
         if self._executable is None:
             raise Error(NOT_COMPILED)
+        self._gather_stage_optimizer_state()
         _export.export(self, filename, self._example)
 
     def loadExecutable(self, filename: str) -> None:
@@ -506,7 +508,14 @@ class PoplarExecutor:
             raise Error(NOT_COMPILED)
         if not self._attached:
             raise Error("Device is not attached")
+        self._gather_stage_optimizer_state()
         self._attached = False
+
+    def _gather_stage_optimizer_state(self) -> None:
+        """As stage processes, each process keeps only its stage's optimizer state while training; here
+        every process gets every stage's, so a state dict saved on any rank is whole."""
+        if self._stages is not None and self._optimizer is not None:
+            self._stages.broadcast_optimizer_state(self._optimizer)
 
     def attachToDevice(self) -> None:
         if self._executable is None:

@@ -70,13 +70,14 @@ def main(out: Path, replicas: int, half: bool = False) -> None:
         xs.append(x)
         labels.append(y)
         losses.append(loss)
-    model.detachFromDevice()
+    model.detachFromDevice()  # as stage processes: every process now holds every stage's optimizer state
     weights = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    momentum = torch.cat([optimizer.state[p]["momentum_buffer"].reshape(-1) for p in net.parameters()])
     # Inference with 1 replica (so not split over the processes): the whole trained model in every process.
     predictions = poptorch.inferenceModel(net, poptorch.Options().deviceIterations(2))(xs[0])
     out.mkdir(parents=True, exist_ok=True)
     torch.save({"x": torch.stack(xs), "labels": torch.stack(labels), "losses": torch.stack(losses),
-                "weights": weights, "predictions": predictions, "seconds": seconds},
+                "weights": weights, "momentum": momentum, "predictions": predictions, "seconds": seconds},
                out / f"rank{os.environ.get('RANK', '0')}.pt")  # fmt: skip
 
 

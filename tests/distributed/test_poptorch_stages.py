@@ -71,17 +71,19 @@ def plain_loop(xs: torch.Tensor, labels: torch.Tensor, replicas: int) -> tuple[t
             optimizer.step()
             losses.extend(loss.detach() for loss in micro)
     weights = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    momentum = torch.cat([optimizer.state[p]["momentum_buffer"].reshape(-1) for p in net.parameters()])
     with torch.no_grad():
         predictions = net(xs[0])
-    return torch.stack(losses).reshape(len(xs), -1), weights, predictions
+    return torch.stack(losses).reshape(len(xs), -1), weights, momentum, predictions
 
 
 def check_equals_plain_loop(ranks: list[dict], replicas: int) -> None:
-    losses, weights, predictions = plain_loop(ranks[0]["x"], ranks[0]["labels"], replicas)
+    losses, weights, momentum, predictions = plain_loop(ranks[0]["x"], ranks[0]["labels"], replicas)
     for rank in ranks:  # every process: the same batches, losses, whole model and inference outputs
         torch.testing.assert_close(rank["x"], ranks[0]["x"], rtol=0, atol=0)
         torch.testing.assert_close(rank["losses"], losses, rtol=0, atol=1e-6)
         torch.testing.assert_close(rank["weights"], weights, rtol=0, atol=1e-6)
+        torch.testing.assert_close(rank["momentum"], momentum, rtol=0, atol=1e-6)  # whole after detaching
         torch.testing.assert_close(rank["predictions"], predictions, rtol=0, atol=1e-6)
 
 
@@ -106,5 +108,5 @@ def test_an_fp16_model_with_loss_scaling_trains_as_stage_processes_as_in_one_pro
     assert one["weights"].dtype == torch.float16
     for rank in ranks:
         torch.testing.assert_close(rank["x"], one["x"], rtol=0, atol=0)
-        for key in ("losses", "weights", "predictions"):
+        for key in ("losses", "weights", "momentum", "predictions"):
             torch.testing.assert_close(rank[key], one[key], rtol=0, atol=0)
