@@ -159,7 +159,11 @@ class CPU:
         tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
         device = tensors[0].device if tensors else torch.device("cpu")
         on_meta = device.type == "meta"  # the cost model's trace: shapes only, nothing crosses to the host
-        host = [t.detach().to("cpu") if isinstance(t, torch.Tensor) and not on_meta else t for t in inputs]
+        # the host's own copies (as PopTorch's callback buffers): an in-place op there leaves the model's alone
+        host = [
+            t.detach().to("cpu", copy=True) if isinstance(t, torch.Tensor) and not on_meta else t
+            for t in inputs
+        ]
         outputs = self._layer_to_call(*host, **kwargs)
         single = not isinstance(outputs, (list, tuple))
         outs = [outputs] if single else list(outputs)
