@@ -60,7 +60,13 @@ def set_available_memory(tensor: torch.Tensor, available_memory_proportion: floa
 def ipu_print_tensor(
     tensor: torch.Tensor, title: str = "", print_gradient: bool = True, summarise_threshold: int = 1000
 ):
-    """Print `tensor` when the op runs (and its gradient in backward, as the IPU's print op does)."""
+    """Print `tensor` when the op runs (and its gradient in backward, as the IPU's print op does).
+
+    Nothing is printed while a wrapper compiles (its traces are not runs of the model, as on PopTorch).
+    """
+    running = current()
+    if running is not None and running.compiling:
+        return tensor
     print(f"{title}: {tensor}" if title else tensor)
     if print_gradient and tensor.requires_grad:
         tensor.register_hook(lambda g: print(f"{title or 'tensor'} gradient: {g}"))
