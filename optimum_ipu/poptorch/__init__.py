@@ -6,10 +6,11 @@ A second front end on the runtime that runs IPUTrainer (see `optimum_ipu/runtime
 simulated and what has no effect here: docs/poptorch.md.
 """
 
-from optimum_ipu.poptorch import enums, ops, optim
+from optimum_ipu.poptorch import control_flow, enums, ops, optim, scopes, tensor_ops
 from optimum_ipu.poptorch._annotations import BeginBlock, Block, BlockFunction, removeBlocks
 from optimum_ipu.poptorch._dataloader import AsynchronousDataAccessor, DataLoader
 from optimum_ipu.poptorch._export import load
+from optimum_ipu.poptorch._ipu_context import isRunningOnIpu
 from optimum_ipu.poptorch._logging import Error, RecoverableError, UnrecoverableError, logger, setLogLevel
 from optimum_ipu.poptorch._poplar_executor import PoplarExecutor, inferenceModel, trainingModel
 from optimum_ipu.poptorch.blocks import (
@@ -20,6 +21,7 @@ from optimum_ipu.poptorch.blocks import (
     ShardedExecution,
     Stage,
 )
+from optimum_ipu.poptorch.control_flow import CPU, cond, for_loop
 from optimum_ipu.poptorch.enums import (
     AutoStage,
     CommGroupType,
@@ -29,11 +31,13 @@ from optimum_ipu.poptorch.enums import (
     Liveness,
     MatMulSerializationMode,
     MeanReductionStrategy,
+    MultiConvPlanType,
     OutputMode,
     OverlapMode,
     ReductionType,
     SharingStrategy,
     SyncPattern,
+    VariableRetrievalMode,
 )
 from optimum_ipu.poptorch.ops import (
     custom_op,
@@ -43,8 +47,12 @@ from optimum_ipu.poptorch.ops import (
     recomputationCheckpoint,
     serializedMatMul,
     set_available_memory,
+    set_overlap_for_input,
+    set_overlap_for_output,
 )
 from optimum_ipu.poptorch.options import Options, TensorLocationSettings
+from optimum_ipu.poptorch.scopes import MultiConv, NameScope
+from optimum_ipu.poptorch.tensor_ops import dynamic_slice, dynamic_update
 
 __version__ = "3.4.0+optimum_ipu"
 
@@ -65,6 +73,7 @@ __all__ = [
     "BeginBlock",
     "Block",
     "BlockFunction",
+    "CPU",
     "CommGroupType",
     "ConnectionType",
     "DataLoader",
@@ -74,6 +83,9 @@ __all__ = [
     "Liveness",
     "MatMulSerializationMode",
     "MeanReductionStrategy",
+    "MultiConv",
+    "MultiConvPlanType",
+    "NameScope",
     "Options",
     "OutputMode",
     "OverlapMode",
@@ -90,13 +102,20 @@ __all__ = [
     "SyncPattern",
     "TensorLocationSettings",
     "UnrecoverableError",
+    "VariableRetrievalMode",
+    "cond",
+    "control_flow",
     "custom_op",
+    "dynamic_slice",
+    "dynamic_update",
     "enums",
+    "for_loop",
     "identity_loss",
     "inferenceModel",
-    "ipu_print_tensor",
     "ipuHardwareIsAvailable",
     "ipuHardwareVersion",
+    "ipu_print_tensor",
+    "isRunningOnIpu",
     "load",
     "logger",
     "nop",
@@ -104,8 +123,12 @@ __all__ = [
     "optim",
     "recomputationCheckpoint",
     "removeBlocks",
+    "scopes",
     "serializedMatMul",
-    "set_available_memory",
     "setLogLevel",
+    "set_available_memory",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
+    "tensor_ops",
     "trainingModel",
 ]

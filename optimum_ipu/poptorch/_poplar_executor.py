@@ -27,6 +27,7 @@ from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch import _distributed, _export, _outputs, _stages
 from optimum_ipu.poptorch._annotations import recording_ipus
+from optimum_ipu.poptorch._ipu_context import running_model
 from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch._recompute import finding_recomputed_modules, recomputing
 from optimum_ipu.poptorch._report import (
@@ -428,6 +429,7 @@ class PoplarExecutor:
             for module, was_training in modes:
                 module.training = was_training
 
+    @running_model(compiling=True)  # the helpers (for_loop, cond, CPU, ...) see a wrapper at work
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Compile for inputs shaped like `args`/`kwargs`: the batch and placement checks, then the executable."""
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -553,6 +555,7 @@ class PoplarExecutor:
         if self._training and _training_wrappers.get(self._user_model) is self:
             del _training_wrappers[self._user_model]
 
+    @running_model(compiling=False)
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, self._spec = pytree.tree_flatten((args, kwargs))
         if self._executable is None:

@@ -13,11 +13,13 @@ __all__ = [
     "Liveness",
     "MatMulSerializationMode",
     "MeanReductionStrategy",
+    "MultiConvPlanType",
     "OutputMode",
     "OverlapMode",
     "ReductionType",
     "SharingStrategy",
     "SyncPattern",
+    "VariableRetrievalMode",
 ]
 
 
@@ -121,6 +123,13 @@ class AutoStage(enum.IntEnum):
     AutoIncrement = 1
 
 
+class MultiConvPlanType(enum.IntEnum):
+    """How a `poptorch.MultiConv` runs its convolutions: in parallel (the default) or one by one."""
+
+    Parallel = 0
+    Serial = 1
+
+
 class CommGroupType(enum.IntEnum):
     """How replicas are grouped (`inputReplicaGrouping`)."""
 
@@ -128,3 +137,10 @@ class CommGroupType(enum.IntEnum):
     Consecutive = 1
     Orthogonal = 2
     NoGrouping = 3
+
+
+class VariableRetrievalMode(enum.IntEnum):
+    """Which replicas' values of a replica-grouped weight are read back: one per group, or every replica's."""
+
+    OnePerGroup = 0
+    AllReplicas = 2

@@ -1,12 +1,19 @@
-"""PopTorch's ops that mark or annotate a graph: `identity_loss`, and the annotations that change nothing here."""
+"""PopTorch's ops that mark or annotate a graph: `identity_loss`, and the annotations that change nothing here
+(memory, serialisation, overlapped host I/O)."""
 
 from __future__ import annotations
 
-import torch
+from typing import Any
 
+import torch
+from torch.utils import _pytree as pytree
+
+from optimum_ipu.poptorch._ipu_context import current
 from optimum_ipu.poptorch._logging import Error, no_effect
 from optimum_ipu.poptorch._outputs import IDENTITY_LOSS
 from optimum_ipu.poptorch._recompute import note_checkpoint
+from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
+from optimum_ipu.poptorch.enums import OutputMode, OverlapMode
 
 __all__ = [
     "custom_op",
@@ -16,6 +23,8 @@ __all__ = [
     "recomputationCheckpoint",
     "serializedMatMul",
     "set_available_memory",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
 ]
 
 
@@ -51,7 +60,13 @@ def set_available_memory(tensor: torch.Tensor, available_memory_proportion: floa
 def ipu_print_tensor(
     tensor: torch.Tensor, title: str = "", print_gradient: bool = True, summarise_threshold: int = 1000
 ):
-    """Print `tensor` when the op runs (and its gradient in backward, as the IPU's print op does)."""
+    """Print `tensor` when the op runs (and its gradient in backward, as the IPU's print op does).
+
+    Nothing is printed while a wrapper compiles (its traces are not runs of the model, as on PopTorch).
+    """
+    running = current()
+    if running is not None and running.compiling:
+        return tensor
     print(f"{title}: {tensor}" if title else tensor)
     if print_gradient and tensor.requires_grad:
         tensor.register_hook(lambda g: print(f"{title or 'tensor'} gradient: {g}"))
@@ -85,3 +100,56 @@ def custom_op(inputs, name: str, domain: str, domain_version: int, example_outpu
         "IPU; the simulated IPU cannot run IPU code. Write the op in PyTorch (a torch.autograd.Function) and call "
         "it instead."
     )
+
+
+def _check_overlapped_io(mode: OverlapMode) -> None:
+    """PopTorch's compile checks for overlapped host I/O, made when a wrapper runs the model."""
+    running = current()
+    if running is None or mode == OverlapMode.NoOverlap:
+        return
+    options = running.options
+    strategy = options.execution_strategy
+    if isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution):
+        raise Error(
+            "Overlapped IO is not supported with poptorch.PipelinedExecution. If you are using only one IPU, "
+            "please switch to poptorch.ShardedExecution."
+        )
+    if not options.TensorLocations._values.get("num_io_tiles"):
+        raise Error(
+            "No IO tiles allocated. You must allocate at least 32 IO tiles using "
+            "poptorch.Options().TensorLocations.numIOTiles."
+        )
+    output_mode = options.output_mode
+    if output_mode == OutputMode.Default:
+        output_mode = OutputMode.Final if running.training else OutputMode.All
+    if output_mode not in (OutputMode.All, OutputMode.Sum):
+        raise Error(
+            "Unsupported output mode for overlapped IO. Please switch output mode to poptorch.OutputMode.All or "
+            "poptorch.OutputMode.Sum."
+        )
+
+
+def _set_overlap(tensors: Any, mode: OverlapMode, kind: str) -> Any:
+    for leaf in pytree.tree_leaves(tensors):
+        if not isinstance(leaf, torch.Tensor):
+            raise Error(f"You may only set overlap for torch.tensor {kind}. {type(leaf)} is not supported.")
+    if not isinstance(mode, OverlapMode):
+        raise Error(f"set_overlap_for_{kind[:-1]} takes a poptorch.OverlapMode, got {mode!r}.")
+    _check_overlapped_io(mode)
+    no_effect(f"poptorch.set_overlap_for_{kind[:-1]}", "host I/O is not simulated; the values are the same.")
+    return tensors
+
+
+def set_overlap_for_input(input_tensors: Any, mode: OverlapMode) -> Any:
+    """Overlap the host-to-IPU copy of these inputs (a tensor, or a tuple/list/dict of them) with compute.
+
+    Returns the inputs unchanged. Inside a wrapper, PopTorch's requirements are checked: an
+    execution strategy other than `PipelinedExecution`, `TensorLocations.numIOTiles` set, and
+    `OutputMode.All` or `Sum`.
+    """
+    return _set_overlap(input_tensors, mode, "inputs")
+
+
+def set_overlap_for_output(output_tensors: Any, mode: OverlapMode) -> Any:
+    """Overlap the IPU-to-host copy of these outputs with compute; returns them unchanged (checks as for inputs)."""
+    return _set_overlap(output_tensors, mode, "outputs")

@@ -503,26 +503,25 @@ class Options(_OptionsDict):
         )
 
     def loadFromFile(self, filepath: str) -> Options:
-        """Apply `name(value)` lines (e.g. `deviceIterations(4)`, `Training.gradientAccumulation(2)`)."""
+        """Apply one setter call per line, written as in a script without the `options.` prefix.
+
+        `deviceIterations(4)`, `Training.gradientAccumulation(2)`,
+        `setExecutionStrategy(poptorch.ShardedExecution())`: each line runs as `options.<line>` with
+        `poptorch` and `torch` (and the enums by name) in scope, as PopTorch runs it; `#` lines are comments.
+        """
+        import optimum_ipu.poptorch as poptorch  # the package, for lines that name poptorch.X
+
+        scope = {"poptorch": poptorch, "torch": torch, **{e: getattr(enums, e) for e in enums.__all__}}
         with open(filepath) as f:
             for number, line in enumerate(f, 1):
-                line = line.split("#")[0].strip()
-                if not line:
+                line = line.strip()
+                if not line or line.startswith("#"):
                     continue
-                target: Any = self
-                name, _, arg = line.partition("(")
-                *path, method = name.strip().split(".")
-                for part in path:
-                    target = getattr(target, part)
                 try:
-                    value = eval(
-                        arg.rstrip(")"), {"torch": torch, **{e: getattr(enums, e) for e in enums.__all__}}
-                    )  # noqa: S307
-                except Exception as e:  # noqa: BLE001
-                    raise ValueError(f"{filepath}:{number}: cannot read the value of {line!r}: {e}") from e
-                getattr(target, method)(*value) if isinstance(value, tuple) else getattr(target, method)(
-                    value
-                )
+                    code = compile("options." + line, filepath, "exec")
+                except SyntaxError as e:
+                    raise ValueError(f"{filepath}:{number}: {line!r} is not a setter call: {e.msg}") from e
+                exec(code, {**scope, "options": self})  # noqa: S102 - the user's own config file, as in PopTorch
         return self
 
     def clone(self) -> Options:

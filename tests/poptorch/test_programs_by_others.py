@@ -201,3 +201,31 @@ def test_fp16_accumulation_types_round_the_gradient_and_the_chosen_moments():
         optimizer.state[weight]["exp_avg"].float(), reference.state[ref_weight]["exp_avg"]
     )
     assert optimizer.state[weight]["exp_avg"].dtype == torch.float16
+
+
+def test_options_file_lines_run_as_setter_calls_that_may_name_poptorch(tmp_path):
+    # PopTorch's user guide (api.py, poptorch.conf): a line is `options.<line>`, with `poptorch` in scope;
+    # `setExecutionStrategy(poptorch.ShardedExecution())` failed to load.
+    conf = tmp_path / "poptorch.conf"
+    conf.write_text(
+        "# comment\ndeviceIterations(3)\nsetExecutionStrategy(poptorch.ShardedExecution())\n"
+        "Training.gradientAccumulation(2)\nreplicationFactor(1)\n"
+    )
+    opts = poptorch.Options().loadFromFile(str(conf))
+    assert opts.device_iterations == 3 and opts.Training.gradient_accumulation == 2
+    assert type(opts.execution_strategy) is poptorch.ShardedExecution
+    conf.write_text("deviceIterations(3\n")
+    with pytest.raises(ValueError, match=r"poptorch.conf:1: 'deviceIterations\(3' is not a setter call"):
+        poptorch.Options().loadFromFile(str(conf))
+
+
+def test_ipu_print_tensor_prints_when_the_model_runs_not_when_it_compiles(capsys):
+    # PopTorch's user guide (api.py): the compile traces printed the tensor twice more (once on the meta device).
+    class Printing(nn.Module):
+        def forward(self, x):
+            return poptorch.ipu_print_tensor(x + 1) * 2
+
+    model = poptorch.inferenceModel(Printing())
+    model(torch.tensor([1.0, 2.0]))
+    model(torch.tensor([1.0, 2.0]))
+    assert capsys.readouterr().out.count("tensor([2., 3.])") == 2
