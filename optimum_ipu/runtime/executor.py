@@ -208,11 +208,12 @@ class InferenceExecutable:
         size = batch_size_of(batch)
         real = size if real_samples is None else real_samples
         starts = range(0, size, self.micro_batch_size)
+        split = _split_by_own_sizes(batch, len(starts)) if real_samples is None else None
         outputs, sizes, loss_parts = [], [], []
         with fp16_compute_context(self.fp16_compute, self.model.parameters()):
-            for start in starts:  # [device iteration][replica] order: micro-batches in turn
+            for index, start in enumerate(starts):  # [device iteration][replica] order: micro-batches in turn
                 stop = min(start + self.micro_batch_size, size)
-                micro = slice_batch(batch, start, stop)
+                micro = split[index] if split is not None else slice_batch(batch, start, stop)
                 out = self._forward(micro, loss_kwargs)
                 outputs.append(out)
                 sizes.append(stop - start)
@@ -229,6 +230,15 @@ class InferenceExecutable:
     def _forward(self, micro: Mapping[str, Any], loss_kwargs) -> Any:
         extra = loss_kwargs(micro) if loss_kwargs is not None else {}
         return self.model(**micro, **extra)
+
+
+def _split_by_own_sizes(batch: Mapping[str, Any], parts: int) -> list[dict[str, Any]] | None:
+    """`batch` in `parts` micro-batches, each input cut by its own first dimension (PopTorch's rule for
+    inputs of different lengths); None when every input has the same length (rows slice alike)."""
+    lengths = {v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() > 0}
+    if len(lengths) < 2 or any(n % parts for n in lengths):
+        return None
+    return split_batch(batch, parts)
 
 
 def _combine(outputs: list, sizes: list[int], loss_parts: list[tuple[torch.Tensor, int]]):

@@ -229,3 +229,16 @@ def test_ipu_print_tensor_prints_when_the_model_runs_not_when_it_compiles(capsys
     model(torch.tensor([1.0, 2.0]))
     model(torch.tensor([1.0, 2.0]))
     assert capsys.readouterr().out.count("tensor([2., 3.])") == 2
+
+
+def test_inputs_of_different_lengths_are_each_split_by_their_own_length():
+    # PopTorch's if_test.py: a one-element condition per micro-batch beside a tensor of 2 rows per micro-batch.
+    class Select(nn.Module):
+        def forward(self, condition, x):
+            return torch.where(condition.bool(), x * 2, x - 1).sum(0, keepdim=True)
+
+    opts = poptorch.Options().deviceIterations(3)
+    condition, x = torch.tensor([1.0, 0.0, 1.0]), torch.arange(12.0).reshape(6, 2)
+    out = poptorch.inferenceModel(Select(), opts)(condition, x)
+    expected = torch.cat([Select()(condition[i : i + 1], x[2 * i : 2 * i + 2]) for i in range(3)])
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
