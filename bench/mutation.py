@@ -50,7 +50,7 @@ MODULES: dict[str, list[str]] = {
                              "tests/runtime/test_fp16_gradients.py"],
     "runtime/rounding.py": ["tests/runtime/test_rounding_and_optimizers.py"],
     "runtime/optimizers.py": ["tests/runtime/test_rounding_and_optimizers.py"],
-    "runtime/fp16_compute.py": ["tests/runtime/test_fp16_compute.py"],
+    "runtime/fp16_compute.py": ["tests/runtime/test_fp16_compute.py", "tests/runtime/test_executable_wiring.py"],
     "runtime/batches.py": ["tests/runtime/test_batches.py", "tests/runtime/test_executor.py"],
     "runtime/checks.py": ["tests/runtime/test_checks.py", "tests/runtime/test_executor.py"],
     "runtime/distributed.py": ["tests/runtime/test_process_replicas.py"],

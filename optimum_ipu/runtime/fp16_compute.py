@@ -163,31 +163,38 @@ def active_fp32_partials() -> FP32Partials | None:
 
 
 def _kernel(op: torch._ops.OpOverload):
-    """The kernel of `op` on the key: fp32 copies in, fp16 out when an input is fp16; else `op` itself."""
+    """The kernel of `op` on the key (registered once per process): `_run_converted` with `op`'s facts."""
     keep = _FP32_OUTPUTS.get(op.overloadpacket.__name__, ())
     attention = op.overloadpacket.__name__.startswith("_scaled_dot_product")
 
     def kernel(*args, **kwargs):
-        # The ops above take their tensors as positional arguments, none in lists. The key is on only inside
-        # a context, or in a thread autograd runs a backward on for it (the key travels with autograd's
-        # thread-local state, the context object does not): there, no declared weights.
-        context = getattr(_state, "active", None) or _UNDECLARED
-        with torch._C._ExcludeDispatchKeyGuard(_KEYSET):
-            # CPU flash attention with a mask insists on its own dtype rules: masked attention stays native.
-            if attention and kwargs.get("attn_mask") is not None:
-                return op(*args, **kwargs)
-            converted = [
-                context._up(a) if isinstance(a, torch.Tensor) and a.dtype == torch.float16 else a
-                for a in args
-            ]
-            if all(c is a for c, a in zip(converted, args)):  # no fp16 input: the op as it is
-                return op(*args, **kwargs)
-            out = op(*converted, **kwargs)
-            if isinstance(out, (tuple, list)):
-                return type(out)(_down(o, i, keep) for i, o in enumerate(out))
-            return _down(out, 0, keep)
+        return _run_converted(op, keep, attention, args, kwargs)
 
     return kernel
+
+
+def _run_converted(op, keep: tuple[int, ...], attention: bool, args: tuple, kwargs: dict):
+    """`op` from fp32 copies of its fp16 inputs, results rounded to fp16 (except outputs `keep`); an op
+    with no fp16 input, or masked attention, runs as it is.
+
+    The ops converted take their tensors as positional arguments, none in lists. The key is on only
+    inside a context, or in a thread autograd runs a backward on for it (the key travels with
+    autograd's thread-local state, the context object does not): there, no declared weights.
+    """
+    context = getattr(_state, "active", None) or _UNDECLARED
+    with torch._C._ExcludeDispatchKeyGuard(_KEYSET):
+        # CPU flash attention with a mask insists on its own dtype rules: masked attention stays native.
+        if attention and kwargs.get("attn_mask") is not None:
+            return op(*args, **kwargs)
+        converted = [
+            context._up(a) if isinstance(a, torch.Tensor) and a.dtype == torch.float16 else a for a in args
+        ]
+        if all(c is a for c, a in zip(converted, args)):  # no fp16 input: the op as it is
+            return op(*args, **kwargs)
+        out = op(*converted, **kwargs)
+        if isinstance(out, (tuple, list)):
+            return type(out)(_down(o, i, keep) for i, o in enumerate(out))
+        return _down(out, 0, keep)
 
 
 def _register_kernels() -> None:

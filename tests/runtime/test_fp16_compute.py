@@ -119,7 +119,8 @@ def test_an_activation_is_never_read_from_a_stale_copy():
     """Only declared weights are copied once; a new tensor at a freed one's address, or one written in
     place, is read as it is now."""
     w = _half(64, 64, seed=99)
-    with FP32Partials():
+    declared = _half(256, 256, seed=98)  # a declared weight at the cache's size: the cache is in use
+    with FP32Partials([declared]):
         for i in range(20):
             x = torch.full((64, 64), i / 8, dtype=torch.float16)  # often at the freed x's address
             assert torch.equal(x @ w, (x.float() @ w.float()).half())
@@ -192,7 +193,8 @@ def test_ops_outside_the_family_cost_no_python_call_and_a_converted_one_costs_on
     assert converted >= 1
 
 
-def test_a_weight_viewed_at_an_offset_is_read_from_its_own_elements():
+def test_a_weight_viewed_at_an_offset_is_read_from_its_own_elements(monkeypatch):
+    monkeypatch.setattr(fp16_compute, "CACHED_WEIGHT_ELEMENTS", 1)  # read from the block's copy
     big, x = _half(10, 4, seed=3), _half(5, 4)
     with FP32Partials([big]):
         out = x @ big[3:7]  # a view 12 elements into the weight's storage
@@ -265,3 +267,50 @@ def test_a_torch_without_the_dispatch_key_api_gets_an_error_naming_the_native_mo
     ):
         with FP32Partials():
             pass
+
+
+def test_contexts_nest_and_each_exit_restores_what_was_there():
+    a, b = _half(8, 8), _half(8, 8, seed=1)
+    native = a @ b  # torch's own fp16 kernel
+    outer, inner = FP32Partials(), FP32Partials()
+    with outer:
+        with inner:
+            assert fp16_compute.active_fp32_partials() is inner
+        assert fp16_compute.active_fp32_partials() is outer
+        assert torch.equal(a @ b, (a.float() @ b.float()).half())  # still converted
+    assert fp16_compute.active_fp32_partials() is None
+    assert torch.equal(a @ b, native)  # the key is off again
+
+
+def test_a_context_can_be_entered_again_and_drops_its_copies_on_exit():
+    layer = torch.nn.Linear(512, 128).half()  # big enough for the block's copy
+    context, x = FP32Partials(layer.parameters()), _half(4, 512)
+    for _ in range(2):
+        with context:
+            out = layer(x)
+        assert context._fp32 == {}  # no fp32 copy outlives its block
+        assert torch.equal(out, F.linear(x.float(), layer.weight.float(), layer.bias.float()).half())
+
+
+def test_a_thread_with_the_key_on_but_no_context_still_converts():
+    """autograd may run a backward on its own thread, where the key is on (it travels with autograd's
+    thread-local state) but this module's context object is not."""
+    import threading
+
+    a, b = _half(8, 8), _half(8, 8, seed=1)
+    with FP32Partials():
+        pass  # registers the kernels
+    seen = {}
+
+    def run():
+        key = fp16_compute._KEY
+        seen["active"] = fp16_compute.active_fp32_partials()
+        torch._C._dispatch_tls_set_dispatch_key_included(key, True)
+        torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+        seen["out"] = a @ b
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert seen["active"] is None
+    assert torch.equal(seen["out"], (a.float() @ b.float()).half())

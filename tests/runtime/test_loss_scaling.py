@@ -97,6 +97,8 @@ def test_unscaling_without_the_norm_still_finds_a_non_finite_gradient_and_skips_
     scaler = LossScaler(1.0)
     assert scaler.unscale_([torch.ones(3), torch.tensor([1.0, bad])], micro_batches=2, norm=False) is None
     assert scaler.skipped_updates == 1
+    scaler.unscale_([torch.tensor([bad])], micro_batches=1, norm=False)
+    assert scaler.skipped_updates == 2  # counted, not just flagged
 
 
 def test_without_a_loss_scaling_argument_the_scale_is_1_and_a_scale_of_0_or_less_is_refused():
@@ -162,3 +164,10 @@ def test_each_scale_change_and_each_skipped_update_is_logged_with_the_way_out(ca
     capped = LossScaler(2.0**15, auto=True)
     capped.unscale_(gradients_with(1.0, micro_batches=1), micro_batches=1)
     assert len(caplog.messages) == 3  # no change, no line
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0, 64.0])
+def test_the_loss_to_backpropagate_is_the_loss_times_the_scale_in_fp32(scale):
+    loss = torch.tensor(3.0, dtype=torch.float16)
+    scaled = LossScaler(scale).scale_loss(loss)
+    assert scaled.dtype == torch.float32 and scaled.item() == 3.0 * scale
