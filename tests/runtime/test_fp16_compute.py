@@ -277,9 +277,11 @@ def test_contexts_nest_and_each_exit_restores_what_was_there():
         with inner:
             assert fp16_compute.active_fp32_partials() is inner
         assert fp16_compute.active_fp32_partials() is outer
-        assert torch.equal(a @ b, (a.float() @ b.float()).half())  # still converted
+        assert _python_calls_into(fp16_compute.__file__, lambda: a @ b) >= 1  # still converted
+        assert torch.equal(a @ b, (a.float() @ b.float()).half())
     assert fp16_compute.active_fp32_partials() is None
-    assert torch.equal(a @ b, native)  # the key is off again
+    assert _python_calls_into(fp16_compute.__file__, lambda: a @ b) == 0  # the key is off again
+    assert torch.equal(a @ b, native)
 
 
 def test_a_context_can_be_entered_again_and_drops_its_copies_on_exit():
@@ -305,6 +307,9 @@ def test_a_thread_with_the_key_on_but_no_context_still_converts():
     def run():
         key = fp16_compute._KEY
         seen["active"] = fp16_compute.active_fp32_partials()
+        with FP32Partials():  # entered first in this thread: nothing of the main thread's is read here
+            seen["inside"] = fp16_compute.active_fp32_partials()
+        seen["after"] = fp16_compute.active_fp32_partials()
         torch._C._dispatch_tls_set_dispatch_key_included(key, True)
         torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
         seen["out"] = a @ b
@@ -312,5 +317,5 @@ def test_a_thread_with_the_key_on_but_no_context_still_converts():
     thread = threading.Thread(target=run)
     thread.start()
     thread.join()
-    assert seen["active"] is None
+    assert seen["active"] is None and isinstance(seen["inside"], FP32Partials) and seen["after"] is None
     assert torch.equal(seen["out"], (a.float() @ b.float()).half())
