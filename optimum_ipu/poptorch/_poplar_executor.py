@@ -327,22 +327,18 @@ class PoplarExecutor:
             for leaf in leaves
         ]
         args, kwargs = pytree.tree_unflatten(micro, spec)
-        modes = [(m, m.training) for m in self._user_model.modules()]
-        try:
-            with recording_ipus() as trace, recording_module_blocks(self._user_model, trace) as module_blocks, \
-                    finding_recomputed_modules(self._user_model) as checkpointed, \
-                    torch.no_grad(), torch.random.fork_rng(devices=[]):  # fmt: skip
-                self._user_model.eval()
-                first = self._reference_tensor()
-                args, kwargs = pytree.tree_map(  # as the executable feeds it: on the model's device and dtype
-                    lambda t: t.to(first.device, first.dtype if t.is_floating_point() else t.dtype)
-                    if isinstance(t, torch.Tensor) and first is not None and first.is_floating_point() else t,
-                    (args, kwargs),
-                )  # fmt: skip
-                self._user_model(*args, **kwargs)
-        finally:
-            for module, was_training in modes:
-                module.training = was_training
+        with _training_flags_kept(self._user_model), recording_ipus() as trace, \
+                recording_module_blocks(self._user_model, trace) as module_blocks, \
+                finding_recomputed_modules(self._user_model) as checkpointed, \
+                torch.no_grad(), torch.random.fork_rng(devices=[]):  # fmt: skip
+            self._user_model.eval()
+            first = self._reference_tensor()
+            args, kwargs = pytree.tree_map(  # as the executable feeds it: on the model's device and dtype
+                lambda t: t.to(first.device, first.dtype if t.is_floating_point() else t.dtype)
+                if isinstance(t, torch.Tensor) and first is not None and first.is_floating_point() else t,
+                (args, kwargs),
+            )  # fmt: skip
+            self._user_model(*args, **kwargs)
         self._checkpointed = checkpointed
         self._traced = (list(trace), module_blocks, micro, spec)
         self._traced_call = (args, kwargs)
@@ -420,14 +416,9 @@ class PoplarExecutor:
         if stages < 2 or count % stages or replicas % (count // stages):
             raise _distributed.layout_error(replicas, count, stages)
         args, kwargs = self._traced_call
-        modes = [(m, m.training) for m in self._user_model.modules()]
-        try:
-            with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                self._user_model.eval()
-                self._stage_plan = _stages.plan_stages(self._user_model, args, kwargs, strategy, stages)
-        finally:
-            for module, was_training in modes:
-                module.training = was_training
+        with _training_flags_kept(self._user_model), torch.no_grad(), torch.random.fork_rng(devices=[]):
+            self._user_model.eval()
+            self._stage_plan = _stages.plan_stages(self._user_model, args, kwargs, strategy, stages)
 
     @running_model(compiling=True)  # the helpers (for_loop, cond, CPU, ...) see a wrapper at work
     def compile(self, *args: Any, **kwargs: Any) -> None:
@@ -568,15 +559,12 @@ class PoplarExecutor:
             str(i): move_to(self._to_runtime_layout(leaf), first.device) if first is not None else leaf
             for i, leaf in enumerate(leaves)
         }
-        modes = [(m, m.training) for m in self._user_model.modules()]
         self._recorded = []
         try:
-            with self._constants_as_traced():
+            with _training_flags_kept(self._user_model), self._constants_as_traced():
                 recorded = self._run(batch, leaves)
         finally:
             self._recorded = []
-            for module, was_training in modes:
-                module.training = was_training
         di, ga, _, _ = self._counts()
         mode, period = self._output_mode()
         outputs = _outputs.select_outputs(recorded, di, ga, self._output_count(), mode, period)
@@ -671,6 +659,18 @@ class PoplarExecutor:
                     group.update(values)
 
         return swapped()
+
+
+@contextlib.contextmanager
+def _training_flags_kept(model: nn.Module):
+    """Every module of `model` leaves the block in the train/eval mode it entered in (a trace or a call
+    switches them; the user's own `model.train()` / `model.eval()` stands)."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for module, was_training in modes:
+            module.training = was_training
 
 
 def _refused_backward(*_: Any, **__: Any) -> None:

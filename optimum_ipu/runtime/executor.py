@@ -96,9 +96,8 @@ class TrainingExecutable:
         self.gradient_accumulation_steps = ipu_config.gradient_accumulation_steps
         self.output_mode = ipu_config.output_mode
         self.dtype = next(model.parameters()).dtype
-        self.weights = list(
-            model.parameters()
-        )  # walked once: a module walk per update costs more than a small step
+        # Walked once: a walk of the module tree per update costs more than a small model's step.
+        self.weights = list(model.parameters())
         self.gradients = GradientAccumulator([p for p in self.weights if p.requires_grad])
         self.last_losses = torch.empty(0)
         self.last_grad_norm: float | None = None
@@ -156,11 +155,11 @@ class TrainingExecutable:
         measured = clipping or self.measure_grad_norm
         norm = self.loss_scaler.unscale_(grads, micro_batches, self.replicas, norm=measured)
         self.last_update_applied = norm is not None
-        if norm is not None and measured:
-            self.last_grad_norm = norm
+        if norm is not None:
+            if measured:
+                self.last_grad_norm = norm
             if clipping:
                 clip_(grads, self.max_grad_norm, torch.tensor(norm))
-        if norm is not None:
             fp32_gradients = {p: g for p, g in zip(params, grads) if p.dtype != g.dtype}
             if fp32_gradients:
                 self.optimizer.step(gradients=fp32_gradients)

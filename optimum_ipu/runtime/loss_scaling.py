@@ -9,11 +9,13 @@ division in one fp32 multiply, so no gradient representable at scale S is lost.
 A non-finite gradient (an fp16 overflow in some backward) skips the update: the weights and the
 optimizer state are untouched. The global gradient norm is measured only when something reads it
 (clipping, the trainer's `grad_norm` log, as in transformers); otherwise one fused pass checks for
-non-finite values and unscales, the way torch's `GradScaler` does. With `auto=True` the scale adapts by the rule PopART documents for
-automatic loss scaling: after each update, look at the gradients as the IPU stores them (fp16, still
-scaled, reduced); if more than `threshold` of their elements lie above `bin_edge` x the fp16 maximum,
-halve S, otherwise double it (every `update_period` updates); an overflow halves it at once. Scales
-stay powers of two (exact in fp16 and fp32) between `min_scale` and `max_scale`.
+non-finite values and unscales, the way torch's `GradScaler` does.
+
+With `auto=True` the scale adapts by the rule PopART documents for automatic loss scaling: after
+each update, look at the gradients as the IPU stores them (fp16, still scaled, reduced); if more than
+`threshold` of their elements lie above `bin_edge` x the fp16 maximum, halve S, otherwise double it
+(every `update_period` updates); an overflow halves it at once. Scales stay powers of two (exact in
+fp16 and fp32) between `min_scale` and `max_scale`.
 """
 
 from __future__ import annotations
@@ -94,15 +96,11 @@ class LossScaler:
         divisor = self.scale * micro_batches
         if not norm and not self.auto:
             if replicas.any(_unscale_and_find_non_finite(gradients, 1.0 / divisor)):
-                self.skipped_updates += 1
-                self._after_overflow()
-                return None
+                return self._skip_update()
             return math.nan
         squared = replicas.sum_over_stages(global_norm(gradients) ** 2)
         if replicas.any(not bool(squared.isfinite())):
-            self.skipped_updates += 1
-            self._after_overflow()
-            return None
+            return self._skip_update()
         if self.auto:
             above, total = replicas.sum_over_stages(
                 self._counts_above_edge(gradients, micro_batches)
@@ -111,6 +109,11 @@ class LossScaler:
         if gradients:
             torch._foreach_mul_(list(gradients), 1.0 / divisor)
         return float(squared.sqrt()) / divisor
+
+    def _skip_update(self) -> None:
+        """An overflow: count the skipped update, adapt the scale; the caller drops the gradients."""
+        self.skipped_updates += 1
+        self._after_overflow()
 
     def _counts_above_edge(self, gradients: Sequence[torch.Tensor], micro_batches: int) -> torch.Tensor:
         """[elements above the bin edge, all elements] of the stored (fp16, scaled, mean) gradients.
