@@ -7,6 +7,8 @@ here they are index ops on the same indices, so gradients flow through them in a
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from optimum_ipu.poptorch._logging import Error
@@ -32,6 +34,16 @@ def _indices(tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int) -> 
     return (first + torch.arange(size, device=tensor.device)) % length
 
 
+def _check_tensor_dim_start(op: str, tensor: Any, dim: Any, start: Any) -> None:
+    """PopTorch's type checks, in its order and words, of the arguments both dynamic ops take."""
+    if not isinstance(tensor, torch.Tensor):
+        raise Error(f"{op} must take a torch.tensor input. {type(tensor)} is not supported.")
+    if not isinstance(dim, int):
+        raise Error("Dimension must be an integer.")
+    if not isinstance(start, torch.Tensor):
+        raise Error(f"Slice start argument to {op} must be a torch.tensor. {type(start)} is not supported.")
+
+
 def dynamic_slice(tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int, step: int) -> torch.Tensor:
     """`size` elements of `tensor` along `dim` from the position held in `start`, then every `step`-th of them.
 
@@ -39,14 +51,7 @@ def dynamic_slice(tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int
     the host; `size` must divide the length of `dim`, as on PopTorch, and a start past the end wraps
     around, as PopLibs' dynamic slice does.
     """
-    if not isinstance(tensor, torch.Tensor):
-        raise Error(f"dynamic_slice must take a torch.tensor input. {type(tensor)} is not supported.")
-    if not isinstance(dim, int):
-        raise Error("Dimension must be an integer.")
-    if not isinstance(start, torch.Tensor):
-        raise Error(
-            f"Slice start argument to dynamic_slice must be a torch.tensor. {type(start)} is not supported."
-        )
+    _check_tensor_dim_start("dynamic_slice", tensor, dim, start)
     if not isinstance(size, int):
         raise Error("Size must be an integer.")
     if not isinstance(step, int):
@@ -73,14 +78,7 @@ def dynamic_update(
     Returns a new tensor (`input` is unchanged); `src` has `size` elements along `dim` and `input`'s other
     sizes. Gradients flow to both `input` (outside the slice) and `src`.
     """
-    if not isinstance(input, torch.Tensor):
-        raise Error(f"dynamic_update must take a torch.tensor input. {type(input)} is not supported.")
-    if not isinstance(dim, int):
-        raise Error("Dimension must be an integer.")
-    if not isinstance(start, torch.Tensor):
-        raise Error(
-            f"Slice start argument to dynamic_update must be a torch.tensor. {type(start)} is not supported."
-        )
+    _check_tensor_dim_start("dynamic_update", input, dim, start)
     if not isinstance(src, torch.Tensor):
         raise Error(f"Src argument to dynamic_update must be a torch.tensor. {type(src)} is not supported.")
     if not isinstance(size, int):
