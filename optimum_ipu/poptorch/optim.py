@@ -85,7 +85,7 @@ class _IPUMixin:
         """
         gradients = gradients or {}
         halves = [p for g in self.param_groups for p in g["params"] if p in gradients]
-        stored = {p: p.data for p in halves}
+        stored = [p.data for p in halves]
         for p in halves:  # the update runs on fp32 working copies
             p.data = p.data.float()
             p.grad = gradients[p]
@@ -95,12 +95,15 @@ class _IPUMixin:
         try:
             loss = super().step(closure)
         finally:
-            for p in halves:
-                value, p.data = p.data, stored[p]
+            values = [p.data for p in halves]
+            for p, data in zip(halves, stored):
                 p.grad = None
-                write_back(
-                    p, value, self.stochastic_rounding, self._rounding if p.device.type == "cpu" else None
-                )
+                p.data = data
+            if self.stochastic_rounding:
+                for p, value in zip(halves, values):
+                    write_back(p, value, True, self._rounding if p.device.type == "cpu" else None)
+            elif halves:
+                torch._foreach_copy_(halves, values)  # round to nearest, in one pass for all weights
         self._store_state(fp16=True)
         return loss
 
@@ -124,6 +127,8 @@ class _IPUMixin:
 
     def _store_state(self, fp16: bool) -> None:
         """State tensors with an fp16 accumulation type: fp16 between steps, fp32 during one."""
+        if torch.float16 not in self.accum_types.values():
+            return
         for state in self.state.values():
             for key, value in state.items():
                 if (

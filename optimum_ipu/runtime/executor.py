@@ -124,7 +124,8 @@ class TrainingExecutable:
         self.model.train()
         for d in range(di):
             # The weights stay the same until the update below: fp16 compute converts them once.
-            with self.gradients.collecting(), fp16_compute_context(self.fp16_compute, self.weights):
+            collecting = self.gradients.collecting(len(local) * ga)
+            with collecting, fp16_compute_context(self.fp16_compute, self.weights):
                 for r in local:
                     first = (d * replicas + r) * ga
                     with self.streams.use(r):

@@ -2,9 +2,12 @@
 
 On the IPU the gradients of every micro-batch of an update are reduced (over accumulation steps and
 replicas) before the optimizer sees them. fp16 gradients summed in fp16 lose small contributions
-and can overflow, so each micro-batch's fp16 gradient is added into an fp32 buffer the moment
-autograd produces it (a post-accumulate-grad hook, while the data is still in cache) and `.grad` is
-released. fp32 parameters need no buffer: autograd already accumulates their `.grad` in fp32.
+and can overflow, so when an update has several micro-batches each one's fp16 gradient is added
+into an fp32 buffer the moment autograd produces it (a post-accumulate-grad hook, while the data is
+still in cache) and `.grad` is released. An update of one micro-batch sums nothing: its fp16
+`.grad` is read as it is at the update, exactly converted to fp32, with no hook (a Python call per
+weight per micro-batch costs more than a small model's step). fp32 parameters need no buffer:
+autograd already accumulates their `.grad` in fp32.
 """
 
 from __future__ import annotations
@@ -25,9 +28,15 @@ class GradientAccumulator:
         self._buffers: dict[torch.Tensor, torch.Tensor] = {}
 
     @contextlib.contextmanager
-    def collecting(self) -> Iterator[None]:
-        """Within this context, fp16 gradients flow into the fp32 buffers (hooks are removed on exit)."""
-        handles = [p.register_post_accumulate_grad_hook(self._take) for p in self._half]
+    def collecting(self, micro_batches: int = 2) -> Iterator[None]:
+        """Within this context, fp16 gradients flow into the fp32 buffers (hooks are removed on exit).
+
+        Args:
+            micro_batches: how many backward passes the context holds for one update; with one,
+                no buffer is needed and no hook is set.
+        """
+        hooked = self._half if micro_batches > 1 else ()
+        handles = [p.register_post_accumulate_grad_hook(self._take) for p in hooked]
         try:
             yield
         finally:
@@ -47,6 +56,8 @@ class GradientAccumulator:
         out = []
         for p in self.params:
             grad = p.grad if p.dtype == torch.float32 else self._buffers.get(p)
+            if grad is None and p.grad is not None:  # an update of one micro-batch: no buffer
+                grad = p.grad.float()
             if grad is not None:
                 out.append((p, grad))
         return out

@@ -38,23 +38,24 @@ def data(n: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("loss_scaling", [1.0, 1024.0])
-def test_fp16_gradients_equal_the_fp32_mean_gradient_of_the_same_micro_batches(loss_scaling):
+@pytest.mark.parametrize("ga, replicas", [(2, 2), (1, 1)])  # summed in fp32 buffers; one micro-batch, none
+def test_fp16_gradients_equal_the_fp32_mean_gradient_of_the_same_micro_batches(loss_scaling, ga, replicas):
     torch.manual_seed(0)
     fp16 = BertForSequenceClassification(tiny_bert_config()).half()
     fp32 = BertForSequenceClassification(tiny_bert_config())
     fp32.load_state_dict({k: v.float() for k, v in fp16.state_dict().items()})  # the very same weights
     batch = data(8)
-    config = SimpleNamespace(gradient_accumulation_steps=2, replication_factor=2, device_iterations=1,
+    config = SimpleNamespace(gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=1,
                              output_mode="final")  # fmt: skip
     optimizer = RecordingSGD(fp16.parameters(), lr=0.0)
     executable = TrainingExecutable(
-        fp16, config, lambda mb: fp16(**mb).loss, optimizer, LossScaler(loss_scaling), ReplicaStreams(0, 2),
+        fp16, config, lambda mb: fp16(**mb).loss, optimizer, LossScaler(loss_scaling), ReplicaStreams(0, replicas),
         fp16_compute="emulated",
     )  # fmt: skip
     executable(batch)
 
     fp32.train()
-    micro_batches = split_batch(batch, 4)
+    micro_batches = split_batch(batch, ga * replicas)
     for micro in micro_batches:
         (fp32(**micro).loss / len(micro_batches)).backward()
     by_name = dict(fp16.named_parameters())
