@@ -36,21 +36,26 @@ class Block(nn.Module):
 
 
 class Network(nn.Module):
-    """Two convolution blocks and two fully connected layers: 28 x 28 images -> 10 class scores."""
+    """Two convolution blocks and two fully connected layers: 28 x 28 images -> 10 class scores.
 
-    def __init__(self):
+    The sizes are the tutorial's (32 and 64 filters, 128 hidden units); `filters` and `hidden` make a
+    smaller or larger variant of the same program.
+    """
+
+    def __init__(self, filters: tuple[int, int] = (32, 64), hidden: int = 128):
         super().__init__()
-        self.layer1 = Block(1, 8, 3, 2)
-        self.layer2 = Block(8, 16, 3, 2)
-        self.layer3 = nn.Linear(16 * 5 * 5, 64)
+        self.features = filters[1] * 5 * 5  # 28 -> 26 -> 13 -> 11 -> 5
+        self.layer1 = Block(1, filters[0], 3, 2)
+        self.layer2 = Block(filters[0], filters[1], 3, 2)
+        self.layer3 = nn.Linear(self.features, hidden)
         self.layer3_act = nn.ReLU()
         self.layer3_dropout = nn.Dropout(0.5)
-        self.layer4 = nn.Linear(64, 10)
+        self.layer4 = nn.Linear(hidden, 10)
         self.softmax = nn.LogSoftmax(1)
 
     def forward(self, x):
         x = self.layer2(self.layer1(x))
-        x = x.view(-1, 16 * 5 * 5)
+        x = x.view(-1, self.features)
         x = self.layer3_dropout(self.layer3_act(self.layer3(x)))
         return self.softmax(self.layer4(x))
 

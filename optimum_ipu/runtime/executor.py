@@ -123,9 +123,11 @@ class TrainingExecutable:
 
         self.model.train()
         for d in range(di):
-            # The weights stay the same until the update below: fp16 compute converts them once.
+            # The weights stay the same until the update below: with several micro-batches before it,
+            # fp16 compute converts them once (with one, each op's own conversion is the cheaper).
             collecting = self.gradients.collecting(len(local) * ga)
-            with collecting, fp16_compute_context(self.fp16_compute, self.weights):
+            shared = self.weights if len(local) * ga > 1 else ()
+            with collecting, fp16_compute_context(self.fp16_compute, shared):
                 for r in local:
                     first = (d * replicas + r) * ga
                     with self.streams.use(r):

@@ -182,6 +182,15 @@ def test_fp16_compute_is_emulated_by_default_with_the_weights_converted_once(mod
             assert {id(w) for w in active.weights} == {id(p) for p in m.parameters()}
 
 
+def test_an_update_of_one_micro_batch_converts_weights_per_op():
+    # Nothing is shared between micro-batches, so a per-block copy would only add its bookkeeping.
+    m = Tiny().half()
+    exe = training(m, cfg(ga=1), optimizer=AdamW(m.parameters(), lr=0.0))
+    exe(data(2))
+    (_, active), *_ = m.seen
+    assert isinstance(active, FP32Partials) and active.weights == []
+
+
 def test_integer_inputs_keep_their_dtype():
     class Embed(nn.Module):
         def __init__(self):
