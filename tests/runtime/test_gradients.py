@@ -1,4 +1,4 @@
-"""Gradients of one update: their global norm is taken in fp32, and clipping follows torch's rule."""
+"""Gradients of one update: fp16 ones summed in fp32, the global norm taken in fp32, clipping by torch's rule."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from optimum_ipu.runtime.gradients import clip_, global_norm
+from optimum_ipu.runtime.gradients import GradientAccumulator, clip_, global_norm
 
 
 def test_global_norm_of_fp16_gradients_is_computed_in_fp32():
@@ -50,3 +50,22 @@ def test_clipping_leaves_gradients_alone_below_the_maximum_or_when_disabled_or_n
     for max_norm, norm in [(10.0, 5.0), (0.0, 5.0), (1.0, math.inf), (1.0, math.nan)]:
         clip_(grads, max_norm, torch.tensor(norm))
         assert grads[0].tolist() == [3.0, 4.0], (max_norm, norm)
+
+
+def test_one_micro_batch_needs_no_hook_and_several_sum_in_fp32():
+    def run(micro_batches):
+        p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))
+        accumulator = GradientAccumulator([p])
+        with accumulator.collecting(micro_batches):
+            hooked = bool(p._post_accumulate_grad_hooks)
+            for _ in range(micro_batches):
+                (p.float() * torch.tensor([2049.0, 1025.0])).sum().backward()
+        ((_, grad),) = accumulator.gradients()
+        return hooked, grad
+
+    hooked, grad = run(1)
+    assert not hooked and grad.dtype == torch.float32
+    assert grad.tolist() == [2048.0, 1025.0]  # each micro-batch's gradient is fp16: 2049 rounds to 2048
+    hooked, grad = run(3)
+    # Three fp16 gradients of 1025 summed in fp32 give 3075; summed in fp16 they would give 3076.
+    assert hooked and grad.tolist() == [3 * 2048.0, 3075.0]
