@@ -55,8 +55,9 @@ class GradientAccumulator:
         """(parameter, fp32 gradient sum) for every parameter that received a gradient."""
         out = []
         for p in self.params:
-            grad = p.grad if p.dtype == torch.float32 else self._buffers.get(p)
-            if grad is None and p.grad is not None:  # an update of one micro-batch: no buffer
+            grad = self._buffers.get(p)
+            if grad is None and p.grad is not None:
+                # fp32: `.grad` itself (float() returns it); fp16 in an update of one micro-batch: converted
                 grad = p.grad.float()
             if grad is not None:
                 out.append((p, grad))

@@ -55,7 +55,8 @@ def test_clipping_leaves_gradients_alone_below_the_maximum_or_when_disabled_or_n
 def test_one_micro_batch_needs_no_hook_and_several_sum_in_fp32():
     def run(micro_batches):
         p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))
-        accumulator = GradientAccumulator([p])
+        unused = [torch.nn.Parameter(torch.zeros(1, dtype=dtype)) for dtype in (torch.float16, torch.float32)]
+        accumulator = GradientAccumulator([p, *unused])  # a weight without a gradient is left out
         with accumulator.collecting(micro_batches):
             hooked = bool(p._post_accumulate_grad_hooks)
             for _ in range(micro_batches):
