@@ -143,7 +143,7 @@ class TrainingExecutable:
             self._update(replicas * ga if self.reduction == "mean" else 1)
         losses = torch.full((di, replicas, ga), float("nan"))
         if collected:
-            values = torch.cat(collected) if self.stages is not None else torch.stack(collected)
+            values = torch.stack(collected)  # 0-dim losses, or each stage replica's GA losses as a vector
             losses[:, local.start : local.stop] = values.float().cpu().view(di, len(local), ga)
         self.last_losses = self.replicas.gather_losses(losses)
         return self._losses_to_return(self.last_losses)

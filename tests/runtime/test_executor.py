@@ -229,3 +229,91 @@ def test_compile_time_checks_name_the_rule_and_the_fix():
     with pytest.raises(checks.IPUCompilationError, match="at most 64"):
         checks.check_num_ipus(8, 16)
     assert checks.check_num_ipus(4, 4) == 16
+
+
+class _OneWeight(torch.nn.Module):
+    """loss = sum(w * x): each micro-batch's gradient of w is the sum of its rows of x."""
+
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
+
+    def loss(self, micro):
+        return (self.w.float() * micro["x"].float()).sum()
+
+
+class _SeenGradients(torch.optim.SGD):
+    def step(self, closure=None, gradients=None):
+        self.seen = [g.clone() for g in (gradients or {}).values()]
+
+
+def test_fp16_gradients_of_an_updates_micro_batches_are_summed_in_fp32():
+    # Three micro-batches whose fp16 gradient is 1025 each: summed in fp32 3075, in fp16 3076.
+    m = _OneWeight(torch.float16)
+    optimizer = _SeenGradients(m.parameters(), lr=0.0)
+    exe = TrainingExecutable(
+        m, cfg(ga=3), m.loss, optimizer, LossScaler(), ReplicaStreams(0, 1), reduction="sum"
+    )
+    exe({"x": torch.full((3, 1), 1025.0)})
+    assert optimizer.seen[0].tolist() == [3075.0]
+
+
+def test_a_fresh_executable_has_returned_no_losses_and_skipped_no_update():
+    m = _OneWeight()
+    exe = TrainingExecutable(m, cfg(), m.loss, torch.optim.SGD(m.parameters(), lr=0.1), LossScaler(),
+                             ReplicaStreams(0, 1))  # fmt: skip
+    assert exe.last_losses.numel() == 0 and exe.last_update_applied is True and exe.last_grad_norm is None
+
+
+class _NormRecordingScaler(LossScaler):
+    def unscale_(self, grads, micro_batches, replicas, norm=True):
+        self.norms = [*getattr(self, "norms", []), norm]
+        return super().unscale_(grads, micro_batches, replicas, norm=norm)
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.0, -1.0])
+def test_an_update_that_neither_clips_nor_reports_measures_no_norm(max_grad_norm):
+    # A max_grad_norm of 0 or below means no clipping (transformers' rule); PopTorch reports no norm.
+    m = _OneWeight()
+    scaler = _NormRecordingScaler()
+    exe = TrainingExecutable(m, cfg(di=2), m.loss, torch.optim.SGD(m.parameters(), lr=0.5), scaler,
+                             ReplicaStreams(0, 1), max_grad_norm=max_grad_norm, measure_grad_norm=False)  # fmt: skip
+    exe({"x": torch.tensor([[3.0], [4.0]])})
+    assert scaler.norms == [False, False] and exe.last_grad_norm is None
+    assert m.w.item() == pytest.approx(-0.5 * 3.0 - 0.5 * 4.0)  # both updates applied, unclipped
+
+
+def test_inference_runs_a_model_without_weights_and_casts_nothing():
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return {"logits": 2 * x}
+
+    x = torch.arange(4.0).view(4, 1)
+    out = InferenceExecutable(Double(), micro_batch_size=2)({"x": x})
+    assert out["logits"].dtype == torch.float32 and out["logits"].flatten().tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_inference_inputs_of_different_lengths_are_each_cut_by_their_own_length():
+    # PopTorch's rule: a call of 2 micro-batches cuts x (2 rows per micro-batch) and y (3 per
+    # micro-batch, 1-D) each into halves; `flag` (not a tensor) and `scale` (0-dim) go to both whole.
+    class Shapes(torch.nn.Module):
+        def forward(self, x, y, flag, scale):
+            assert flag is True and scale.dim() == 0
+            row = torch.stack([x.sum(), y.sum(), torch.tensor(float(len(y)))]) * scale
+            return {"logits": row.expand(len(x), 3)}  # one row per sample of x
+
+    x, y = torch.arange(4.0).view(4, 1), torch.arange(6.0)
+    out = InferenceExecutable(Shapes(), micro_batch_size=2)(
+        {"x": x, "y": y, "flag": True, "scale": torch.tensor(1.0)}
+    )
+    first, second = [0.0 + 1.0, 0.0 + 1.0 + 2.0, 3.0], [2.0 + 3.0, 3.0 + 4.0 + 5.0, 3.0]
+    assert out["logits"].tolist() == [first, first, second, second]
+
+
+def test_inference_micro_batches_have_the_micro_batch_size_and_the_last_one_is_partial():
+    class RowsSeen(torch.nn.Module):
+        def forward(self, x):
+            return {"logits": torch.full((len(x), 1), float(len(x)))}
+
+    out = InferenceExecutable(RowsSeen(), micro_batch_size=4)({"x": torch.zeros(6, 1)})
+    assert out["logits"].flatten().tolist() == [4.0, 4.0, 4.0, 4.0, 2.0, 2.0]
