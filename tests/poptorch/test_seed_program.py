@@ -12,8 +12,10 @@ import mnist_poptorch  # noqa: E402
 
 
 def test_the_seed_program_learns(capsys):
+    # At the tutorial's sizes one epoch of 1600 samples (200 updates) ends at 78-81 % depending on the
+    # thread count; two epochs reach 90-96 %.
     accuracy = mnist_poptorch.main(
-        ["--epochs", "1", "--device-iterations", "10", "--train-samples", "1600", "--test-samples", "400"]
+        ["--epochs", "2", "--device-iterations", "10", "--train-samples", "1600", "--test-samples", "400"]
     )
     assert accuracy > 80.0
     assert "Accuracy on test set" in capsys.readouterr().out
