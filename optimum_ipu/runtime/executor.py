@@ -125,9 +125,9 @@ class TrainingExecutable:
         for d in range(di):
             # The weights stay the same until the update below: with several micro-batches before it,
             # fp16 compute converts them once (with one, each op's own conversion is the cheaper).
-            collecting = self.gradients.collecting(len(local) * ga)
-            shared = self.weights if len(local) * ga > 1 else ()
-            with collecting, fp16_compute_context(self.fp16_compute, shared):
+            per_update = len(local) * ga  # this process's micro-batches before the update
+            shared = self.weights if per_update > 1 else ()
+            with self.gradients.collecting(per_update), fp16_compute_context(self.fp16_compute, shared):
                 for r in local:
                     first = (d * replicas + r) * ga
                     with self.streams.use(r):

@@ -27,8 +27,8 @@ forward and backward, in Python: the layer cost more than the arithmetic on smal
 Memory: an op's backward keeps its fp32 input copies (twice the fp16 size) instead of the fp16
 inputs. Weights declared to the context are copied to fp32 once for the context (one device
 iteration of training with several micro-batches on unchanged weights, or one inference call) and
-every op and micro-batch reads that copy; a weight changed in place (its version counter moves) is copied
-again. Declared weights of fewer than `CACHED_WEIGHT_ELEMENTS` elements are copied per op, where
+every op and micro-batch reads that copy; a weight changed in place (its version counter moves) is
+copied again. Declared weights of fewer than `CACHED_WEIGHT_ELEMENTS` elements are copied per op, where
 the copy costs less than the bookkeeping.
 
 `enable_half_partials` (Optimum Graphcore's default True) asks the IPU to accumulate matmul partials

@@ -28,7 +28,7 @@ class GradientAccumulator:
         self._buffers: dict[torch.Tensor, torch.Tensor] = {}
 
     @contextlib.contextmanager
-    def collecting(self, micro_batches: int = 2) -> Iterator[None]:
+    def collecting(self, micro_batches: int) -> Iterator[None]:
         """Within this context, fp16 gradients flow into the fp32 buffers (hooks are removed on exit).
 
         Args:

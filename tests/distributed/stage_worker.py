@@ -86,7 +86,7 @@ def one_process(model, micro_batches, loss_scale: float = LOSS_SCALE, fp16_compu
     model.train()
     gradients = GradientAccumulator([p for p in model.parameters() if p.requires_grad])
     losses = []
-    with gradients.collecting(), fp16_compute_context(fp16_compute):
+    with gradients.collecting(len(micro_batches)), fp16_compute_context(fp16_compute):
         for mb in micro_batches:
             loss = model_loss(model, mb)
             (loss.float() * loss_scale).backward()
@@ -98,7 +98,7 @@ def one_process(model, micro_batches, loss_scale: float = LOSS_SCALE, fp16_compu
 def stage_run(stages: PipelineStages, micro_batches, loss_scale: float = LOSS_SCALE):
     """One `run` as the executor will call it: fp16 gradients caught in fp32 buffers by the hooks."""
     gradients = GradientAccumulator(stages.owned_parameters())
-    with gradients.collecting(), fp16_compute_context("emulated"):
+    with gradients.collecting(len(micro_batches)), fp16_compute_context("emulated"):
         losses = stages.run(micro_batches, loss_scale)
     names = {id(p): n for n, p in stages.pipelined.module.named_parameters()}
     result = {names[id(p)]: g.clone() for p, g in gradients.gradients()}
