@@ -155,3 +155,25 @@ def test_custom_op_is_a_clear_error():
 def test_recomputation_checkpoint_and_nop_keep_values():
     x = torch.randn(3, requires_grad=True)
     assert poptorch.recomputationCheckpoint(x) is x and poptorch.nop(x) is x
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_half_weights_without_stochastic_rounding_take_the_fp32_update_rounded_to_nearest(momentum):
+    # PopTorch's default (enableStochasticRounding off): the update in fp32, written to fp16 to nearest.
+    torch.manual_seed(0)
+    weights = [nn.Parameter(torch.randn(5, 4).half()), nn.Parameter(torch.randn(3).half())]
+    references = [w.detach().float().requires_grad_() for w in weights]
+    optimizer = poptorch.optim.SGD(weights, lr=0.1, momentum=momentum)
+    reference = torch.optim.SGD(references, lr=0.1, momentum=momentum)
+    for _ in range(3):
+        grads = [torch.randn(w.shape) for w in weights]
+        optimizer.step(gradients=dict(zip(weights, [g.clone() for g in grads])))
+        for r, g in zip(references, grads):
+            r.grad = g
+        reference.step()
+        with torch.no_grad():
+            for r in references:
+                r.copy_(r.half().float())  # the fp16 weight the next step starts from
+    for w, r in zip(weights, references):
+        assert w.dtype == torch.float16 and w.grad is None
+        assert torch.equal(w.float(), r.detach())
