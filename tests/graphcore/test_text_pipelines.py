@@ -5,6 +5,7 @@ The IPU pipelines pad every input to 128 tokens by default (static shapes, as in
 plain pipelines do not pad, so equal answers also show that the padding changes nothing.
 """
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -75,7 +76,9 @@ def assert_same(got, expected):
         assert got.keys() == expected.keys()
         for key in expected:
             assert_same(got[key], expected[key])
-    elif isinstance(expected, float):
+    elif isinstance(expected, (float, np.floating, np.ndarray)):
+        # numpy float32 scores too: differently shaped matmuls (the placed model's blocks vs one model)
+        # may differ in the last bits on another CPU's kernels (AVX2 vs AVX-512).
         assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
     else:
         assert got == expected
