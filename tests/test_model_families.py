@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from fixtures import (
     PatternClassification,
     SyntheticAudio,
@@ -17,6 +18,9 @@ from fixtures import (
 )
 from transformers import (
     BartForConditionalGeneration,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPT2TokenizerFast,
     HubertForSequenceClassification,
     MPNetForSequenceClassification,
     MT5ForConditionalGeneration,
@@ -26,7 +30,9 @@ from transformers import (
     Wav2Vec2ForCTC,
     WhisperForConditionalGeneration,
 )
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from optimum.graphcore import pipeline
 from optimum_ipu import IPUConfig, IPUTrainer, IPUTrainingArguments
 
 
@@ -231,3 +237,78 @@ def test_whisper_resume_reproduces_the_uninterrupted_run(tmp_path):
     _assert_resume_reproduces_the_run(
         _whisper, _bundled("Graphcore/whisper-tiny-ipu"), _log_mel(32), tmp_path
     )
+
+
+# -- GPT-2: Graphcore/gpt2-small-ipu ([0, 4, 4, 4], embedding_serialization_factor 4) ---------------------
+# GPT-2's real vocabulary (50,257) is not a multiple of 4; Optimum Graphcore padded it to 50,260. A
+# byte-level vocabulary of 257 (256 bytes and end-of-text) keeps that property at test scale.
+
+GPT2_VOCABULARY = 257
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=GPT2_VOCABULARY, n_positions=32, n_embd=16, n_layer=12, n_head=2,
+                        bos_token_id=GPT2_VOCABULARY - 1, eos_token_id=GPT2_VOCABULARY - 1, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    return GPT2LMHeadModel(config)
+
+
+class CausalText:
+    """Random token sequences; labels = inputs (the model shifts them) with the first one -100.
+
+    The first label is never predicted (the model drops it when it shifts); -100 there keeps transformers'
+    Trainer exact as the reference: for GPT-2 (whose `loss_type` is None in transformers 5.24) it
+    divides the summed loss by the unshifted label count, every label not -100, not the shifted one.
+    """
+
+    def __init__(self, n: int, length: int = 12, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, GPT2_VOCABULARY, (n, length), generator=g)
+        self.labels = self.ids.clone()
+        self.labels[:, 0] = -100
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.labels[i]}
+
+
+def test_gpt2_with_an_unsplittable_vocabulary_trains_like_plain_transformers(tmp_path):
+    """Optimum Graphcore padded the vocabulary to the next multiple of the factor; training equals plain
+    transformers, and the weights saved have the original vocabulary and load into plain transformers."""
+    # The tied LM head back on IPU 0 is a 5th pipeline stage: GA >= 9, so its own 16 micro-batches a step.
+    config = _bundled("Graphcore/gpt2-small-ipu", gradient_accumulation_steps=16, device_iterations=1)
+    assert config.embedding_serialization_factor == 4 and GPT2_VOCABULARY % 4
+    trainer = _assert_trains_like_plain_trainer(_gpt2, config, CausalText(32), tmp_path, batch=16)
+    assert trainer._pipelined.plan.layers_per_ipu() == [0, 4, 4, 4]
+    trainer.save_model(str(tmp_path / "saved"))
+    saved = GPT2LMHeadModel.from_pretrained(str(tmp_path / "saved"))
+    assert saved.config.vocab_size == GPT2_VOCABULARY
+    assert saved.transformer.wte.weight.shape == (GPT2_VOCABULARY, 16)
+    torch.testing.assert_close(saved.transformer.wte.weight, trainer.model.transformer.wte.weight)
+
+
+def test_gpt2_evaluation_and_generation_with_a_padded_vocabulary_equal_plain_transformers(tmp_path):
+    """Logits of the original vocabulary size, transformers' eval loss, and the same greedy tokens."""
+    data = CausalText(10)
+    plain_model, ipu_model = _gpt2().eval(), _gpt2()
+    args = _args(tmp_path, per_device_eval_batch_size=1)
+    trainer = IPUTrainer(ipu_model, _bundled("Graphcore/gpt2-small-ipu"), args, eval_dataset=data)
+    output = trainer.predict(data)
+    assert output.predictions.shape == (10, 12, GPT2_VOCABULARY)
+    with torch.no_grad():
+        expected = plain_model(input_ids=data.ids, labels=data.labels)
+    torch.testing.assert_close(torch.as_tensor(output.predictions), expected.logits, atol=1e-5, rtol=1e-5)
+    assert output.metrics["test_loss"] == pytest.approx(expected.loss.item(), rel=1e-5)
+
+    vocab = {char: i for i, char in enumerate(bytes_to_unicode().values())}
+    vocab["<|endoftext|>"] = len(vocab)
+    tokenizer = GPT2TokenizerFast(vocab=vocab, merges=[])
+    generator = pipeline("text-generation", model=_gpt2().eval(), tokenizer=tokenizer,
+                         ipu_config="Graphcore/gpt2-small-ipu", fp16=False)  # fmt: skip
+    plain = transformers.pipeline("text-generation", model=plain_model, tokenizer=tokenizer, device="cpu")
+    expected = plain("alice was born in", max_new_tokens=8, do_sample=False)
+    assert generator("alice was born in", max_new_tokens=8, do_sample=False) == expected
+    assert generator.ipu.compiled is not None  # the answer came from the placed model

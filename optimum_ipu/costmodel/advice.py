@@ -94,7 +94,7 @@ def advise(
     if mem.table_bytes:
         factor = workload.embedding_factor * 2
         trial(
-            f"embedding_serialization_factor={factor} (it must divide the vocabulary size)",
+            f"embedding_serialization_factor={factor}",
             workload.replace(embedding_factor=factor, embedding_splits_per_ipu=None),
         )
     proportion = workload.matmul_proportion[worst]

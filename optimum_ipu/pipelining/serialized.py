@@ -5,6 +5,16 @@ splits it into `factor` vocabulary slices, looks each up separately and sums the
 that of the plain layer, and here it is exactly the same computation: each slice is a *view* of the
 original `weight` parameter, so the state_dict keys, weight tying (an LM head sharing the table) and
 `padding_idx` (which the original silently dropped) are all preserved.
+
+A vocabulary the factor does not divide (GPT-2's 50,257 with `Graphcore/gpt2-small-ipu`'s factor 4)
+is split as the IPU holds it, padded to the next multiple of the factor: every slice has
+ceil(vocabulary / factor) rows, the last one's padded rows included. Optimum Graphcore's GPT-2 padded
+the table itself (`resize_token_embeddings` to 50,260 in `parallelize`, logits of the padded rows
+masked to -10000, shrunk back in `deparallelize`). Here the padded rows are never stored, never read
+and never output: the last slice is a view of the real rows only, so the logits have the original
+vocabulary size, the loss and gradients are plain transformers', `config.vocab_size` never changes
+and no random numbers are drawn to initialise rows that would be thrown away. The memory model
+prices the padded table the IPU would hold (`padded_rows`).
 """
 
 from __future__ import annotations
@@ -14,15 +24,24 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _check_factor(size: int, factor: int, what: str) -> int:
+def padded_rows(size: int, factor: int) -> int:
+    """Rows of a table of `size` rows split in `factor` slices as the IPU holds it: the next multiple of
+    `factor` (50,257 -> 50,260 for factor 4), as Optimum Graphcore padded GPT-2's vocabulary."""
+    return -(-size // factor) * factor
+
+
+def piece_bounds(size: int, factor: int, what: str) -> list[tuple[int, int]]:
+    """(start, stop) of each slice holding real rows: ceil(size / factor) rows each, the last one
+    shorter when `factor` does not divide `size` (its other rows are the padding, which holds nothing)."""
     if factor < 1:
         raise ValueError(f"{what} serialization factor must be >= 1, got {factor}.")
-    if size % factor:
+    if factor > size:
         raise ValueError(
-            f"{what} of size {size} cannot be split into {factor} equal pieces: choose a serialization "
-            f"factor that divides {size} (e.g. {', '.join(str(d) for d in range(2, 9) if size % d == 0) or '1'})."
+            f"{what} of size {size} cannot be split into {factor} pieces: a serialization factor of at most "
+            f"{size} gives each piece at least one row."
         )
-    return size // factor
+    split = padded_rows(size, factor) // factor
+    return [(start, min(start + split, size)) for start in range(0, size, split)]
 
 
 class SerializedEmbedding(nn.Module):
@@ -30,12 +49,14 @@ class SerializedEmbedding(nn.Module):
 
     Args:
         embedding: the embedding to serialize; its `weight` parameter is shared, not copied.
-        factor: number of equal vocabulary slices (must divide `num_embeddings`).
+        factor: number of vocabulary slices, ceil(`num_embeddings` / factor) rows each (the last one
+            padded when the factor does not divide the vocabulary).
     """
 
     def __init__(self, embedding: nn.Embedding, factor: int):
         super().__init__()
-        self.split_size = _check_factor(embedding.num_embeddings, factor, "the word embedding vocabulary")
+        self.pieces = piece_bounds(embedding.num_embeddings, factor, "the word embedding vocabulary")
+        self.split_size = self.pieces[0][1]
         self.factor = factor
         self.weight = embedding.weight
         self.num_embeddings = embedding.num_embeddings
@@ -48,16 +69,15 @@ class SerializedEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         out = None
-        for i in range(self.factor):
-            start = i * self.split_size
+        for start, stop in self.pieces:
             local = input_ids - start
-            in_slice = (local >= 0) & (local < self.split_size)
+            in_slice = (local >= 0) & (local < stop - start)
             padding = None
-            if self.padding_idx is not None and start <= self.padding_idx < start + self.split_size:
+            if self.padding_idx is not None and start <= self.padding_idx < stop:
                 padding = self.padding_idx - start
             piece = F.embedding(
-                local.clamp(0, self.split_size - 1),
-                self.weight[start : start + self.split_size],
+                local.clamp(0, stop - start - 1),
+                self.weight[start:stop],
                 padding_idx=padding,
             )
             piece = piece * in_slice.unsqueeze(-1).to(piece.dtype)
@@ -74,12 +94,14 @@ class SerializedLinear(nn.Module):
     """An `nn.Linear` whose output features are computed in `factor` slices and concatenated.
 
     Used for an output projection such as a tied LM head (the transposed word embedding), which is as
-    large as the embedding and is serialized the same way.
+    large as the embedding and is serialized the same way, padded the same way when the factor does
+    not divide the output features (Whisper's 51,865 with a projection factor of 4).
     """
 
     def __init__(self, linear: nn.Linear, factor: int):
         super().__init__()
-        self.split_size = _check_factor(linear.out_features, factor, "the projection's output features")
+        self.pieces = piece_bounds(linear.out_features, factor, "the projection's output features")
+        self.split_size = self.pieces[0][1]
         self.factor = factor
         self.weight = linear.weight
         self.bias = linear.bias
@@ -89,8 +111,8 @@ class SerializedLinear(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         pieces = []
-        for i in range(self.factor):
-            rows = slice(i * self.split_size, (i + 1) * self.split_size)
+        for start, stop in self.pieces:
+            rows = slice(start, stop)
             bias = None if self.bias is None else self.bias[rows]
             pieces.append(F.linear(hidden, self.weight[rows], bias))
         return torch.cat(pieces, dim=-1)

@@ -227,8 +227,33 @@ def test_serialized_embedding_keeps_padding_idx_and_rejects_bad_factor():
     serialized(ids).sum().backward()
     assert serialized.weight.grad[0].abs().sum() == 0  # no gradient into the padding row
     assert serialized.padding_idx == 0
-    with pytest.raises(ValueError, match="cannot be split into 5 equal pieces"):
-        SerializedEmbedding(emb, 5)
+    with pytest.raises(
+        ValueError, match="cannot be split into 13 pieces: a serialization factor of at most 12"
+    ):
+        SerializedEmbedding(emb, 13)
+
+
+@pytest.mark.parametrize("factor", [4, 5, 7, 12])
+def test_a_vocabulary_the_factor_does_not_divide_is_split_as_the_padded_table_with_plain_results(factor):
+    """Optimum Graphcore padded GPT-2's 50,257 rows to 50,260 for factor 4: slices of ceil(rows / factor)
+    rows, the last one short. Lookups, logits and gradients equal the plain layers, at the original size."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(13, 4, padding_idx=12)
+    head = nn.Linear(4, 13, bias=True)
+    serialized, serialized_head = SerializedEmbedding(emb, factor), SerializedLinear(head, factor)
+    slices = [stop - start for start, stop in serialized.pieces]
+    assert sum(slices) == 13 and all(n == -(-13 // factor) for n in slices[:-1]) and 0 < slices[-1]
+    ids = torch.tensor([[0, 3, 4, 9, 12, 11]])
+    torch.testing.assert_close(serialized(ids), emb(ids), rtol=0, atol=0)
+    logits = serialized_head(serialized(ids))
+    assert logits.shape == (1, 6, 13)
+    torch.testing.assert_close(logits, head(emb(ids)))  # to float rounding: the products have other shapes
+    logits.square().sum().backward()
+    grads = emb.weight.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()
+    emb.zero_grad(), head.zero_grad()
+    head(emb(ids)).square().sum().backward()
+    for got, expected in zip(grads, (emb.weight.grad, head.weight.grad, head.bias.grad)):
+        torch.testing.assert_close(got, expected)
 
 
 def test_allocation_table_is_logged_like_optimum_graphcore(caplog):
