@@ -348,9 +348,11 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
     def create_optimizer(self, model=None):
         """AdamW (fp32 math on fp16 weights, stochastic rounding) or LAMB with `--lamb`.
 
-        With `--fp32` and no `--lamb`, the optimizer transformers would pick (`--optim`) is used, so an
-        fp32 run matches plain transformers. Either way the optimizer's state dict also carries the
-        loss scaler and the replicas' random streams (see `_carry_run_state`).
+        fp16 training keeps Optimum Graphcore's state types: the gradient accumulator and the first
+        moment in fp16, the second moment in fp32 (its `create_optimizer` in 0.7). With `--fp32` every
+        state is fp32, and without `--lamb` the optimizer transformers would pick (`--optim`) is used,
+        so an fp32 run matches plain transformers. Either way the optimizer's state dict also carries
+        the loss scaler and the replicas' random streams (see `_carry_run_state`).
         """
         if self.optimizer is not None:
             return self.optimizer
@@ -365,8 +367,10 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             {"params": [p for n, p in named if n in decay], "weight_decay": args.weight_decay},
             {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
         ]
+        half = torch.float32 if args.fp32 else torch.float16
         common = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), stochastic_rounding=not args.fp32,
-                      seed=args.seed)  # fmt: skip
+                      seed=args.seed, accum_type=half, first_order_momentum_accum_type=half,
+                      second_order_momentum_accum_type=torch.float32)  # fmt: skip
         if args.lamb:
             self.optimizer = LAMB(
                 groups, eps=args.adam_epsilon, bias_correction=not args.lamb_no_bias_correction, **common
@@ -452,6 +456,10 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             fp16_compute=self.fp16_compute,
             replicas=self.process_replicas,
             stages=self._build_stages(),
+            # The optimizer's gradient accumulator type (fp16 for fp16 training, see create_optimizer).
+            accumulator_dtype=getattr(
+                getattr(self.optimizer, "optimizer", self.optimizer), "accum_type", torch.float32
+            ),
         )
 
     def _build_stages(self) -> PipelineStages | None:

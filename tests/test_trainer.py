@@ -246,6 +246,22 @@ def test_executable_cache_turns_compiled_into_loaded_with_the_same_report(tmp_pa
 # -- fp16 semantics and run state (issue: fp16 numerics and IPU semantics) -------------------------
 
 
+@pytest.mark.parametrize("lamb", [False, True])
+@pytest.mark.parametrize("fp32", [False, True], ids=["fp16", "fp32"])
+def test_optimizer_state_types_are_optimum_graphcores(tmp_path, fp32, lamb):
+    """Optimum Graphcore 0.7's `create_optimizer`: fp16 training keeps the gradient accumulator and the first
+    moment in fp16, the second moment in fp32; `--fp32` keeps all three in fp32."""
+    args = ipu_args(tmp_path, fp32=fp32, lamb=lamb, max_steps=1, optim="adamw_torch")
+    trainer = IPUTrainer(tiny_qa(), two_ipu_config(), args, train_dataset=PatternQA(16))
+    trainer.train()
+    half = torch.float32 if fp32 else torch.float16
+    state = trainer.optimizer.state[next(trainer.model.parameters())]
+    assert (state["exp_avg"].dtype, state["exp_avg_sq"].dtype) == (half, torch.float32)
+    if not fp32 or lamb:  # IPU optimizers; an fp32 run without --lamb takes transformers' own optimizer
+        assert trainer.optimizer.optimizer.accum_type == half  # inside accelerate's wrapper
+    assert trainer._executable.gradients.dtype == half
+
+
 def test_auto_loss_scaling_in_the_ipu_config_file_alone_turns_it_on(tmp_path):
     cfg = two_ipu_config(auto_loss_scaling=True)
     path = tmp_path / "cfg"

@@ -226,7 +226,9 @@ class LAMB(_RuntimeLAMB):
                      second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          max_weight_norm=max_weight_norm if max_weight_norm is not None else 65500.0,
-                         accum_type=first_order_momentum_accum_type or torch.float32)  # fmt: skip
+                         accum_type=accum_type or torch.float32,
+                         first_order_momentum_accum_type=first_order_momentum_accum_type or torch.float32,
+                         second_order_momentum_accum_type=second_order_momentum_accum_type or torch.float32)  # fmt: skip
         self.bias_correction = bias_correction
         self.loss_scaling = float(loss_scaling) if loss_scaling is not None else 1.0
         self.max_grad_norm = float(max_grad_norm) if max_grad_norm is not None else math.inf

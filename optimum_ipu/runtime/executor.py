@@ -58,6 +58,8 @@ class TrainingExecutable:
             (IPUTrainer logs it, as transformers' Trainer does). Without it (PopTorch returns no
             norm) the norm is measured only to clip, and the overflow check and the unscaling are one
             fused pass.
+        accumulator_dtype: the gradient accumulator's type (`gradients.GradientAccumulator`): fp32, or
+            fp16 as Optimum Graphcore's fp16 training sums the loss-scaled micro-batch gradients.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class TrainingExecutable:
         stages=None,
         reduction: str = "mean",
         measure_grad_norm: bool = True,
+        accumulator_dtype: torch.dtype = torch.float32,
     ):
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
@@ -98,7 +101,7 @@ class TrainingExecutable:
         self.dtype = next(model.parameters()).dtype
         # Walked once: a walk of the module tree per update costs more than a small model's step.
         self.weights = list(model.parameters())
-        self.gradients = GradientAccumulator([p for p in self.weights if p.requires_grad])
+        self.gradients = GradientAccumulator([p for p in self.weights if p.requires_grad], accumulator_dtype)
         self.last_losses = torch.empty(0)
         self.last_grad_norm: float | None = None
         self.last_update_applied = True
@@ -154,6 +157,8 @@ class TrainingExecutable:
         pairs = self.gradients.gradients()
         params, grads = (list(t) for t in zip(*pairs)) if pairs else ([], [])
         self.replicas.sum_(grads)
+        if not isinstance(self.replicas, LocalReplicas):  # sums from other processes: held as the accumulator
+            self.gradients.hold_(grads)
         clipping = bool(self.max_grad_norm and self.max_grad_norm > 0)
         measured = clipping or self.measure_grad_norm
         norm = self.loss_scaler.unscale_(grads, micro_batches, self.replicas, norm=measured)

@@ -1,13 +1,21 @@
-"""Gradients of one weight update: accumulated in fp32, clipped by their global norm.
+"""Gradients of one weight update: summed in the accumulator's type, clipped by their global norm.
 
 On the IPU the gradients of every micro-batch of an update are reduced (over accumulation steps and
-replicas) before the optimizer sees them. fp16 gradients summed in fp16 lose small contributions
-and can overflow, so when an update has several micro-batches each one's fp16 gradient is added
-into an fp32 buffer the moment autograd produces it (a post-accumulate-grad hook, while the data is
-still in cache) and `.grad` is released. An update of one micro-batch sums nothing: its fp16
-`.grad` is read as it is at the update, exactly converted to fp32, with no hook (a Python call per
-weight per micro-batch costs more than a small model's step). fp32 parameters need no buffer:
-autograd already accumulates their `.grad` in fp32.
+replicas) into a gradient accumulator before the optimizer sees them; its type is the optimizer's
+`accum_type`. When an update has several micro-batches each one's gradient is added into the
+accumulator the moment autograd produces it (a post-accumulate-grad hook, while the data is still in
+cache) and `.grad` is released.
+
+* fp32 accumulator (PopTorch's default, `--fp32`): nothing small is lost. An update of one
+  micro-batch sums nothing: its fp16 `.grad` is read as it is at the update, exactly converted to
+  fp32, with no hook (a Python call per weight per micro-batch costs more than a small model's
+  step). fp32 parameters need no buffer: autograd already accumulates their `.grad` in fp32.
+* fp16 accumulator (Optimum Graphcore's fp16 training, and `IPUTrainer`'s): the loss-scaled
+  gradients are summed in fp16, each addition rounded to the nearest fp16 (as every fp16 result of
+  the forward and backward is here; the IPU rounds them stochastically when stochastic rounding is
+  on), so a contribution below half an fp16 step of the running sum is lost and a sum beyond 65,504
+  overflows to inf, which the loss scaler then sees and skips. One micro-batch's gradient is held in
+  fp16 as it is.
 """
 
 from __future__ import annotations
@@ -20,11 +28,19 @@ import torch
 
 
 class GradientAccumulator:
-    """fp32 sums of the micro-batch gradients of `params` over one update."""
+    """Sums of the micro-batch gradients of `params` over one update, in `dtype` (fp32 or fp16).
 
-    def __init__(self, params: Sequence[torch.nn.Parameter]):
+    `gradients()` hands them on as fp32 tensors (the values the accumulator holds): the reduction over
+    processes, the unscaling and the update run in fp32.
+    """
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], dtype: torch.dtype = torch.float32):
+        if dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"a gradient accumulator is torch.float32 or torch.float16, got {dtype}.")
         self.params = list(params)
-        self._half = [p for p in self.params if p.dtype != torch.float32]
+        self.dtype = dtype
+        # The weights whose gradients autograd cannot sum in the accumulator's type by itself.
+        self._half = [p for p in self.params if p.dtype != torch.float32 or dtype != torch.float32]
         self._buffers: dict[torch.Tensor, torch.Tensor] = {}
 
     @contextlib.contextmanager
@@ -46,9 +62,9 @@ class GradientAccumulator:
     def _take(self, param: torch.Tensor) -> None:
         buffer = self._buffers.get(param)
         if buffer is None:
-            self._buffers[param] = param.grad.float()
+            self._buffers[param] = param.grad.to(self.dtype, copy=True)
         else:
-            buffer.add_(param.grad)
+            buffer.add_(param.grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
         param.grad = None
 
     def gradients(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
@@ -57,11 +73,23 @@ class GradientAccumulator:
         for p in self.params:
             grad = self._buffers.get(p)
             if grad is None and p.grad is not None:
-                # fp32: `.grad` itself (float() returns it); fp16 in an update of one micro-batch: converted
-                grad = p.grad.float()
+                # An update of one micro-batch: `.grad` as the accumulator holds it (fp32: `.grad` itself,
+                # float() returns it; an fp16 `.grad` converted exactly; fp32 in an fp16 accumulator: rounded).
+                grad = p.grad.to(self.dtype)
             if grad is not None:
+                grad = grad.float()
+                if p.dtype == torch.float32:
+                    p.grad = (
+                        grad  # an fp32 weight's optimizer reads `.grad`: the sum as the accumulator holds it
+                    )
                 out.append((p, grad))
         return out
+
+    def hold_(self, gradients: Sequence[torch.Tensor]) -> None:
+        """Round fp32 `gradients` (sums reduced over processes) to the values the accumulator holds: the
+        IPU's all-reduce of fp16 accumulators gives an fp16 sum. Nothing to do for an fp32 accumulator."""
+        if self.dtype == torch.float16 and gradients:
+            torch._foreach_copy_(list(gradients), [g.half() for g in gradients])
 
     def clear(self) -> None:
         """Drop every gradient (after an update, or to skip one)."""

@@ -1,8 +1,16 @@
 """IPU optimizers: AdamW and LAMB that update fp16 weights through fp32 arithmetic.
 
 PopTorch's optimizers run on the device next to fp16 weights. Their update is computed in fp32, the
-moments ("accumulators") are kept in fp32 or fp16 (`accum_type`), and the new weight is written back
-to fp16 with stochastic rounding. These classes do the same on the host. On fp32 parameters the
+state is kept in fp32 or fp16, and the new weight is written back to fp16 with stochastic rounding.
+These classes do the same on the host, with PopTorch's three state types:
+
+* `accum_type`: the gradient accumulator, which sums the micro-batch gradients of one update (the
+  executable reads it: `TrainingExecutable`, `gradients.GradientAccumulator`);
+* `first_order_momentum_accum_type`: Adam's first moment (`exp_avg`);
+* `second_order_momentum_accum_type`: its second moment (`exp_avg_sq`).
+
+Optimum Graphcore trained fp16 with fp16, fp16 and fp32 (`trainer.py`'s `create_optimizer` in 0.7);
+`IPUTrainer` does the same. The defaults here are PopTorch's: all fp32. On fp32 parameters the
 AdamW update is the standard decoupled-weight-decay rule (Loshchilov & Hutter), and LAMB is the
 layer-wise trust-ratio rule of You et al. (2019).
 
@@ -28,6 +36,18 @@ from torch.optim.adamw import adamw
 
 from optimum_ipu.runtime.rounding import write_back
 
+STATE_TYPES = (torch.float32, torch.float16)
+
+
+def _state_types(accum: torch.dtype, first: torch.dtype, second: torch.dtype) -> dict[str, torch.dtype]:
+    types = dict(
+        accum_type=accum, first_order_momentum_accum_type=first, second_order_momentum_accum_type=second
+    )
+    for name, dtype in types.items():
+        if dtype not in STATE_TYPES:
+            raise ValueError(f"{name}={dtype}: an optimizer state type is torch.float32 or torch.float16.")
+    return types
+
 
 class IPUOptimizer(torch.optim.Optimizer):
     """Shared handling: fp32 gradients and working copies, accumulator dtype, write-back rounding."""
@@ -39,6 +59,8 @@ class IPUOptimizer(torch.optim.Optimizer):
         if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
             raise ValueError(f"Invalid betas {defaults['betas']}: each must be in [0, 1).")
         super().__init__(params, defaults)
+        # The executable reads the accumulator type here (PopTorch's: one value for every group).
+        self.accum_type = defaults["accum_type"]
         self.rounding_seed = int(seed)
         self._rounding: dict[str, torch.Generator] = {}
         self._gradients: dict[torch.Tensor, torch.Tensor] = {}
@@ -92,17 +114,21 @@ class IPUOptimizer(torch.optim.Optimizer):
             for device, generator_state in rounding["generators"].items():
                 self._generator(torch.device(device)).set_state(generator_state)
 
-    def _state(self, p: torch.Tensor, accum_dtype: torch.dtype) -> dict:
-        """`p`'s step count and two moments (in `accum_dtype`), created on its first update."""
+    def _state(self, p: torch.Tensor, group: dict) -> dict:
+        """`p`'s step count and two moments (in the group's moment types), created on its first update."""
         state = self.state[p]
         if not state:
             state["step"] = torch.tensor(0.0)
-            state["exp_avg"] = torch.zeros_like(p, dtype=accum_dtype, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, dtype=accum_dtype, memory_format=torch.preserve_format)
+            state["exp_avg"] = torch.zeros_like(
+                p, dtype=group["first_order_momentum_accum_type"], memory_format=torch.preserve_format
+            )
+            state["exp_avg_sq"] = torch.zeros_like(
+                p, dtype=group["second_order_momentum_accum_type"], memory_format=torch.preserve_format
+            )
         return state
 
-    def _moments(self, p: torch.Tensor, accum_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, int]:
-        state = self._state(p, accum_dtype)
+    def _moments(self, p: torch.Tensor, group: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
+        state = self._state(p, group)
         state["step"] += 1
         return state["exp_avg"], state["exp_avg_sq"], int(state["step"].item())
 
@@ -122,7 +148,9 @@ class AdamW(IPUOptimizer):
         params: parameters or param groups.
         lr, betas, eps, weight_decay: as `torch.optim.AdamW`.
         bias_correction: apply Adam's bias correction.
-        accum_type: dtype of the two moments (torch.float32 or torch.float16).
+        accum_type: dtype of the gradient accumulator (torch.float32 or torch.float16), which the
+            executable sums an update's micro-batch gradients in.
+        first_order_momentum_accum_type, second_order_momentum_accum_type: dtypes of the two moments.
         stochastic_rounding: round fp16 weight writes stochastically (the IPU training default).
     """
 
@@ -135,12 +163,15 @@ class AdamW(IPUOptimizer):
         weight_decay: float = 0.01,
         bias_correction: bool = True,
         accum_type: torch.dtype = torch.float32,
+        first_order_momentum_accum_type: torch.dtype = torch.float32,
+        second_order_momentum_accum_type: torch.dtype = torch.float32,
         stochastic_rounding: bool = True,
         seed: int = 0,
     ):
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
-            accum_type=accum_type, stochastic_rounding=stochastic_rounding,
+            stochastic_rounding=stochastic_rounding,
+            **_state_types(accum_type, first_order_momentum_accum_type, second_order_momentum_accum_type),
         )  # fmt: skip
         super().__init__(params, defaults, seed)
 
@@ -169,7 +200,7 @@ class AdamW(IPUOptimizer):
         beta1, beta2 = group["betas"]
         weights, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
         for p in params:
-            state = self._state(p, group["accum_type"])
+            state = self._state(p, group)
             weights.append(p.float())  # p itself when p is fp32: updated in place
             grads.append(self._grad(p))
             exp_avgs.append(state["exp_avg"].float())
@@ -192,7 +223,7 @@ class AdamW(IPUOptimizer):
         """One tensor, written out: the reference rule (and the only one without bias correction)."""
         beta1, beta2 = group["betas"]
         grad = self._grad(p)
-        exp_avg, exp_avg_sq, step = self._moments(p, group["accum_type"])
+        exp_avg, exp_avg_sq, step = self._moments(p, group)
         m, v = self._update_moments(exp_avg, exp_avg_sq, grad, beta1, beta2)
         c1 = 1 - beta1**step if group["bias_correction"] else 1.0
         c2 = 1 - beta2**step if group["bias_correction"] else 1.0
@@ -210,7 +241,8 @@ class LAMB(IPUOptimizer):
         params, lr, betas, eps, weight_decay: as AdamW.
         bias_correction: False gives `--lamb_no_bias_correction`.
         max_weight_norm: clip ||w|| in the trust ratio (None: no clipping).
-        accum_type, stochastic_rounding: as AdamW.
+        accum_type, first_order_momentum_accum_type, second_order_momentum_accum_type,
+            stochastic_rounding: as AdamW.
     """
 
     def __init__(
@@ -223,12 +255,15 @@ class LAMB(IPUOptimizer):
         bias_correction: bool = True,
         max_weight_norm: float | None = None,
         accum_type: torch.dtype = torch.float32,
+        first_order_momentum_accum_type: torch.dtype = torch.float32,
+        second_order_momentum_accum_type: torch.dtype = torch.float32,
         stochastic_rounding: bool = True,
         seed: int = 0,
     ):
         defaults = dict(
             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
-            max_weight_norm=max_weight_norm, accum_type=accum_type, stochastic_rounding=stochastic_rounding,
+            max_weight_norm=max_weight_norm, stochastic_rounding=stochastic_rounding,
+            **_state_types(accum_type, first_order_momentum_accum_type, second_order_momentum_accum_type),
         )  # fmt: skip
         super().__init__(params, defaults, seed)
 
@@ -247,7 +282,7 @@ class LAMB(IPUOptimizer):
                 grad = self._grad(p)
                 if grad is None:
                     continue
-                exp_avg, exp_avg_sq, step = self._moments(p, group["accum_type"])
+                exp_avg, exp_avg_sq, step = self._moments(p, group)
                 m, v = self._update_moments(exp_avg, exp_avg_sq, grad, beta1, beta2)
                 if group["bias_correction"]:
                     m = m / (1 - beta1**step)

@@ -69,9 +69,15 @@ def reference_step(batch, lr=0.1, losses=None):
     return m, grad_norm
 
 
-def assert_same_weights(a, b):
+def assert_same_weights(a, b, atol=1e-7):
     for p, q in zip(a.parameters(), b.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=atol)
+
+
+# With data of scale 30 a step is tens while a weight may end near 1: fp32 rounding of the step (one part
+# in 1e7, in either summation order) shows up to ~1e-5 in the weight. A mean over the wrong count or a
+# clipped step is off by whole units.
+LARGE_STEP_ATOL = 2e-5
 
 
 def test_gradients_are_not_clipped_unless_a_maximum_is_given():
@@ -81,7 +87,7 @@ def test_gradients_are_not_clipped_unless_a_maximum_is_given():
     m = Tiny()
     exe = training(m, cfg(ga=2))
     exe(batch)
-    assert_same_weights(m, expected)
+    assert_same_weights(m, expected, atol=LARGE_STEP_ATOL)
     assert exe.last_grad_norm == pytest.approx(norm, rel=1e-5)  # the norm of the mean gradient
 
 
@@ -93,7 +99,7 @@ def test_without_measure_grad_norm_the_norm_is_measured_only_to_clip_and_the_upd
     m = Tiny()
     exe = training(m, cfg(ga=2), scaler=LossScaler(8.0), measure_grad_norm=False)
     exe(batch)
-    assert_same_weights(m, expected)
+    assert_same_weights(m, expected, atol=LARGE_STEP_ATOL)
     assert exe.last_update_applied and exe.last_grad_norm is None
     clipped = Tiny()
     exe = training(clipped, cfg(ga=2), measure_grad_norm=False, max_grad_norm=1.0)

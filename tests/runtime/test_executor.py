@@ -258,6 +258,37 @@ def test_fp16_gradients_of_an_updates_micro_batches_are_summed_in_fp32():
     assert optimizer.seen[0].tolist() == [3075.0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_an_fp16_gradient_accumulator_rounds_each_addition_to_fp16(dtype):
+    # Optimum Graphcore's fp16 training sums the micro-batch gradients in fp16: 3 x 1025 gives
+    # 1025 -> 2050 -> 3076 (3075 lies halfway between fp16's 3074 and 3076, and ties go to even),
+    # whatever the weights' type; the sum reaches the optimizer as the fp32 value it holds.
+    m = _OneWeight(dtype)
+    optimizer = _SeenGradients(m.parameters(), lr=0.0)
+    exe = TrainingExecutable(m, cfg(ga=3), m.loss, optimizer, LossScaler(), ReplicaStreams(0, 1), reduction="sum",
+                             accumulator_dtype=torch.float16)  # fmt: skip
+    seen = []
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append(
+        [g.clone() for g in (kwargs.get("gradients") or {}).values()] or [m.w.grad.clone()]))  # fmt: skip
+    exe({"x": torch.full((3, 1), 1025.0)})
+    # fp16 weights: an fp32 gradient handed to step(); fp32 weights: their .grad, which the optimizer reads
+    assert seen[0][0].dtype == torch.float32 and seen[0][0].tolist() == [3076.0]
+
+
+def test_an_fp16_gradient_accumulator_sums_loss_scaled_gradients_and_overflows_beyond_65504():
+    # The accumulator holds loss-scaled gradients: 3 x 1.0 at scale 2**14 is 49,152 (fits), at 2**15
+    # 98,304 (beyond fp16's 65,504): inf, an overflow the loss scaler sees, so the update is skipped.
+    for scale, applied in ((2.0**14, True), (2.0**15, False)):
+        m = _OneWeight(torch.float16)
+        optimizer = _SeenGradients(m.parameters(), lr=0.0)
+        exe = TrainingExecutable(m, cfg(ga=3), m.loss, optimizer, LossScaler(scale), ReplicaStreams(0, 1),
+                                 reduction="sum", accumulator_dtype=torch.float16)  # fmt: skip
+        exe({"x": torch.ones(3, 1)})
+        assert exe.last_update_applied is applied
+        if applied:
+            assert optimizer.seen[0].tolist() == [3.0]  # unscaled in fp32 after the fp16 sum
+
+
 def test_a_fresh_executable_has_returned_no_losses_and_skipped_no_update():
     m = _OneWeight()
     exe = TrainingExecutable(m, cfg(), m.loss, torch.optim.SGD(m.parameters(), lr=0.1), LossScaler(),

@@ -4,6 +4,8 @@ The reference is plain PyTorch in fp32 on the same weights and micro-batches: th
 micro-batches of each one's gradient. The fp16 run (loss scaling, gradient accumulation, replicas,
 emulated fp16 compute) must hand its optimizer fp32 gradients equal to that within fp16 round-off; a
 gradient off by any constant factor (a scale not divided back, a mean over the wrong count) fails.
+Both gradient accumulators are held to it: fp32 (PopTorch's default) and fp16 (Optimum Graphcore's fp16
+training, IPUTrainer's), whose sums round each addition to fp16 at the loss-scaled magnitude.
 """
 
 from __future__ import annotations
@@ -37,9 +39,12 @@ def data(n: int) -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.mark.parametrize("accumulator", [torch.float32, torch.float16], ids=["fp32-sums", "fp16-sums"])
 @pytest.mark.parametrize("loss_scaling", [1.0, 1024.0])
-@pytest.mark.parametrize("ga, replicas", [(2, 2), (1, 1)])  # summed in fp32 buffers; one micro-batch, none
-def test_fp16_gradients_equal_the_fp32_mean_gradient_of_the_same_micro_batches(loss_scaling, ga, replicas):
+@pytest.mark.parametrize("ga, replicas", [(2, 2), (1, 1)])  # summed in buffers; one micro-batch, none
+def test_fp16_gradients_equal_the_fp32_mean_gradient_of_the_same_micro_batches(
+    loss_scaling, ga, replicas, accumulator
+):
     torch.manual_seed(0)
     fp16 = BertForSequenceClassification(tiny_bert_config()).half()
     fp32 = BertForSequenceClassification(tiny_bert_config())
@@ -50,7 +55,7 @@ def test_fp16_gradients_equal_the_fp32_mean_gradient_of_the_same_micro_batches(l
     optimizer = RecordingSGD(fp16.parameters(), lr=0.0)
     executable = TrainingExecutable(
         fp16, config, lambda mb: fp16(**mb).loss, optimizer, LossScaler(loss_scaling), ReplicaStreams(0, replicas),
-        fp16_compute="emulated",
+        fp16_compute="emulated", accumulator_dtype=accumulator,
     )  # fmt: skip
     executable(batch)
 

@@ -104,7 +104,7 @@ def test_fused_adamw_equals_the_written_out_rule_on_fp16_weights(accum_type):
     torch.manual_seed(0)
     fused = [torch.nn.Parameter(torch.randn(300).half()) for _ in range(3)]
     reference = [torch.nn.Parameter(p.detach().clone()) for p in fused]
-    kwargs = dict(lr=1e-3, weight_decay=0.01, accum_type=accum_type, stochastic_rounding=False)
+    kwargs = dict(lr=1e-3, weight_decay=0.01, first_order_momentum_accum_type=accum_type, stochastic_rounding=False)
     opt_fused, opt_reference = AdamW(fused, **kwargs), AdamW(reference, **kwargs)
     for _ in range(10):
         for a, b in zip(fused, reference):
