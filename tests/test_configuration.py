@@ -604,3 +604,16 @@ def test_a_file_that_is_not_an_object_is_an_error(tmp_path):
     _write(tmp_path, [1, 2])
     with pytest.raises(IPUConfigError, match="not a JSON object"):
         IPUConfig.from_pretrained(tmp_path)
+
+
+def test_a_serialization_factor_of_none_means_not_set_as_in_optimum_graphcore(tmp_path, caplog):
+    # Graphcore/mt5-small-ipu on the Hub holds `"embedding_serialization_factor": null` beside its splits, and
+    # Optimum Graphcore's own tests pass `embedding_serialization_factor=None` with splits per IPU.
+    _write(tmp_path, {"embedding_serialization_factor": None, "serialized_embedding_splits_per_ipu": [4, 4, 0, 0],
+                      "projection_serialization_factor": None, "layers_per_ipu": [0, 8, 8, 0]})  # fmt: skip
+    config = IPUConfig.from_pretrained(tmp_path, strict=True)
+    assert (config.embedding_serialization_factor, config.projection_serialization_factor) == (1, 1)
+    assert config.serialized_embedding_splits_per_ipu == [4, 4, 0, 0] and _warnings(caplog) == []
+    assert IPUConfig(embedding_serialization_factor=None).embedding_serialization_factor == 1
+    config.projection_serialization_factor = None
+    assert config.projection_serialization_factor == 1

@@ -28,6 +28,7 @@ from optimum_ipu.configuration.schema import (
     MODE_MANAGED,
     MODES,
     PLACEMENT_MANAGED,
+    UNSET_MEANS_ONE,
     IPUConfigError,
     attribute_for_mode,
     close_matches,
@@ -101,11 +102,11 @@ class IPUConfig:
         matmul_proportion: float | list[float] = 0.2,
         inference_matmul_proportion: float | list[float] | None = None,
         enable_half_partials: bool = True,
-        embedding_serialization_factor: int = 1,
+        embedding_serialization_factor: int | None = 1,
         inference_embedding_serialization_factor: int | None = None,
         serialized_embedding_splits_per_ipu: list[int] | None = None,
         inference_serialized_embedding_splits_per_ipu: list[int] | None = None,
-        projection_serialization_factor: int = 1,
+        projection_serialization_factor: int | None = 1,
         inference_projection_serialization_factor: int | None = None,
         serialized_projection_splits_per_ipu: list[int] | None = None,
         inference_serialized_projection_splits_per_ipu: list[int] | None = None,
@@ -122,6 +123,8 @@ class IPUConfig:
     ) -> None:
         """Build a config; `None` on a derivable attribute derives it. Raises `IPUConfigError` if invalid."""
         given = dict(locals())
+        for name in UNSET_MEANS_ONE:  # Optimum Graphcore 0.7's `None` = not set (its mt5-small-ipu has one)
+            given[name] = 1 if given[name] is None else given[name]
         given["layers_per_ipu"] = [-1] if layers_per_ipu is None else layers_per_ipu
         given["parallelize_kwargs"] = {} if parallelize_kwargs is None else parallelize_kwargs
         given["inference_parallelize_kwargs"] = (
@@ -182,6 +185,8 @@ class IPUConfig:
             name = name[1:]
         if name in FIELD_DEFAULTS:
             name = self._get_managed_attr_mode_name(name)
+            if value is None and name in UNSET_MEANS_ONE:
+                value = 1
             validate_value(name, value)
             self.__dict__[name] = value
             if name in DERIVABLE:  # set to None, it goes back to being derived, at once

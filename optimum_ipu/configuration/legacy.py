@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from optimum_ipu.configuration.schema import FIELD_NAMES, IPUConfigError, close_matches
+from optimum_ipu.configuration.schema import FIELD_NAMES, UNSET_MEANS_ONE, IPUConfigError, close_matches
 
 # Keys older releases wrote that no longer mean anything; dropped with a note saying why.
 DEPRECATED_KEYS: dict[str, str] = {
@@ -125,6 +125,8 @@ def normalize_config_dict(
                 )
             value = value[key]
             pod_resolved.append(f"{name}={value!r}" + ("" if key == pod_key else f" (from {key!r})"))
+        if name in UNSET_MEANS_ONE and value is None:
+            continue  # Optimum Graphcore 0.7 wrote `null` for "not set": the default applies
         if name.endswith("_serialization_factor") and value == 0 and not isinstance(value, bool):
             result.notes.append(f"{name} 0 read as 1 (no serialization)")
             value = 1

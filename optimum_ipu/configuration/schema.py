@@ -107,6 +107,11 @@ DERIVABLE: frozenset[str] = frozenset(
     }
 )
 
+# Serialization factors Optimum Graphcore 0.7 let be `None` ("not set": no serialization unless the
+# splits per IPU say otherwise; `Graphcore/mt5-small-ipu` has `"embedding_serialization_factor": null`).
+# `None` given for one of these is stored as 1.
+UNSET_MEANS_ONE: frozenset[str] = frozenset({"embedding_serialization_factor", "projection_serialization_factor"})
+
 # Attributes that may be `None`: the derivable ones ("derive it") and these.
 NULLABLE: frozenset[str] = DERIVABLE | {
     "seed",
