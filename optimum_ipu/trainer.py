@@ -410,9 +410,12 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
     def _compile_for_training(self) -> None:
         # Compiling draws a sample batch through the data collator (and may run the model): random
         # state is put back afterwards, so that a seeded run (e.g. a masked-LM collator's masks) is
-        # the same as with transformers' Trainer, which compiles nothing.
+        # the same as with transformers' Trainer, which compiles nothing. The sample is the first
+        # micro-batch of the first combined batch, loaded alone: a combined batch of real inputs can
+        # be gigabytes (ViT at micro-batch 17 x GA 128: 2,176 images), and compiling needs one micro-batch.
         with _random_state_kept(self.data_collator):
-            loader = self.get_train_dataloader()
+            with _overridden(self, _train_batch_size=self.args.per_device_train_batch_size):
+                loader = self.get_train_dataloader()
             sample = next(iter(loader))
             compiled = compile_training(
                 self._pipelined, self.ipu_config, sample_batch=cast_floating(sample, self._model_dtype),

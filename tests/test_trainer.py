@@ -378,6 +378,24 @@ def test_compile_only_returns_a_result_instead_of_exiting(tmp_path):
     assert (tmp_path / "out" / "ipu_report.json").exists()
 
 
+def test_compiling_loads_one_micro_batch_not_a_combined_batch(tmp_path):
+    """A combined batch of real inputs can be gigabytes (ViT-base at micro-batch 17 x GA 128 is 1.3 GB of
+    pixels): the compile reads only the first micro-batch (and the data loader's one prefetched)."""
+
+    class Counted(PatternQA):
+        read = 0
+
+        def __getitem__(self, i):
+            Counted.read += 1
+            return super().__getitem__(i)
+
+    data = Counted(64)
+    args = ipu_args(tmp_path, compile_only=True, per_device_train_batch_size=2)
+    trainer = IPUTrainer(tiny_qa(), two_ipu_config(device_iterations=4), args, train_dataset=data)
+    trainer.train()
+    assert args.train_batch_size == 32 and 0 < Counted.read <= 2 * 2
+
+
 def test_settings_without_effect_are_named_once(tmp_path, caplog):
     from optimum_ipu import trainer as trainer_module
 
