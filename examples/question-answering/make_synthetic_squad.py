@@ -169,7 +169,9 @@ def make_paragraph(rng: random.Random, index: int, unanswerable_fraction: float,
         blocks.append(block)
     for _ in range(distractors):  # each between two biographies, or before the first / after the last
         template = rng.choice(DISTRACTORS)
-        fields = {field for _, field, _, _ in Formatter().parse(template) if field}
+        # In the template's order, not a set's: a set of strings iterates in an order that changes with
+        # every process's hash seed, and the values drawn for it would too.
+        fields = list(dict.fromkeys(field for _, field, _, _ in Formatter().parse(template) if field))
         text, offsets = render(template, {slot: rng.choice(_POOLS[slot]) for slot in fields})
         blocks.insert(rng.randint(0, len(blocks)), [(text, offsets, {}, None)])
 
