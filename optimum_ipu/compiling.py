@@ -60,16 +60,35 @@ def _first_micro_batch(batch: Mapping[str, Any], micro_batch_size: int) -> dict[
     return split_batch(batch, parts)[0]
 
 
+_WARNED: set[str] = set()
+
+
 def _analyse(pipelined, ipu_config, micro_batch: dict, *, training: bool, hardware: str, optimizer: str, fp32: bool,
-             pipelined_inference: bool = False):  # fmt: skip
+             pipelined_inference: bool = False, state_types=None, memory_check: str = "auto"):  # fmt: skip
     from optimum_ipu.costmodel.analysis import analyse
+    from optimum_ipu.costmodel.memory import memory_check_from_environment
 
     report = analyse(
         pipelined.module, pipelined.plan, ipu_config, micro_batch_size=batch_size_of(micro_batch),
         sample_inputs=micro_batch, hardware=hardware, training=training, optimizer=optimizer, fp32=fp32,
         cache_dir=ipu_config.executable_cache_dir or None, pipelined_inference=pipelined_inference,
+        state_types=state_types,
     )  # fmt: skip
-    report.memory.raise_if_out_of_memory()
+    check = memory_check_from_environment() if memory_check in (None, "auto") else memory_check
+    memory = report.memory
+    memory.raise_if_out_of_memory(check)
+    near = memory.may_not_fit or memory.surely_out_of_memory  # what a run going ahead is warned of
+    if near:
+        worst = max((memory.ipus[i] for i in near), key=lambda m: m.total)
+        message = (
+            f"{'Training' if training else 'Inference'}: IPU {worst.ipu}'s estimated memory is "
+            f"{100 * worst.total / memory.capacity:.0f}% of its limit, within or beyond the memory model's error of "
+            f"±{100 * memory.error:.0f}% (IPUs {', '.join(map(str, near))}): a real IPU may not fit this layout. "
+            f"Going ahead (memory check: {check}); the compile report has the per-IPU table."
+        )
+        if message not in _WARNED:
+            _WARNED.add(message)
+            logger.warning(message)
     return report
 
 
@@ -96,8 +115,15 @@ def compile_training(
     auto_round_num_ipus: bool = False,
     analyse_hardware: bool = True,
     fp16_compute: str | None = None,
+    state_types=None,
+    memory_check: str = "auto",
 ) -> CompileResult:
-    """Check and analyse `pipelined` for training under `ipu_config` (in training mode)."""
+    """Check and analyse `pipelined` for training under `ipu_config` (in training mode).
+
+    `state_types`: the optimizer's state types (`costmodel.workload.StateTypes`; default Optimum
+    Graphcore's for the precision). `memory_check`: when an out-of-memory estimate refuses the layout
+    ("margin", "strict", "off"; "auto" reads `OPTIMUM_IPU_MEMORY_CHECK`, see `MemoryReport`).
+    """
     start = time.perf_counter()
     logger.info("Compiling Model...")
     with tqdm(
@@ -121,6 +147,8 @@ def compile_training(
                 hardware=hardware,
                 optimizer=optimizer_name,
                 fp32=fp32,
+                state_types=state_types,
+                memory_check=memory_check,
             )
         bar.update()
     return _finish(report, start, num_ipus, fp16_compute)
@@ -137,6 +165,7 @@ def compile_inference(
     auto_round_num_ipus: bool = False,
     analyse_hardware: bool = True,
     fp16_compute: str | None = None,
+    memory_check: str = "auto",
 ) -> CompileResult:
     """Check and analyse `pipelined` for sharded inference under `ipu_config` (in inference mode)."""
     start = time.perf_counter()
@@ -155,6 +184,7 @@ def compile_inference(
             hardware=hardware,
             optimizer="adamw",
             fp32=fp32,
+            memory_check=memory_check,
         )
     return _finish(report, start, num_ipus, fp16_compute)
 
@@ -171,6 +201,8 @@ def report_layout(
     fp32: bool = False,
     fp16_compute: str | None = None,
     pipelined_inference: bool = False,
+    state_types=None,
+    memory_check: str = "auto",
 ) -> CompileResult:
     """The memory table and throughput estimate of a layout whose compile checks the caller ran itself.
 
@@ -182,6 +214,6 @@ def report_layout(
     logger.info("Compiling Model...")
     report = _analyse(
         pipelined, ipu_config, dict(micro_batch), training=training, hardware=hardware, optimizer=optimizer_name,
-        fp32=fp32, pipelined_inference=pipelined_inference,
+        fp32=fp32, pipelined_inference=pipelined_inference, state_types=state_types, memory_check=memory_check,
     )  # fmt: skip
     return _finish(report, start, num_ipus, fp16_compute)

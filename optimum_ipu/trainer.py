@@ -421,9 +421,23 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
                 self._pipelined, self.ipu_config, sample_batch=cast_floating(sample, self._model_dtype),
                 micro_batch_size=self.args.per_device_train_batch_size, hardware=self.hardware,
                 optimizer_name="lamb" if self.args.lamb else "adamw", fp32=self.args.fp32,
-                fp16_compute=self.fp16_compute,
+                fp16_compute=self.fp16_compute, state_types=self._optimizer_state_types(),
+                memory_check=self.args.ipu_memory_check,
             )  # fmt: skip
         self.compile_report = compiled.report
+
+    def _optimizer_state_types(self):
+        """The state types the memory estimate prices: those of an optimizer given to the trainer, else
+        the ones `create_optimizer` will use (Optimum Graphcore's for the precision)."""
+        from optimum_ipu.costmodel.workload import StateTypes
+
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
+        if not isinstance(optimizer, IPUOptimizer):
+            return StateTypes.all_fp32() if optimizer is not None else None  # torch's optimizers: fp32 state
+        group = optimizer.param_groups[0]
+        size = {torch.float16: 2, torch.float32: 4}
+        return StateTypes(size[optimizer.accum_type], size[group["first_order_momentum_accum_type"]],
+                          size[group["second_order_momentum_accum_type"]])  # fmt: skip
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """Compile (checks and hardware report, excluded from speed metrics), then train as transformers does."""
@@ -553,7 +567,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             compiled = compile_inference(
                 self._pipelined, self.ipu_config, sample_batch=inputs,
                 micro_batch_size=self.args.per_device_eval_batch_size, hardware=self.hardware, fp32=self.args.fp32,
-                fp16_compute=self.fp16_compute,
+                fp16_compute=self.fp16_compute, memory_check=self.args.ipu_memory_check,
             )  # fmt: skip
             self.inference_report = compiled.report
         executable = _ShardedModel(

@@ -90,6 +90,15 @@ class IPUTrainingArguments(TrainingArguments):
     compile_only: bool = field(
         default=False, metadata={"help": "Compile the model, report the layout and exit without training."}
     )
+    ipu_memory_check: Literal["auto", "margin", "strict", "off"] = field(
+        default="auto",
+        metadata={
+            "help": "When compiling refuses a layout the memory model calls out of memory: margin (over the "
+            "limit by more than the model's measured error; a layout within it runs with one warning), strict "
+            "(any estimate over the limit, as Poplar refuses an actual overflow), off (never; report only). "
+            "auto: the environment variable OPTIMUM_IPU_MEMORY_CHECK, else margin."
+        },
+    )
     ipu_config_overrides: str | None = field(
         default=None,
         metadata={

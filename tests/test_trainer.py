@@ -396,6 +396,45 @@ def test_compiling_loads_one_micro_batch_not_a_combined_batch(tmp_path):
     assert args.train_batch_size == 32 and 0 < Counted.read <= 2 * 2
 
 
+@pytest.mark.parametrize(
+    "code_fraction, check, refused",
+    [
+        (1.05, "auto", False),
+        (1.05, "strict", True),
+        (1.35, "auto", True),
+        (1.35, "off", False),
+        (0.5, "strict", False),
+    ],
+)
+def test_ipu_memory_check_refuses_beyond_the_models_error_unless_told_otherwise(
+    tmp_path, caplog, monkeypatch, code_fraction, check, refused
+):
+    """margin (auto's default): an estimate within the model's error of the limit compiles, warning once;
+    beyond it, it is refused as Poplar would. strict refuses anything over the limit; off never refuses."""
+    import dataclasses
+
+    from optimum_ipu import compiling
+    from optimum_ipu.costmodel import memory
+    from optimum_ipu.costmodel.memory import IPUOutOfMemoryError
+
+    capacity = 1472 * 638_976
+    code = int(code_fraction * capacity)  # a tiny model made to sit at a chosen fraction of its IPU
+    monkeypatch.setattr(
+        memory, "MEMORY_CALIBRATION", dataclasses.replace(memory.MEMORY_CALIBRATION, code_bytes_per_ipu=code)
+    )
+    compiling._WARNED.clear()
+    trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path, compile_only=True, ipu_memory_check=check),
+                         train_dataset=PatternQA(8))  # fmt: skip
+    if refused:
+        with pytest.raises(IPUOutOfMemoryError, match="Out of memory on IPU"):
+            trainer.train()
+        return
+    with caplog.at_level(logging.WARNING, logger="optimum_ipu.compiling"):
+        trainer.train()
+    warned = [r for r in caplog.records if "a real IPU may not fit this layout" in r.getMessage()]
+    assert len(warned) == (0 if code_fraction < 0.8 else 1)
+
+
 def test_settings_without_effect_are_named_once(tmp_path, caplog):
     from optimum_ipu import trainer as trainer_module
 

@@ -43,6 +43,7 @@ def analyse(
     fp32: bool = False,
     cache_dir: str | None = None,
     pipelined_inference: bool = False,
+    state_types=None,
 ) -> CompileReport:
     """Estimate per-IPU memory and throughput of `model` laid out by `plan` under `ipu_config`.
 
@@ -61,6 +62,7 @@ def analyse(
         cache_dir: keep the traced profile in this folder (the IPU config's `executable_cache_dir`),
             so analysing the same model, layout and inputs again skips the trace; None: no cache.
         pipelined_inference: price inference as pipelined (PopTorch's default) instead of sharded.
+        state_types: the optimizer's state types (`workload.StateTypes`); Optimum Graphcore's when None.
 
     Returns:
         A `CompileReport` (`report.from_cache` tells whether the trace was reused);
@@ -69,7 +71,7 @@ def analyse(
     spec = chip(hardware)
     workload = Workload.from_ipu_config(
         ipu_config, micro_batch_size=micro_batch_size, training=training, optimizer=optimizer, fp32=fp32,
-        ipus_per_replica=plan.ipus_per_replica, pipelined_inference=pipelined_inference,
+        ipus_per_replica=plan.ipus_per_replica, pipelined_inference=pipelined_inference, state_types=state_types,
     )  # fmt: skip
     if sample_inputs is None:
         sample_inputs = sample_inputs_for(model, micro_batch_size, seq_len, image_size)

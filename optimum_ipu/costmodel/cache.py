@@ -24,7 +24,7 @@ from optimum_ipu.costmodel.profile import ModelProfile
 
 PROFILE_FORMAT = 1
 T = TypeVar("T")
-_TRACER_SOURCES = ("trace.py", "profile.py")
+_TRACER_SOURCES = ("trace.py", "profile.py", "presets.py")  # presets.py builds the traced models
 
 
 def cache_dir() -> Path:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from optimum_ipu.costmodel.hardware import ASSUMPTIONS, CALIBRATION, Calibration, ChipSpec
+from optimum_ipu.costmodel.hardware import ASSUMPTIONS, CALIBRATION, MEMORY_CALIBRATION, Calibration, ChipSpec
 from optimum_ipu.costmodel.memory import MiB, ipu_memory, table_shares
 from optimum_ipu.costmodel.performance import (
     StageTime,
@@ -119,7 +119,7 @@ class LayoutProposal:
         """Why to compile a proposal before trusting it, or None when the proposal is the given layout.
 
         Nothing measured says a proposed layout fits: the memory model does, and two of its inputs are
-        not measurements (the always-live code per IPU, `ASSUMPTIONS.code_bytes_per_ipu`, and the
+        not measurements (the always-live code per IPU, `MEMORY_CALIBRATION.code_bytes_per_ipu`, and the
         working memory a matmul plan needs). The note says how close the proposal comes to the limit,
         and which IPUs were given less matmul memory than their largest product needs to run whole.
         """
@@ -132,7 +132,8 @@ class LayoutProposal:
         note = (
             f"The proposal fits by the memory model, not by a measurement: peak {peak.total / MiB:,.0f} MiB "
             f"on IPU {peak.ipu} of {memory.capacity / MiB:,.0f} MiB ({100 * margin:.0f} % left), including "
-            f"{ASSUMPTIONS.code_bytes_per_ipu / MiB:.0f} MiB of assumed code per IPU. Compile it before relying on it"
+            f"{MEMORY_CALIBRATION.code_bytes_per_ipu / MiB:.0f} MiB of fitted code per IPU; the model's error is "
+            f"±{100 * memory.error:.0f}%. Compile it before relying on it"
         )
         if margin < 1 - ASSUMPTIONS.balance_headroom:
             note += "; it is within the margin Poplar's per-tile placement needs, so it may well not fit"
@@ -180,7 +181,9 @@ class _Pricer:
         self.first = [b for b in first if b not in self.returning]
         self.last = [b for b in profile.blocks if b.kind != "layer" and not b.on_first_ipu]
         self.shares = shares
-        self.limit = ASSUMPTIONS.balance_headroom * hardware.memory_bytes
+        # A proposal must fit whatever the memory model's error, and leave Poplar's per-tile margin.
+        sure = 1 / (1 + MEMORY_CALIBRATION.error)
+        self.limit = min(ASSUMPTIONS.balance_headroom, sure) * hardware.memory_bytes
         self.cache: dict[tuple[int, int, int, bool], _Option | None] = {}
 
     def blocks(self, ipu: int, start: int, stop: int) -> list[BlockProfile]:

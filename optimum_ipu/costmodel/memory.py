@@ -2,12 +2,17 @@
 
 For each IPU of one replica's pipeline the model adds up, in bytes:
 
-* code: always-live code, vertex state and exchange code (`ASSUMPTIONS.code_bytes_per_ipu`);
+* code: always-live code, vertex state and exchange code (`MEMORY_CALIBRATION.code_bytes_per_ipu`, fitted);
 * weights: the parameters of the blocks placed there, in the compute dtype (fp16 unless `fp32`);
   with `serialized_embedding_splits_per_ipu` the word-embedding table is spread as the splits say;
-* gradients: gradient accumulators, one per trainable weight, when GA > 1;
-* optimizer: Adam/AdamW/LAMB's two moments (fp32, or fp16 first moment), none for SGD; divided by
-  the replicas with replicated tensor sharding; zero on chip with `optimizer_state_offchip`;
+* gradients: gradient accumulators, one per trainable weight, when GA > 1, in the accumulator's type
+  (fp16 in Optimum Graphcore's fp16 training, see `workload.StateTypes`);
+* optimizer: Adam/AdamW/LAMB's two moments in their types (Optimum Graphcore's fp16 training: an fp16
+  first moment and an fp32 second moment, 6 bytes), none for SGD; divided by the replicas with
+  replicated tensor sharding; zero on chip with `optimizer_state_offchip`;
+* update: with `optimizer_state_offchip`, the state streamed back on chip for the weight update, one
+  tensor at a time, so the largest tensor's (a serialized word embedding's piece for the table):
+  Optimum Graphcore's mT5 notebook shows off-chip state alone does not make a 250k x 512 table fit;
 * stash: micro-batches in flight between forward and backward, 2(N-k)-1 on IPU k. With
   recomputation (on by default with >1 IPU) only the stage inputs and the recomputation checkpoints
   are stashed; the last IPU runs forward and backward in one pipeline cycle and keeps one (it
@@ -15,29 +20,43 @@ For each IPU of one replica's pipeline the model adds up, in bytes:
 * activations: what backward needs for one micro-batch: one layer's saved activations when every
   layer is a checkpoint, the whole stage's otherwise;
 * temporaries: matmul working memory, capped by `matmul_proportion` x memory (beyond the cap Poplar
-  serializes the matmul, which costs time, see `performance.py`), and the word-embedding gradient
-  piece, divided by the embedding serialization factor;
+  serializes the matmul, which costs time, see `performance.py`), and the dense gradient of one piece
+  of the word embedding (divided by the embedding serialization factor) or of an untied output
+  projection (by the projection's), computed whole before it is added to its accumulator;
 * kv cache: a generating decoder's key/value buffers of the maximum length, on the IPU of each
   decoder layer (`decoding.py` fills it; zero, and not shown, otherwise).
 
-Out of memory is judged per IPU against the 1472 x 624 KiB of SRAM, with warnings when a total is
-so close to the limit (or one tensor so large) that some tile would likely overflow first.
+The update runs once the pipeline has drained, when no activation or temporary of the forward and
+backward is live: an IPU's total is what is live throughout (code, weights, accumulators, optimizer
+state on chip, stash, KV cache) plus the larger of the pipeline's transients (activations and
+temporaries) and the update's.
+
+Out of memory is judged per IPU against the 1472 x 624 KiB of SRAM, with the model's own error
+(`hardware.MEMORY_CALIBRATION.error`, measured on published layouts by `bench/memory.py`): an estimate
+within that error of the limit "may not fit"; beyond it, the IPU is out of memory. Warnings flag a
+total so close to the limit (or one tensor so large) that some tile would likely overflow first.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from optimum_ipu.costmodel.hardware import ASSUMPTIONS, ChipSpec
+from optimum_ipu.costmodel.hardware import ASSUMPTIONS, MEMORY_CALIBRATION, ChipSpec
 from optimum_ipu.costmodel.profile import BlockProfile, Matmul, ModelProfile, placement_rule
 from optimum_ipu.costmodel.workload import Workload
 
 MiB = 2**20
-CATEGORIES = ("code", "weights", "gradients", "optimizer", "stash", "activations", "temporaries", "kv_cache")
+CATEGORIES = (
+    "code", "weights", "gradients", "optimizer", "stash", "activations", "temporaries", "kv_cache", "update",
+)  # fmt: skip
+# Live throughout the program; the pipeline's transients and the update's take turns on top of them.
+ALWAYS_LIVE = ("code", "weights", "gradients", "optimizer", "stash", "kv_cache")
+PIPELINE_TRANSIENTS = ("activations", "temporaries")
 # Categories the table shows only when some IPU has any.
-_SHOWN_IF_USED = ("kv_cache",)
+_SHOWN_IF_USED = ("kv_cache", "update")
 
 
 class IPUOutOfMemoryError(MemoryError):
@@ -57,6 +76,14 @@ def matmul_temporary_bytes(mm: Matmul, tiles: int, float_bytes: int, pieces: int
     once = m * k + k * n + m * n
     elements = max(once, min(3 * (m * k * n) ** (2 / 3) * per_product ** (1 / 3), once * per_product))
     return int(mm.batch * elements * float_bytes)
+
+
+def serialized_pieces(mm: Matmul, workload: Workload) -> int:
+    """Pieces the IPU config serializes `mm` into: a tied LM head by the embedding's factor, an
+    untied output projection by the projection's; any other product is whole."""
+    if mm.word_embedding:
+        return workload.embedding_factor
+    return workload.projection_factor if mm.projection else 1
 
 
 def serialization_pieces(need: float, budget: float) -> int:
@@ -80,6 +107,7 @@ class IPUMemory:
     activations: int = 0
     temporaries: int = 0
     kv_cache: int = 0
+    update: int = 0
     matmul_need: int = 0
     matmul_budget: int = 0
     largest_tensor: int = 0
@@ -87,12 +115,35 @@ class IPUMemory:
 
     @property
     def total(self) -> int:
-        return sum(getattr(self, c) for c in CATEGORIES)
+        """What is live throughout, plus the larger of the pipeline's transients and the update's."""
+        pipeline = sum(getattr(self, c) for c in PIPELINE_TRANSIENTS)
+        return sum(getattr(self, c) for c in ALWAYS_LIVE) + max(pipeline, self.update)
+
+
+MEMORY_CHECKS = ("margin", "strict", "off")
+
+
+def memory_check_from_environment() -> str:
+    """The memory check asked for by `OPTIMUM_IPU_MEMORY_CHECK` (default "margin"), for front ends
+    whose own arguments cannot carry it (PopTorch programs, scripts run unchanged)."""
+    value = os.environ.get("OPTIMUM_IPU_MEMORY_CHECK", "margin").strip().lower() or "margin"
+    if value not in MEMORY_CHECKS:
+        raise ValueError(
+            f"OPTIMUM_IPU_MEMORY_CHECK={value!r}: choose margin (refuse a layout only when its estimate is over "
+            "the limit by more than the memory model's error), strict (refuse any estimate over the limit, "
+            "as Poplar would) or off (never refuse; report only)."
+        )
+    return value
 
 
 @dataclass
 class MemoryReport:
-    """Per-IPU memory of one replica's pipeline against the IPU's capacity."""
+    """Per-IPU memory of one replica's pipeline against the IPU's capacity.
+
+    Attributes:
+        error: the memory model's relative error (`hardware.MEMORY_CALIBRATION.error`): an IPU whose
+            estimate is within this fraction of it from the limit may or may not fit.
+    """
 
     ipus: list[IPUMemory]
     capacity: int
@@ -100,61 +151,119 @@ class MemoryReport:
     tile_bytes: int
     warnings: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
+    error: float = MEMORY_CALIBRATION.error
 
     @property
     def out_of_memory(self) -> list[int]:
-        """IPUs whose total exceeds their memory."""
+        """IPUs whose estimated total exceeds their memory."""
         return [m.ipu for m in self.ipus if m.total > self.capacity]
 
     @property
     def fits(self) -> bool:
+        """No IPU's estimate exceeds its memory."""
         return not self.out_of_memory
+
+    def verdict(self, m: IPUMemory) -> str:
+        """ "fits", "may not fit" (the limit is within the model's error of the estimate) or "out of memory"."""
+        if m.total * (1 - self.error) > self.capacity:
+            return "out of memory"
+        if m.total * (1 + self.error) > self.capacity:
+            return "may not fit"
+        return "fits"
+
+    @property
+    def surely_out_of_memory(self) -> list[int]:
+        """IPUs over the limit by more than the model's error: out of memory whatever the error."""
+        return [m.ipu for m in self.ipus if self.verdict(m) == "out of memory"]
+
+    @property
+    def may_not_fit(self) -> list[int]:
+        """IPUs whose estimate is within the model's error of the limit, on either side."""
+        return [m.ipu for m in self.ipus if self.verdict(m) == "may not fit"]
 
     @property
     def peak(self) -> IPUMemory:
         return max(self.ipus, key=lambda m: m.total)
 
     def table(self) -> str:
-        """The per-IPU table: one row per IPU, one column per category, MiB."""
+        """The per-IPU table: one row per IPU, one column per category, MiB, and each IPU's verdict."""
         shown = [c for c in CATEGORIES if c not in _SHOWN_IF_USED or any(getattr(m, c) for m in self.ipus)]
         columns = ["layers"] + [c.replace("_", " ") for c in shown] + ["total"]
         header = "IPU  " + " ".join(f"{c[:11]:>11}" for c in columns) + "   limit"
         lines = [header]
         for m in self.ipus:
             cells = [f"{m.layers:>11}"] + [f"{getattr(m, c) / MiB:>11.1f}" for c in shown]
-            flag = "  OUT OF MEMORY" if m.total > self.capacity else ""
+            verdict = self.verdict(m)
+            flag = "" if verdict == "fits" else f"  {verdict.upper()}"
             lines.append(
                 f"{m.ipu:<4} " + " ".join(cells) + f" {m.total / MiB:>11.1f}   {self.capacity / MiB:.0f} MiB"
                 f" ({100 * m.total / self.capacity:.0f}%){flag}"
             )
+        if "update" in shown:
+            lines.append(
+                "(update: off-chip optimizer state streamed in for the weight update, after the pipeline has "
+                "drained; a total counts the larger of it and activations + temporaries)"
+            )
         return "\n".join(lines)
 
-    def error_message(self) -> str:
-        worst = max((m for m in self.ipus if m.total > self.capacity), key=lambda m: m.total / self.capacity)
-        others = [i for i in self.out_of_memory if i != worst.ipu]
+    def margin_line(self) -> str:
+        """Each IPU's margin to the limit beside the model's error."""
+        margins = ", ".join(f"IPU {m.ipu} {100 * (1 - m.total / self.capacity):+.0f}%" for m in self.ipus)
+        return (
+            f"Margin to the limit: {margins}; the memory model's error is ±{100 * self.error:.0f}% of an estimate "
+            "(published layouts, bench/memory.py): within it, an IPU may or may not fit."
+        )
+
+    def error_message(self, check: str = "strict") -> str:
+        over = self.out_of_memory if check == "strict" else self.surely_out_of_memory
+        worst = max((self.ipus[i] for i in over), key=lambda m: m.total / self.capacity)
+        others = [i for i in over if i != worst.ipu]
         also = f" (also IPU {', '.join(map(str, others))})" if others else ""
+        beyond = (
+            "over the limit (memory_check=strict)"
+            if check == "strict"
+            else f"over the limit by more than the memory model's error of ±{100 * self.error:.0f}%"
+        )
         lines = [
             f"Out of memory on IPU {worst.ipu}: {worst.total:,} bytes used but IPUs only have "
             f"{self.capacity:,} bytes of memory ({self.tiles} tiles x {self.tile_bytes:,} bytes){also}.",
+            f"The estimate is {100 * (worst.total / self.capacity - 1):.0f}% {beyond}.",
             "",
             "Memory per IPU (MiB):",
             self.table(),
         ]
         if self.advice:
             lines += ["", "To make it fit:"] + [f"  - {a}" for a in self.advice]
+        lines += [
+            "",
+            "The estimate is a model's (bench/memory.py has its published checks); to run anyway, set "
+            "OPTIMUM_IPU_MEMORY_CHECK=off (IPUTrainer: --ipu_memory_check off).",
+        ]
         return "\n".join(lines)
 
-    def raise_if_out_of_memory(self) -> None:
-        """Raise `IPUOutOfMemoryError` (Poplar-like message, table, advice) if any IPU overflows."""
-        if not self.fits:
-            raise IPUOutOfMemoryError(self.error_message())
+    def raise_if_out_of_memory(self, check: str = "margin") -> None:
+        """Raise `IPUOutOfMemoryError` (Poplar-like message, table, advice) as `check` says.
+
+        Args:
+            check: "margin" (default): when some IPU's estimate is over the limit by more than the
+                model's error; "strict": when any estimate is over the limit, as Poplar refuses an
+                actual overflow; "off": never.
+        """
+        if check not in MEMORY_CHECKS:
+            raise ValueError(f"memory check {check!r}: choose one of {', '.join(MEMORY_CHECKS)}.")
+        over = {"margin": self.surely_out_of_memory, "strict": self.out_of_memory, "off": []}[check]
+        if over:
+            raise IPUOutOfMemoryError(self.error_message(check))
 
     def to_dict(self) -> dict:
         return {
             "capacity_bytes": self.capacity,
             "fits": self.fits,
             "out_of_memory_ipus": self.out_of_memory,
-            "ipus": [{**asdict(m), "total": m.total} for m in self.ipus],
+            "surely_out_of_memory_ipus": self.surely_out_of_memory,
+            "may_not_fit_ipus": self.may_not_fit,
+            "model_error": self.error,
+            "ipus": [{**asdict(m), "total": m.total, "verdict": self.verdict(m)} for m in self.ipus],
             "warnings": list(self.warnings),
             "advice": list(self.advice),
         }
@@ -204,10 +313,16 @@ def table_shares(profile: ModelProfile, ipu_of: Mapping[str, int], workload: Wor
 
 
 def optimizer_state_bytes(workload: Workload) -> int:
-    """Optimizer state bytes per weight: two moments (fp32, or an fp16 first moment), none for SGD."""
-    if workload.optimizer == "sgd":
-        return 0
-    return (2 if workload.half_first_order_momentum else 4) + 4
+    """Optimizer state bytes per weight: the two moments in their types, none for SGD."""
+    return workload.optimizer_state_bytes
+
+
+def _table_piece(ipu: int, table_parameters: int, workload: Workload) -> int:
+    """Parameters of one serialized piece of the word-embedding table on IPU `ipu` (each piece is a
+    tensor of its own on the IPU): its share split by the pieces it holds."""
+    splits = workload.embedding_splits_per_ipu
+    pieces = splits[ipu] if splits and len(splits) > ipu and sum(splits) > 0 else workload.embedding_factor
+    return table_parameters // max(pieces, 1)
 
 
 def ipu_memory(
@@ -227,7 +342,7 @@ def ipu_memory(
     forward and backward in one cycle, so they are held once, never stashed."""
     fb, training = workload.float_bytes, workload.training
     factor = workload.embedding_factor
-    mem = IPUMemory(ipu, code=ASSUMPTIONS.code_bytes_per_ipu)
+    mem = IPUMemory(ipu, code=MEMORY_CALIBRATION.code_bytes_per_ipu)
     layers = [b for b in blocks if b.kind == "layer"]
     mem.layers = len(layers)
     own_table = sum(b.word_embedding_parameters for b in blocks)
@@ -237,10 +352,15 @@ def ipu_memory(
     mem.weights = params * fb
     if training:
         if workload.gradient_accumulation_steps > 1:
-            mem.gradients = trainable * fb
+            mem.gradients = trainable * workload.state_types.accumulator
+        shards = workload.replication_factor if workload.replicated_tensor_sharding else 1
         if not workload.optimizer_state_offchip:
-            shards = workload.replication_factor if workload.replicated_tensor_sharding else 1
             mem.optimizer = trainable * optimizer_state_bytes(workload) // shards
+        else:  # streamed in one tensor at a time for the update: the largest must fit beside the rest
+            largest = max((b.largest_trainable_tensor for b in blocks), default=0)
+            projection = max((b.projection_parameters for b in blocks), default=0) // workload.projection_factor
+            piece = max(largest, projection, _table_piece(ipu, table_parameters, workload))
+            mem.update = piece * optimizer_state_bytes(workload) // shards
 
     saved = [b.saved_bytes for b in blocks]
     if not training:
@@ -259,7 +379,7 @@ def ipu_memory(
         mem.stash = inputs + last_stage_inputs
 
     needs = [
-        matmul_temporary_bytes(mm, hardware.tiles, fb, factor if mm.word_embedding else 1)
+        matmul_temporary_bytes(mm, hardware.tiles, fb, serialized_pieces(mm, workload))
         for b in blocks
         for mm in b.matmuls
     ]
@@ -268,6 +388,9 @@ def ipu_memory(
     mem.temporaries = min(mem.matmul_need, mem.matmul_budget)
     if training and table_parameters:
         mem.temporaries += table_parameters * fb // factor  # dense gradient of one table piece
+    projection = sum(b.projection_parameters for b in blocks)
+    if training and projection:  # and of one piece of an untied output projection (MT5's LM head)
+        mem.temporaries += projection * fb // workload.projection_factor
     mem.largest_tensor = max([b.largest_tensor_bytes for b in blocks] + [mem.table_bytes // factor])
     return mem
 

@@ -46,6 +46,7 @@ from optimum_ipu.costmodel.memory import (
     optimizer_state_bytes,
     pipeline_stages,
     serialization_pieces,
+    serialized_pieces,
     table_shares,
 )
 from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile
@@ -195,7 +196,7 @@ def block_forward_parts(
     factor = workload.embedding_factor
     matmul, most = 0.0, 1
     for mm in block.matmuls:
-        split = factor if mm.word_embedding else 1
+        split = serialized_pieces(mm, workload)
         need = matmul_temporary_bytes(mm, hardware.tiles, workload.float_bytes, split)
         pieces = serialization_pieces(need, budget)
         most = max(most, pieces)

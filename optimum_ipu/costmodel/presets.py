@@ -46,7 +46,7 @@ _BART_BASE = dict(model_type="bart", vocab_size=50265, d_model=768, encoder_laye
 _BART_LARGE = dict(_BART_BASE, d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16,
                    decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096)  # fmt: skip
 _T5_SMALL = dict(model_type="t5", vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8,
-                 feed_forward_proj="relu")  # fmt: skip
+                 feed_forward_proj="relu", decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)  # fmt: skip
 _MT5_SMALL = dict(model_type="mt5", vocab_size=250112, d_model=512, d_kv=64, d_ff=1024, num_layers=8, num_heads=6,
                   feed_forward_proj="gated-gelu", tie_word_embeddings=False)  # fmt: skip
 _WHISPER_TINY = dict(model_type="whisper", vocab_size=51865, d_model=384, encoder_layers=4, decoder_layers=4,
@@ -185,6 +185,27 @@ def resolve_model(name_or_path: str, task: str | None = None) -> ModelSource:
     return ModelSource(str(name_or_path), config, builder)
 
 
+def _untie_as_published(model, config: dict[str, Any]) -> None:
+    """Give the LM head a weight of its own when the checkpoint's config says it is untied.
+
+    MT5's checkpoints hold an LM head apart from the word embedding (`"tie_word_embeddings": false`),
+    and Optimum Graphcore ran them so, on transformers 4.29: 128M more parameters on the IPU of the
+    head, with their gradients and optimizer state. transformers 5 ties MT5's head whatever the config
+    says, so the model it builds would price a layout Graphcore ran with a quarter of its memory missing.
+    """
+    import torch
+
+    if config.get("tie_word_embeddings") is not False:
+        return
+    try:
+        head, table = model.get_output_embeddings(), model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):  # a model without word embeddings (speech, vision)
+        return
+    if head is not None and table is not None:
+        if head.weight is table.weight:
+            head.weight = torch.nn.Parameter(torch.empty_like(table.weight))
+
+
 def build_meta_model(source: ModelSource):
     """Build the model on the meta device: shapes only, nothing allocated (imports transformers)."""
     import torch
@@ -196,6 +217,7 @@ def build_meta_model(source: ModelSource):
     cls = getattr(transformers, source.builder)
     with torch.device("meta"):
         model = cls.from_config(config) if source.builder.startswith("AutoModel") else cls(config)
+        _untie_as_published(model, source.config)
     # A parameter made with the legacy `torch.Tensor(n)` constructor ignores the device context
     # (Wav2Vec2's and HuBERT's `masked_spec_embed`, one vector): move it too.
     return model.to("meta")

@@ -45,6 +45,8 @@ class Matmul:
     Attributes:
         word_embedding: the product reads the word embedding (a tied LM head): embedding
             serialization splits it.
+        projection: the product reads an output projection not tied to the word embedding (MT5's LM
+            head): projection serialization splits it.
     """
 
     batch: int
@@ -52,6 +54,7 @@ class Matmul:
     k: int
     n: int
     word_embedding: bool = False
+    projection: bool = False
 
     @property
     def flops(self) -> int:
@@ -75,10 +78,18 @@ class BlockProfile:
         other_bytes: bytes those operations read and write.
         embedding_lookups: lookups of the word embedding (serialization multiplies them).
         output_bytes: bytes of the block's output activations.
-        saved_bytes: bytes of activations the forward keeps for backward.
+        saved_bytes: bytes of activations the forward keeps for backward. Dropout masks are not
+            among them: the IPU draws a mask again from its seed in the backward (PopART's
+            `DropoutGradOp` takes the gradient and the seed, no mask).
         largest_tensor_bytes: the largest activation the block produces.
         trainable_tensors: how many trainable parameter tensors the block owns (each gets its own
             gradient accumulation operation per micro-batch).
+        largest_trainable_tensor: elements of the largest of them, the word embedding table and an
+            untied output projection aside (serialization splits those, see `projection_parameters`).
+            Optimizer state kept off chip is streamed back one tensor at a time for the update, so the
+            largest bounds what must fit.
+        projection_parameters: the part of `parameters` that is an output projection not tied to the
+            word embedding (MT5's LM head).
     """
 
     name: str
@@ -97,6 +108,8 @@ class BlockProfile:
     saved_bytes: int = 0
     largest_tensor_bytes: int = 0
     trainable_tensors: int = 0
+    largest_trainable_tensor: int = 0
+    projection_parameters: int = 0
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ REPORT_JSON = "ipu_report.json"
 REPORT_PNG = "ipu_report.png"
 _COLOURS = {
     "code": "#9e9e9e", "weights": "#1f77b4", "gradients": "#aec7e8", "optimizer": "#ff7f0e", "stash": "#2ca02c",
-    "activations": "#98df8a", "temporaries": "#d62728", "kv_cache": "#9467bd",
+    "activations": "#98df8a", "temporaries": "#d62728", "kv_cache": "#9467bd", "update": "#ffbb78",
 }  # fmt: skip
 
 
@@ -135,6 +135,7 @@ class CompileReport:
             f"Memory per IPU (MiB; limit {self.memory.capacity / MiB:.0f} MiB = {self.hardware.tiles} tiles x "
             f"{self.hardware.tile_memory_bytes // 1024} KiB):",
             self.memory.table(),
+            self.memory.margin_line(),
             f"Estimated throughput: {p.samples_per_second:,.1f} samples/s "
             f"({p.samples_per_call} samples per {p.call_time * ms:.1f} ms call; "
             f"host {p.host_time * ms:.1f} ms); {100 * p.utilisation:.1f}% of peak",
@@ -144,8 +145,16 @@ class CompileReport:
         ]
         if self.warnings:
             lines += ["Warnings:"] + [f"  - {text}" for text in self.warnings]
-        if not self.memory.fits:
+        if self.memory.surely_out_of_memory:
             lines += ["OUT OF MEMORY. To make it fit:"] + [f"  - {a}" for a in self.memory.advice]
+        elif self.memory.may_not_fit:
+            ipus = ", ".join(map(str, self.memory.may_not_fit))
+            advice = self.memory.advice
+            lines += [
+                f"MAY NOT FIT: IPU {ipus} within the memory model's error of the limit (a compile would go ahead"
+                + (", warning once). Changes that free memory:" if advice else ", warning once).")
+            ]
+            lines += [f"  - {a}" for a in advice]
         lines.append("-" * 80)
         return "\n".join(lines)
 
@@ -202,9 +211,13 @@ class CompileReport:
         bottom = [0.0] * len(ipus)
         for category in CATEGORIES:
             values = [getattr(m, category) / MiB for m in self.memory.ipus]
-            if category == "kv_cache" and not any(values):
-                continue  # only a generating decoder has one
-            bars.bar(ipus, values, bottom=bottom, label=category, color=_COLOURS[category])
+            label = category
+            if category == "update":  # the update takes turns with the pipeline's transients: its excess stacks
+                values = [max(0.0, m.update - m.activations - m.temporaries) / MiB for m in self.memory.ipus]
+                label = "update (beyond activations + temporaries)"
+            if category in ("kv_cache", "update") and not any(values):
+                continue  # only a generating decoder has a KV cache, only off-chip state an update
+            bars.bar(ipus, values, bottom=bottom, label=label, color=_COLOURS[category])
             bottom = [b + v for b, v in zip(bottom, values)]
         limit = self.memory.capacity / MiB
         bars.axhline(limit, color="black", linestyle="--", linewidth=1)

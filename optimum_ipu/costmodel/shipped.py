@@ -13,7 +13,7 @@ determine it for any size >= 2. `derive_micro_batch` refuses (returns None) when
 follow that rule exactly, and the caller then traces. Size 1 is shipped as traced because a tensor of
 one element is not counted as moved data, a kink at 1.
 
-The shipped set records the hash of the tracer's source (`trace.py`, `profile.py`): a profile traced
+The shipped set records the hash of the tracer's source (`trace.py`, `profile.py`, `presets.py`): a profile traced
 by another tracer is never used, and `python tools/trace_shipped_profiles.py` traces them again. The
 torch and transformers versions they were traced with are recorded, and a shipped profile is used only
 where it is proven: with a transformers release from `LOWEST_PROVEN_TRANSFORMERS` (the lowest that
@@ -36,7 +36,7 @@ from optimum_ipu.costmodel.profile import ModelProfile
 SHIPPED_DIR = Path(__file__).parent / "profiles"
 SEQ_LENS = (128, 384, 512)
 MICRO_BATCHES = (1, 2, 4)
-_TRACER_SOURCES = ("trace.py", "profile.py")
+_TRACER_SOURCES = ("trace.py", "profile.py", "presets.py")  # presets.py builds the traced models
 # Heads shipped besides each preset's default: what the calibration's published BERT runs train.
 _EXTRA_TASKS = {"bert-base-uncased": ("pretraining",), "bert-large-uncased": ("pretraining",)}
 

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from optimum_ipu.costmodel.profile import HOST, BlockProfile, Matmul, ModelProfile, Transfer
+from optimum_ipu.pipelining.pipeline import untied_output_projection
 from optimum_ipu.pipelining.spec import base_model_path, generic_spec, spec_for
 from optimum_ipu.pipelining.stage_plan import StagePlan
 
@@ -204,11 +205,13 @@ def _key(t: torch.Tensor) -> int:
 class _Recorder(TorchDispatchMode):
     """Charges every aten operation to the block running it; tracks who produced each tensor."""
 
-    def __init__(self, profile: ModelProfile, float_bytes: int, word_embedding_key: int | None):
+    def __init__(self, profile: ModelProfile, float_bytes: int, word_embedding_key: int | None,
+                 projection_key: int | None = None):  # fmt: skip
         super().__init__()
         self.profile = profile
         self.float_bytes = float_bytes
         self.word_embedding_key = word_embedding_key
+        self.projection_key = projection_key
         self.stack: list[int] = []
         self.last = 0
         self.producer: dict[int, str] = {}
@@ -267,6 +270,8 @@ class _Recorder(TorchDispatchMode):
         for t in outputs:
             block.largest_tensor_bytes = max(block.largest_tensor_bytes, self.nbytes(t))
         matmuls = self._matmuls(func, args, outputs, reads_table)
+        if self.projection_key is not None and any(_key(t) == self.projection_key for t in inputs):
+            matmuls = [dataclasses.replace(m, projection=True) for m in matmuls]
         if matmuls:
             block.matmuls.extend(matmuls)
             block.forward_flops += sum(m.flops for m in matmuls)
@@ -314,7 +319,8 @@ def _block_of_path(plan: StagePlan) -> dict[str, int]:
     return {path: i for i, block in enumerate(plan.blocks) for path in block.modules}
 
 
-def _count_parameters(model: nn.Module, profile: ModelProfile, plan: StagePlan, table: str | None) -> None:
+def _count_parameters(model: nn.Module, profile: ModelProfile, plan: StagePlan, table: str | None,
+                      projection: str | None = None) -> None:  # fmt: skip
     # Ownership is the plan's own rule (`StagePlan.ipu_of_module`: the longest owned prefix), asked of a
     # copy of the plan whose "IPU" of each block is the block's index.
     indexed = StagePlan(
@@ -325,11 +331,17 @@ def _count_parameters(model: nn.Module, profile: ModelProfile, plan: StagePlan, 
         index = indexed.ipu_of_module(module_path)
         block = profile.blocks[index if index is not None else 0]
         block.parameters += param.numel()
+        is_table = table is not None and module_path == table
+        is_projection = projection is not None and module_path == projection
         if param.requires_grad:
             block.trainable_parameters += param.numel()
             block.trainable_tensors += 1
-        if table is not None and module_path == table:
+            if not is_table and not is_projection:
+                block.largest_trainable_tensor = max(block.largest_trainable_tensor, param.numel())
+        if is_table:
             block.word_embedding_parameters += param.numel()
+        if is_projection:
+            block.projection_parameters += param.numel()
 
 
 def profile_model(
@@ -363,7 +375,10 @@ def profile_model(
     owners = _block_of_path(plan)
     table_path = word_embedding_path(meta)
     table = meta.get_submodule(table_path).weight if table_path else None
-    recorder = _Recorder(profile, float_bytes, _key(table) if table is not None else None)
+    projection_path = untied_output_projection(meta)
+    projection = meta.get_submodule(projection_path).weight if projection_path else None
+    recorder = _Recorder(profile, float_bytes, _key(table) if table is not None else None,
+                         _key(projection) if projection is not None else None)  # fmt: skip
 
     inputs = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in sample_inputs.items()}
     # Tensors inside a structured input (an encoder's output handed to the decoder) stream from the host too.
@@ -400,7 +415,8 @@ def profile_model(
 
     def pack(t: torch.Tensor):
         key = _key(t)
-        if key not in parameter_keys and key not in saved:
+        # A dropout mask is drawn again from the seed in the IPU's backward (PopART's DropoutGradOp).
+        if key not in parameter_keys and key not in saved and key not in recorder.masks:
             saved.add(key)
             nbytes = t.untyped_storage().nbytes()
             if t.is_floating_point():
@@ -423,5 +439,5 @@ def profile_model(
         block.on_first_ipu = block.kind == "embedding" or (
             block.kind == "head" and (tied or (planned.ipu == 0 and plan.ipus_per_replica > 1))
         )
-    _count_parameters(meta, profile, plan, table_path)
+    _count_parameters(meta, profile, plan, table_path, projection_path)
     return profile

@@ -15,6 +15,33 @@ from dataclasses import dataclass
 OPTIMIZERS = ("adamw", "adam", "lamb", "sgd")
 
 
+@dataclass(frozen=True)
+class StateTypes:
+    """Bytes per trainable weight of the optimizer's state, by PopTorch's three state types.
+
+    Attributes:
+        accumulator: the gradient accumulator (`accum_type`), which sums an update's micro-batch
+            gradients when gradient accumulation is on.
+        first_moment: Adam's and LAMB's first moment (`first_order_momentum_accum_type`).
+        second_moment: their second moment (`second_order_momentum_accum_type`).
+    """
+
+    accumulator: int
+    first_moment: int
+    second_moment: int
+
+    @classmethod
+    def optimum_graphcore(cls, fp32: bool) -> StateTypes:
+        """Optimum Graphcore 0.7's `create_optimizer` (and IPUTrainer's): fp16 training keeps the
+        accumulator and the first moment in fp16 and the second moment in fp32; `--fp32`, all fp32."""
+        return cls(4, 4, 4) if fp32 else cls(2, 2, 4)
+
+    @classmethod
+    def all_fp32(cls) -> StateTypes:
+        """PopTorch's optimizers by default, or an fp16 run priced with fp32 state (`plan --fp32-optimizer-state`)."""
+        return cls(4, 4, 4)
+
+
 def _attr(config, name: str, default):
     value = getattr(config, name, default)
     return default if value is None else value
@@ -34,6 +61,14 @@ def expand_matmul_proportion(value, ipus: int) -> tuple[float, ...]:
     return values
 
 
+def _published_state_types(ipu_config, fp32: bool) -> StateTypes:
+    types = StateTypes.optimum_graphcore(fp32)
+    half = getattr(ipu_config, "enable_half_first_order_momentum", None)
+    if half is None or fp32:
+        return types
+    return dataclasses.replace(types, first_moment=2 if half else 4)
+
+
 @dataclass(frozen=True)
 class Workload:
     """The settings the memory and performance models need, for one mode (training or inference).
@@ -50,6 +85,8 @@ class Workload:
         embedding_factor: pieces the word embedding (and a tied head) is serialized into.
         embedding_splits_per_ipu: how many of those pieces each IPU holds, or None (all on the
             embedding's IPU).
+        projection_factor: pieces an output projection not tied to the word embedding (MT5's LM head)
+            is serialized into (`projection_serialization_factor`, or the sum of its splits per IPU).
         recompute_checkpoint_every_layer: a recomputation checkpoint after every layer.
         training: training (pipelined, with backward) or inference.
         pipelined_inference: inference overlaps the stages across device iterations (PopTorch's
@@ -57,7 +94,8 @@ class Workload:
             for_inference=True)` sets `ShardedExecution`, so each micro-batch visits the IPUs in turn.
         optimizer: "adamw", "adam", "lamb" or "sgd".
         fp32: compute in fp32 instead of fp16.
-        half_first_order_momentum: the first moment in fp16 instead of fp32.
+        state_types: bytes of the optimizer's gradient accumulator and moments per trainable weight;
+            Optimum Graphcore's types for the precision when not given (`StateTypes.optimum_graphcore`).
     """
 
     micro_batch_size: int
@@ -70,14 +108,17 @@ class Workload:
     replicated_tensor_sharding: bool = False
     embedding_factor: int = 1
     embedding_splits_per_ipu: tuple[int, ...] | None = None
+    projection_factor: int = 1
     recompute_checkpoint_every_layer: bool = False
     training: bool = True
     pipelined_inference: bool = False
     optimizer: str = "adamw"
     fp32: bool = False
-    half_first_order_momentum: bool = False
+    state_types: StateTypes | None = None
 
     def __post_init__(self):
+        if self.state_types is None:
+            object.__setattr__(self, "state_types", StateTypes.optimum_graphcore(self.fp32))
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer={self.optimizer!r}: choose one of {', '.join(OPTIMIZERS)}.")
         if len(self.matmul_proportion) != self.ipus_per_replica:
@@ -98,11 +139,14 @@ class Workload:
         fp32: bool = False,
         ipus_per_replica: int | None = None,
         pipelined_inference: bool = False,
+        state_types: StateTypes | None = None,
     ) -> Workload:
         """Read `ipu_config` in its current mode; `ipus_per_replica` defaults to the config's.
 
         `pipelined_inference`: inference as PopTorch's `PipelinedExecution` (the stages overlap across
-        device iterations) instead of Optimum Graphcore's sharded inference.
+        device iterations) instead of Optimum Graphcore's sharded inference. `state_types`: the
+        optimizer's state types (default: Optimum Graphcore's for the precision; an older config's
+        `enable_half_first_order_momentum`, where a run published one, sets the first moment's).
         """
         ipus = int(ipus_per_replica or _attr(ipu_config, "ipus_per_replica", None) or 0)
         if ipus < 1:
@@ -110,6 +154,12 @@ class Workload:
         splits = _attr(ipu_config, "serialized_embedding_splits_per_ipu", None)
         splits = tuple(int(s) for s in splits) if splits else None
         factor = sum(splits) if splits else int(_attr(ipu_config, "embedding_serialization_factor", 1) or 1)
+        projection_splits = _attr(ipu_config, "serialized_projection_splits_per_ipu", None)
+        projection = (
+            sum(projection_splits)
+            if projection_splits
+            else int(_attr(ipu_config, "projection_serialization_factor", 1) or 1)
+        )
         return cls(
             micro_batch_size=int(micro_batch_size),
             gradient_accumulation_steps=int(_attr(ipu_config, "gradient_accumulation_steps", 1))
@@ -123,15 +173,23 @@ class Workload:
             replicated_tensor_sharding=bool(_attr(ipu_config, "replicated_tensor_sharding", False)),
             embedding_factor=max(int(factor), 1),
             embedding_splits_per_ipu=splits,
+            projection_factor=max(int(projection), 1),
             recompute_checkpoint_every_layer=bool(
                 _attr(ipu_config, "recompute_checkpoint_every_layer", False)
             ),
             training=training,
             optimizer=optimizer.lower(),
             fp32=fp32,
-            half_first_order_momentum=bool(_attr(ipu_config, "enable_half_first_order_momentum", False)),
+            state_types=state_types or _published_state_types(ipu_config, fp32),
             pipelined_inference=pipelined_inference and not training,
         )
+
+    @property
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of optimizer state per trainable weight: Adam's and LAMB's two moments, none for SGD."""
+        if self.optimizer == "sgd":
+            return 0
+        return self.state_types.first_moment + self.state_types.second_moment
 
     @property
     def recomputation(self) -> bool:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from optimum_ipu.costmodel.memory import memory_check_from_environment
 from optimum_ipu.poptorch import _distributed, _export, _outputs, _stages
 from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._ipu_context import running_model
@@ -450,11 +451,12 @@ class PoplarExecutor:
             self.compile_result = None  # no weights: nothing to place, no memory to report
             return
         plan = stage_plan_from_blocks(self._user_model, module_blocks, entries, self.num_ipus)
+        check = memory_check_from_environment()  # a bad value is the user's error, not a failed estimate
         try:
             self.compile_result = compile_report(
                 self._user_model, plan, self._options, micro, spec, training=self._training,
                 optimizer=self._optimizer, num_ipus=self.num_ipus * self._options.replication_factor,
-                recomputed=bool(self._recomputed),
+                recomputed=bool(self._recomputed), memory_check=check,
             )  # fmt: skip
         except PopTorchOutOfMemoryError:
             raise

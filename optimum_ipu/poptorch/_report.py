@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 
 from optimum_ipu.compiling import CompileResult, report_layout
 from optimum_ipu.costmodel.memory import IPUOutOfMemoryError
+from optimum_ipu.costmodel.workload import StateTypes
 from optimum_ipu.pipelining.stage_plan import Block, StagePlan
 from optimum_ipu.poptorch._logging import Error
 
@@ -124,6 +125,23 @@ def _optimizer_name(optimizer) -> str:
     return "sgd"  # SGD and RMSprop hold one state tensor per weight at most
 
 
+def _state_types(optimizer) -> StateTypes:
+    """The bytes of the optimizer's state types: PopTorch's `accum_type` and moment types (fp32 unless
+    given), a runtime optimizer's own, fp32 for a plain torch optimizer."""
+    size = {torch.float16: 2, torch.float32: 4}
+    if optimizer is None:
+        return StateTypes.all_fp32()
+    groups = getattr(optimizer, "param_groups", None) or [{}]
+    types = getattr(optimizer, "accum_types", None)  # poptorch.optim's SGD, Adam, AdamW, RMSprop
+    if types is None:  # poptorch.optim.LAMB and the runtime's optimizers keep the types per group
+        types = {k: groups[0].get(k) for k in ("first_order_momentum_accum_type", "second_order_momentum_accum_type")}
+    return StateTypes(
+        size.get(getattr(optimizer, "accum_type", None) or torch.float32, 4),
+        size.get(types.get("first_order_momentum_accum_type") or torch.float32, 4),
+        size.get(types.get("second_order_momentum_accum_type") or torch.float32, 4),
+    )
+
+
 def compile_report(
     model: nn.Module,
     plan: StagePlan,
@@ -135,6 +153,7 @@ def compile_report(
     optimizer,
     num_ipus: int,
     recomputed: bool,
+    memory_check: str = "auto",
 ) -> CompileResult:
     """Price `plan` under `options` with the cost model (logged like IPUTrainer's); overflow is an Error."""
     proportions = options.available_memory_proportion
@@ -163,7 +182,8 @@ def compile_report(
             types.SimpleNamespace(module=_adapter(model, spec), plan=plan), config,
             micro_batch=micro, training=training, num_ipus=num_ipus, optimizer_name=_optimizer_name(optimizer),
             fp32=first.dtype != torch.float16, fp16_compute=None,
-            pipelined_inference=not training and not options._is_sharded(),
+            pipelined_inference=not training and not options._is_sharded(), state_types=_state_types(optimizer),
+            memory_check=memory_check,
         )  # fmt: skip
     except IPUOutOfMemoryError as error:
         raise PopTorchOutOfMemoryError(str(error), type="popart_memory_allocation_err") from None

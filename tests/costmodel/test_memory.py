@@ -11,7 +11,7 @@ from transformers import BertConfig, BertForQuestionAnswering, ViTConfig, ViTFor
 
 from optimum_ipu.configuration import IPUConfig
 from optimum_ipu.costmodel import HARDWARE, IPUOutOfMemoryError, analyse
-from optimum_ipu.costmodel.hardware import ASSUMPTIONS
+from optimum_ipu.costmodel.hardware import MEMORY_CALIBRATION
 from optimum_ipu.costmodel.memory import (
     MiB,
     estimate_memory,
@@ -20,6 +20,7 @@ from optimum_ipu.costmodel.memory import (
 )
 from optimum_ipu.costmodel.profile import BlockProfile, Matmul, ModelProfile
 from optimum_ipu.costmodel.report import report_for
+from optimum_ipu.costmodel.workload import StateTypes
 from optimum_ipu.pipelining import build_stage_plan
 from optimum_ipu.pipelining.spec import spec_for
 
@@ -49,10 +50,13 @@ def test_memory_formulas_by_hand():
     report = memory()
     first, last = report.ipus
     need = matmul_temporary_bytes(MATMUL, MK2.tiles, 2)
-    assert first.code == ASSUMPTIONS.code_bytes_per_ipu
+    assert first.code == MEMORY_CALIBRATION.code_bytes_per_ipu
     assert first.weights == (P_TABLE + 2 * P_LAYER) * 2
     assert first.gradients == first.weights  # GA 8 > 1: one fp16 accumulator per weight
-    assert first.optimizer == (P_TABLE + 2 * P_LAYER) * 8  # two fp32 moments
+    assert (
+        first.optimizer == (P_TABLE + 2 * P_LAYER) * 6
+    )  # Optimum Graphcore's fp16 first, fp32 second moment
+    assert first.update == 0  # optimizer state on chip: nothing streamed for the update
     assert first.stash == 3 * IDS  # 2(N-k)-1 = 3 micro-batches of the stage input
     assert first.activations == 2 * SAVED  # recomputing the whole stage for one micro-batch
     assert first.temporaries == min(need, int(0.2 * CAPACITY)) + P_TABLE * 2  # + the table's gradient
@@ -90,9 +94,86 @@ def test_optimizer_state_options():
     assert memory(optimizer_state_offchip=True).ipus[0].optimizer == 0
     assert memory(replicated_tensor_sharding=True, replication_factor=4).ipus[0].optimizer == base // 4
     assert memory(replicated_tensor_sharding=True, replication_factor=1).ipus[0].optimizer == base
-    assert memory(half_first_order_momentum=True).ipus[0].optimizer == base * 6 // 8
+    assert memory(state_types=StateTypes.all_fp32()).ipus[0].optimizer == base * 8 // 6
     assert memory(optimizer="sgd").ipus[0].optimizer == 0
     assert memory(gradient_accumulation_steps=1).ipus[0].gradients == 0
+
+
+def test_state_types_are_optimum_graphcores_for_the_precision():
+    """Optimum Graphcore 0.7's create_optimizer: fp16 runs keep the accumulator and first moment in fp16,
+    the second in fp32 (2 + 2 + 4 bytes); --fp32 keeps all three in fp32; PopTorch's defaults are fp32."""
+    assert workload().state_types == StateTypes(2, 2, 4) and workload().optimizer_state_bytes == 6
+    assert workload(fp32=True).state_types == StateTypes(4, 4, 4)
+    fp32_accumulator = memory(state_types=StateTypes(4, 2, 4)).ipus[0]
+    assert fp32_accumulator.gradients == 2 * memory().ipus[0].gradients
+
+
+def _with_largest_tensor(profile, elements):
+    import dataclasses
+
+    blocks = [dataclasses.replace(b, largest_trainable_tensor=elements if b.kind == "layer" else 0)
+              for b in profile.blocks]  # fmt: skip
+    return dataclasses.replace(profile, blocks=blocks)
+
+
+def test_off_chip_state_is_streamed_in_one_tensor_at_a_time_for_the_update():
+    """The update runs after the pipeline has drained: the largest tensor's state streamed in takes turns
+    with the activations and temporaries, on top of what is always live."""
+    profile = _with_largest_tensor(synthetic(4), 300_000)
+    w = workload(optimizer_state_offchip=True)
+    first, last = estimate_memory(profile, profile.placement([2, 2], 2), w, MK2).ipus
+    assert last.optimizer == 0 and last.update == 300_000 * 6  # one layer tensor's fp16 + fp32 moments
+    assert first.update == P_TABLE * 6  # the table (500,000) is the largest tensor on IPU 0
+    always = last.code + last.weights + last.gradients + last.stash
+    assert last.total == always + max(last.activations + last.temporaries, last.update)
+    huge = _with_largest_tensor(synthetic(4), 200_000_000)
+    big = estimate_memory(huge, huge.placement([2, 2], 2), w, MK2).ipus[1]
+    assert (
+        big.update > big.activations + big.temporaries
+        and big.total == big.code + big.weights + big.gradients + big.stash + big.update
+    )
+    shared = estimate_memory(profile, profile.placement([2, 2], 2), w.replace(replicated_tensor_sharding=True,
+                             replication_factor=4), MK2).ipus[1]  # fmt: skip
+    assert shared.update == last.update // 4  # each replica streams its shard
+    pieces = estimate_memory(profile, profile.placement([2, 2], 2), w.replace(embedding_factor=4), MK2).ipus[
+        0
+    ]
+    assert pieces.update == 300_000 * 6  # the table in 4 pieces of 125,000: a layer tensor is now the largest
+    assert memory(optimizer_state_offchip=True, optimizer="sgd").ipus[0].update == 0
+
+
+def test_verdict_band_is_the_models_error_and_the_check_decides_what_refuses():
+    """Within the model's error of the limit an IPU may or may not fit; beyond it, it is out of memory.
+    margin (the default) refuses only beyond the error, strict any estimate over the limit, off never."""
+    import dataclasses
+
+    report = memory()
+    m = report.ipus[0]
+    error = report.error
+    assert error == MEMORY_CALIBRATION.error > 0
+
+    def at(fraction):
+        extra = int(fraction * CAPACITY) - m.total
+        ipu = dataclasses.replace(m, stash=m.stash + extra)
+        return dataclasses.replace(report, ipus=[ipu, report.ipus[1]])
+
+    assert at(0.99 / (1 + error)).verdict(at(0.99 / (1 + error)).ipus[0]) == "fits"
+    near_under, near_over = at(1.01 / (1 + error)), at(0.99 / (1 - error))
+    for near in (near_under, near_over):
+        assert near.may_not_fit == [0] and not near.surely_out_of_memory
+        near.raise_if_out_of_memory("margin")  # goes ahead
+        near.raise_if_out_of_memory("off")
+    near_under.raise_if_out_of_memory("strict")  # under the limit: fits by the estimate
+    with pytest.raises(IPUOutOfMemoryError, match=r"over the limit \(memory_check=strict\)"):
+        near_over.raise_if_out_of_memory("strict")
+    beyond = at(1.01 / (1 - error))
+    assert beyond.surely_out_of_memory == [0] and beyond.verdict(beyond.ipus[0]) == "out of memory"
+    with pytest.raises(IPUOutOfMemoryError, match=r"by more than the memory model's error of ±20%"):
+        beyond.raise_if_out_of_memory()
+    beyond.raise_if_out_of_memory("off")
+    assert "MAY NOT FIT" in near_over.table() and "OUT OF MEMORY" in beyond.table()
+    with pytest.raises(ValueError, match="choose one of margin, strict, off"):
+        beyond.raise_if_out_of_memory("lenient")
 
 
 def test_inference_holds_no_optimizer_gradients_or_stash_depth():
@@ -135,7 +216,7 @@ def test_over_limit_raises_with_table_and_advice():
     )  # fmt: skip
     report = report_for(heavy, heavy.placement([4], 1), workload(ipus_per_replica=1), MK2).memory
     with pytest.raises(IPUOutOfMemoryError) as error:
-        report.raise_if_out_of_memory()
+        report.raise_if_out_of_memory("strict")
     text = str(error.value)
     assert text.startswith(
         f"Out of memory on IPU 0: {report.ipus[0].total:,} bytes used but IPUs only have {CAPACITY:,}"

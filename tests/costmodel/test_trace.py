@@ -194,3 +194,44 @@ def test_audio_classification_inputs_have_one_label_per_waveform():
         "Projector",
         "Classifier",
     ]
+
+
+def test_dropout_masks_are_not_saved_for_backward_as_the_ipu_draws_them_again():
+    """PopART's DropoutGradOp takes the gradient and the seed, no mask (graphcore/popart, op/dropout.hpp).
+    With dropout a layer saves one tensor more than without: the dropped attention probabilities the
+    context matmul reads (a tensor of its own now). Its three masks, which PyTorch's autograd keeps,
+    are not counted."""
+    saved = []
+    for p in (0.0, 0.1):
+        config = tiny_bert_config(hidden_dropout_prob=p, attention_probs_dropout_prob=p)
+        with torch.device("meta"):
+            model = BertForQuestionAnswering(config)
+        plan = build_stage_plan(model, spec_for(model), [-1], 2)
+        saved.append(profile_model(model, plan, _qa_inputs()).block("Encoder 0").saved_bytes)
+    dropped_probabilities = BATCH * 4 * SEQ * SEQ * 2  # 4 heads, fp16
+    assert saved[1] - saved[0] == dropped_probabilities and saved[0] > 0
+
+
+def test_an_untied_lm_head_is_a_serializable_projection_and_the_largest_tensors_are_recorded():
+    """MT5's LM head is apart from the word embedding: its matmul is a projection (serialized by
+    projection_serialization_factor), its weight counted as the projection, and every block records its
+    largest trainable tensor other than the table and the projection (off-chip state streams in by tensor)."""
+    from fixtures import tiny_t5_config
+    from transformers import MT5ForConditionalGeneration
+
+    from optimum_ipu.costmodel.presets import ModelSource, build_meta_model
+
+    config = tiny_t5_config(layers=2, mt5=True).to_dict()
+    config["tie_word_embeddings"] = False  # as the checkpoint says; transformers 5 ties MT5 whatever it says
+    model = build_meta_model(ModelSource("mt5", config, "MT5ForConditionalGeneration"))
+    assert isinstance(model, MT5ForConditionalGeneration) and model.lm_head.weight is not model.shared.weight
+    plan = build_stage_plan(model, spec_for(model), [-1], 2)
+    inputs = sample_inputs_for(model, BATCH, SEQ)
+    profile = profile_model(model, plan, inputs)
+    head = profile.block("LM Head")
+    assert head.projection_parameters == model.lm_head.weight.numel() == head.parameters
+    assert head.largest_trainable_tensor == 0  # its one tensor is the projection
+    assert [m.projection for m in head.matmuls] == [True] and not any(m.word_embedding for m in head.matmuls)
+    layer = profile.block("Encoder 0")
+    largest = max(p.numel() for p in model.encoder.block[0].parameters())
+    assert layer.largest_trainable_tensor == largest and layer.projection_parameters == 0

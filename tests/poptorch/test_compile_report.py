@@ -111,3 +111,39 @@ def test_inference_is_priced_with_the_execution_strategy_of_the_options(sharded)
     report = inference.compile_result.report
     assert report.workload.pipelined_inference is not sharded
     assert ("Pipelined inference: 3 cycles per call (DI 2 + 2 - 1)" in report.summary()) is not sharded
+
+
+@pytest.mark.parametrize("half_types", [False, True])
+def test_the_optimizers_state_types_are_priced(half_types):
+    # PopTorch keeps every optimizer state in fp32 unless told (accum_type, *_momentum_accum_type).
+    types = (
+        dict(accum_type=torch.float16, first_order_momentum_accum_type=torch.float16) if half_types else {}
+    )
+    net = Net()
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(4)
+    model = poptorch.trainingModel(
+        net, opts, optimizer=poptorch.optim.AdamW(net.parameters(), lr=1e-3, **types)
+    )
+    model.compile(*_inputs(4))
+    ipu1 = 2 * (16 * 16 + 16) + 16 * 5 + 5
+    memory = model.compile_result.report.memory.ipus[1]
+    assert memory.gradients == ipu1 * (2 if half_types else 4)  # the accumulator's type
+    assert memory.optimizer == ipu1 * ((2 if half_types else 4) + 4)  # the first moment's type + fp32
+
+
+def test_the_memory_check_comes_from_the_environment(monkeypatch, caplog):
+    # OPTIMUM_IPU_MEMORY_CHECK=off: a PopTorch program, run unchanged, compiles a layout the estimate calls
+    # out of memory, warning once; an unknown value is an error naming the three choices.
+    with torch.device("meta"):
+        huge = Huge()
+    monkeypatch.setenv("OPTIMUM_IPU_MEMORY_CHECK", "off")
+    model = poptorch.trainingModel(huge, poptorch.Options())
+    with caplog.at_level(logging.WARNING, logger="optimum_ipu.compiling"):
+        model.compile(torch.empty(2, 4096, device="meta"))
+    assert model.isCompiled() and "a real IPU may not fit this layout" in caplog.text
+    monkeypatch.setenv("OPTIMUM_IPU_MEMORY_CHECK", "sometimes")
+    with torch.device("meta"):
+        other = Huge()
+    with pytest.raises(ValueError, match="OPTIMUM_IPU_MEMORY_CHECK='sometimes': choose margin"):
+        poptorch.trainingModel(other, poptorch.Options()).compile(torch.empty(2, 4096, device="meta"))
