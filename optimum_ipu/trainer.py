@@ -276,6 +276,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         if self.process_replicas is not None and self.process_replicas.layout.stages > 1:
             check_supported(self._pipelined)
         self.compile_report = None
+        self.compile_seconds: float | None = None
         self.inference_report = None
 
     def release_process_groups(self) -> None:
@@ -425,6 +426,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
                 memory_check=self.args.ipu_memory_check,
             )  # fmt: skip
         self.compile_report = compiled.report
+        self.compile_seconds = compiled.seconds  # the log's "Compiled model in N secs"
 
     def _optimizer_state_types(self):
         """The state types the memory estimate prices: those of an optimizer given to the trainer, else

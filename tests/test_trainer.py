@@ -225,6 +225,29 @@ def test_plain_training_arguments_are_rejected_with_the_fix(tmp_path):
         IPUTrainer(tiny_qa(), two_ipu_config(), TrainingArguments(output_dir=str(tmp_path)))
 
 
+def test_the_executable_cache_tells_a_tied_head_from_an_untied_one(tmp_path):
+    """Tying changes no module and no config value, but the table's memory: an untied head must not
+    load the tied model's trace (it priced the table twice, as a stale trace did on RoBERTa's MLM)."""
+    from transformers import BertForMaskedLM
+
+    weights = []
+    for tied in (False, True):
+        torch.manual_seed(0)
+        model = BertForMaskedLM(tiny_bert_config())
+        if not tied:
+            model.cls.predictions.decoder.weight = torch.nn.Parameter(
+                model.cls.predictions.decoder.weight.clone()
+            )
+        cfg = IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2, gradient_accumulation_steps=8,
+                        executable_cache_dir=str(tmp_path / "exe_cache"))  # fmt: skip
+        data = [{"input_ids": torch.arange(10, 26), "labels": torch.arange(10, 26)}] * 16
+        trainer = IPUTrainer(model, cfg, ipu_args(tmp_path, compile_only=True), train_dataset=data)
+        trainer.train()
+        assert not trainer.compile_report.from_cache
+        weights.append(sum(m.weights for m in trainer.compile_report.memory.ipus))
+    assert weights[0] - weights[1] == 128 * 32 * 2  # the untied head's own table, in fp16
+
+
 def test_executable_cache_turns_compiled_into_loaded_with_the_same_report(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="optimum_ipu")
     reports = []

@@ -88,8 +88,14 @@ def _profile(model, plan, sample_inputs, training: bool, float_bytes: int, cache
     from optimum_ipu.costmodel.cache import load_profile, profile_key, save_profile
 
     config = getattr(model, "config", None)
+    owner: dict[int, str] = {}
+    tied = []  # which parameters are one tensor (a tied LM head): the module tree does not show it
+    for name, param in model.named_parameters(remove_duplicate=False):
+        tied += [(name, owner[id(param)])] if id(param) in owner else []
+        owner.setdefault(id(param), name)
     key = profile_key(
         config=config.to_dict() if hasattr(config, "to_dict") else None,
+        tied=tied,
         structure=repr(model),  # module tree, including serialized embeddings and layer placement wrappers
         blocks=[(b.name, b.kind, list(b.modules)) for b in plan.blocks],
         inputs={k: (list(v.shape), str(v.dtype)) for k, v in sample_inputs.items() if hasattr(v, "shape")},

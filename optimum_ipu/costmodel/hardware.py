@@ -205,11 +205,11 @@ class Calibration:
 # point in `bench/calibration.py`, with the measured span of the host write as a prior; its
 # leave-one-out errors are in the README).
 CALIBRATION = Calibration(
-    matmul_efficiency=0.674,
-    cycles_per_operation=13_840,
+    matmul_efficiency=0.707,
+    cycles_per_operation=14_260,
     host_call_overhead_s=0.00862,
-    weight_upload_bandwidth=0.434e9,
-    host_output_bandwidth=7.59e9,
+    weight_upload_bandwidth=0.437e9,
+    host_output_bandwidth=7.60e9,
 )
 
 
