@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -164,30 +163,27 @@ def _load_whole_batches(loader) -> None:
 class _ShardedModel(nn.Module):
     """What the Trainer's prediction step calls as its model: one inference call on the simulated IPU.
 
+    Each micro-batch's loss is the model's own: its mean over the items it predicts, as Optimum
+    Graphcore's inference returned it. transformers' Trainer asks for its own count of the items
+    instead (`num_items_in_batch`); that count is dropped here, because it is wrong for a model whose
+    loss shifts the labels but whose `loss_type` is None (GPT-2: every label counted, not the shifted
+    ones, so 31/32 of the loss on blocks of 32 tokens), and because a count over the whole call would
+    shrink the loss by the number of micro-batches per call. The call's loss is the micro-batches'
+    sample-weighted mean.
+
     Args:
         executable: runs the call micro-batch by micro-batch.
         real_samples: leading samples that are real (the rest is `pad_on_batch_axis` padding).
-        count_loss_items: micro-batch -> the number of items (tokens) its loss averages over, counted
-            as the Trainer counts them for a batch of its own.
     """
 
-    def __init__(self, executable: InferenceExecutable, real_samples: int, count_loss_items: Callable):
+    def __init__(self, executable: InferenceExecutable, real_samples: int):
         super().__init__()
         self.executable = executable
         self.real_samples = real_samples
-        self.count_loss_items = count_loss_items
         self.config = getattr(executable.model, "config", None)
 
     def forward(self, num_items_in_batch=None, **batch):
-        # The Trainer counts the loss's items over the whole inference call and asks the model to divide
-        # by that count. On the IPU each micro-batch's loss is its own (the call's loss is their
-        # sample-weighted mean), so each micro-batch gets the count of its own items, as a plain Trainer
-        # gives a batch of that size. The call's count would shrink the loss by about the number of
-        # micro-batches per call (device iterations x replicas).
-        loss_kwargs = None
-        if num_items_in_batch is not None:
-            loss_kwargs = lambda micro: {"num_items_in_batch": self.count_loss_items(micro)}  # noqa: E731
-        return self.executable(batch, real_samples=self.real_samples, loss_kwargs=loss_kwargs)
+        return self.executable(batch, real_samples=self.real_samples)
 
 
 # AtomicCheckpoints (optimum_ipu/checkpoints/trainer_hooks.py) owns checkpoint saving and resuming: atomic folders,
@@ -556,9 +552,10 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
 
         The Trainer's own prediction step does the bookkeeping (labels, ignore_keys, the loss); the
         model it calls is the `InferenceExecutable`, which runs the batch micro-batch by micro-batch
-        and leaves padded samples out of the loss. Each micro-batch's loss is computed for itself and
-        the call's loss is their sample-weighted mean, so `eval_loss` equals a plain Trainer's with
-        `per_device_eval_batch_size` = the micro-batch, whatever the device iterations and replicas.
+        and leaves padded samples out of the loss. Each micro-batch's loss is the model's own mean over
+        its items and the call's loss is their sample-weighted mean, so `eval_loss` is the model's loss
+        as a plain loop over micro-batches of `per_device_eval_batch_size` gives it, whatever the device
+        iterations and replicas (see `_ShardedModel` for where transformers' Trainer differs).
         """
         self._use_mode("inference")
         size = batch_size_of(inputs)
@@ -573,11 +570,10 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             )  # fmt: skip
             self.inference_report = compiled.report
         executable = _ShardedModel(
-            InferenceExecutable(model, self.args.per_device_eval_batch_size, self.fp16_compute), real_samples=size,
-            count_loss_items=lambda micro: self._get_num_items_in_batch([micro], self.args.device),
-        )  # fmt: skip
-        # Each process's call counts its micro-batches' loss items itself: no count gathered over the
-        # processes, and no rescaling of the call's loss for them (the evaluation loop averages the calls).
+            InferenceExecutable(model, self.args.per_device_eval_batch_size, self.fp16_compute), real_samples=size
+        )
+        # Each process's call is its own: no count of loss items gathered over the processes, and no
+        # rescaling of the call's loss for them (the evaluation loop averages the calls).
         with _overridden(self.args, average_tokens_across_devices=False):
             loss, logits, labels = super().prediction_step(
                 executable, inputs, prediction_loss_only, ignore_keys

@@ -197,7 +197,6 @@ class InferenceExecutable:
         self,
         batch: Mapping[str, Any],
         real_samples: int | None = None,
-        loss_kwargs: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
     ):
         """Run `batch` (a whole inference call, possibly padded) and return the model's combined output.
 
@@ -206,8 +205,6 @@ class InferenceExecutable:
                 for a short last batch that is not padded).
             real_samples: how many leading samples are real; the rest repeat earlier ones
                 (`pad_on_batch_axis`) and are left out of the returned loss.
-            loss_kwargs: micro-batch -> extra keyword arguments for its forward (the Trainer's count
-                of the micro-batch's loss items): each micro-batch's loss is computed for itself.
         """
         self.model.eval()
         if self.dtype is not None:
@@ -221,7 +218,7 @@ class InferenceExecutable:
             for index, start in enumerate(starts):  # [device iteration][replica] order: micro-batches in turn
                 stop = min(start + self.micro_batch_size, size)
                 micro = split[index] if split is not None else slice_batch(batch, start, stop)
-                out = self._forward(micro, loss_kwargs)
+                out = self.model(**micro)
                 outputs.append(out)
                 sizes.append(stop - start)
                 real_rows = max(0, min(stop, real) - start)
@@ -230,13 +227,9 @@ class InferenceExecutable:
                     if (
                         real_rows < stop - start
                     ):  # the IPU ran padding here: its loss comes from real rows only
-                        loss = self._forward(slice_batch(micro, 0, real_rows), loss_kwargs)["loss"]
+                        loss = self.model(**slice_batch(micro, 0, real_rows))["loss"]
                     loss_parts.append((loss.detach().float(), real_rows))
         return _combine(outputs, sizes, loss_parts)
-
-    def _forward(self, micro: Mapping[str, Any], loss_kwargs) -> Any:
-        extra = loss_kwargs(micro) if loss_kwargs is not None else {}
-        return self.model(**micro, **extra)
 
 
 def _split_by_own_sizes(batch: Mapping[str, Any], parts: int) -> list[dict[str, Any]] | None:
