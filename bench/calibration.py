@@ -656,8 +656,7 @@ def sensitivity(pairs, calibration: Calibration) -> None:
     import optimum_ipu.costmodel.hardware as hw
 
     base = [estimate(p, calibration) for _, p in pairs]
-    for name, factor in [("backward_other_ratio", 1.1), ("pipeline_links", 2), ("allreduce_links", 2),
-                         ("code_bytes_per_ipu", 1.5)]:  # fmt: skip
+    for name, factor in [("backward_other_ratio", 1.1), ("pipeline_links", 2), ("allreduce_links", 2)]:
         original = hw.ASSUMPTIONS
         value = getattr(original, name) * factor
         hw.ASSUMPTIONS = dataclasses.replace(original, **{name: type(getattr(original, name))(value)})

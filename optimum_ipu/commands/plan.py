@@ -34,7 +34,8 @@ def _total_ipus(args: argparse.Namespace) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run `optimum-ipu plan`: 0 when the layout (or the proposal, with --auto) fits, 1 when not."""
+    """Run `optimum-ipu plan`: 0 when the layout (or the proposal, with --auto) fits or may fit (an IPU
+    within the memory model's error of its limit), 1 when an IPU is out of memory beyond that error."""
     from optimum_ipu.costmodel.hardware import chip
     from optimum_ipu.costmodel.layout_search import propose_layout
     from optimum_ipu.costmodel.report import report_for
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         report = report_for(profile, placement, workload, hardware, model_name=name)
         print(report.summary())
         _save(args, report.to_dict(), report)
-        return 0 if report.memory.fits else 1
+        return 1 if report.memory.surely_out_of_memory else 0
     proposal = propose_layout(profile, placement, workload, hardware, model_name=name)
     print(proposal.given.summary())
     print(proposal.summary())
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         print("Proposed layout:")
         print(proposal.proposed.summary())
     _save(args, proposal.to_dict(), proposal.proposed)
-    return 0 if proposal.proposed.memory.fits else 1
+    return 1 if proposal.proposed.memory.surely_out_of_memory else 0
 
 
 def _generation_asked(args: argparse.Namespace) -> bool:
@@ -159,7 +160,7 @@ def _run_generation(args: argparse.Namespace) -> int:
         return 2
     print(report.summary())
     _save(args, report.to_dict(), None)
-    return 0 if report.memory.fits else 1
+    return 1 if report.memory.surely_out_of_memory else 0
 
 
 # transformers' GenerationConfig.max_length, what Seq2SeqTrainer generates to when neither

@@ -164,8 +164,13 @@ class MemoryReport:
         return not self.out_of_memory
 
     def verdict(self, m: IPUMemory) -> str:
-        """ "fits", "may not fit" (the limit is within the model's error of the estimate) or "out of memory"."""
-        if m.total * (1 - self.error) > self.capacity:
+        """ "fits", "may not fit" (the limit is within the model's error of the estimate) or "out of memory".
+
+        The error is the model's (code, activations, temporaries); the weights, the accumulators and the
+        optimizer state on chip are counted exactly from the parameters and their types, so an IPU whose
+        exact part alone is over the limit is out of memory whatever the error.
+        """
+        if m.total * (1 - self.error) > self.capacity or m.weights + m.gradients + m.optimizer > self.capacity:
             return "out of memory"
         if m.total * (1 + self.error) > self.capacity:
             return "may not fit"
@@ -211,7 +216,7 @@ class MemoryReport:
         margins = ", ".join(f"IPU {m.ipu} {100 * (1 - m.total / self.capacity):+.0f}%" for m in self.ipus)
         return (
             f"Margin to the limit: {margins}; the memory model's error is ±{100 * self.error:.0f}% of an estimate "
-            "(published layouts, bench/memory.py): within it, an IPU may or may not fit."
+            "(measured on Graphcore's published runs, bench/memory.py): within it, an IPU may or may not fit."
         )
 
     def error_message(self, check: str = "strict") -> str:

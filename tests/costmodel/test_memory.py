@@ -176,6 +176,19 @@ def test_verdict_band_is_the_models_error_and_the_check_decides_what_refuses():
         beyond.raise_if_out_of_memory("lenient")
 
 
+def test_weights_accumulators_and_state_over_the_limit_are_out_of_memory_whatever_the_error():
+    """Physics stays: those are counted exactly, so no error band can make them fit."""
+    import dataclasses
+
+    report = memory()
+    m = report.ipus[0]
+    exact = dataclasses.replace(m, code=0, stash=0, activations=0, temporaries=0, weights=CAPACITY // 2,
+                                gradients=CAPACITY // 4, optimizer=CAPACITY // 3)  # fmt: skip
+    heavy = dataclasses.replace(report, ipus=[exact, report.ipus[1]])
+    assert exact.total < CAPACITY / (1 - report.error)  # within the error band by the total alone
+    assert heavy.verdict(exact) == "out of memory" and heavy.surely_out_of_memory == [0]
+
+
 def test_inference_holds_no_optimizer_gradients_or_stash_depth():
     first, _ = memory(training=False).ipus
     assert first.gradients == first.optimizer == 0
