@@ -291,8 +291,9 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
     # -- modes -------------------------------------------------------------------------------
 
     def _use_mode(self, mode: str) -> None:
-        """Lay the model out for training or inference (they may place layers differently)."""
-        if mode == self._mode:
+        """Lay the model out for training or inference (they may place layers differently), and again
+        when another pipelined model (an inference pipeline's) laid it out since."""
+        if mode == self._mode and self._pipelined.is_parallelized:
             return
         self.ipu_config.train() if mode == "training" else self.ipu_config.eval()
         self._pipelined.parallelize(self._ipu_devices)

@@ -140,18 +140,26 @@ class IPUInference:
         """One host call: the batch through the stages; fp32 outputs on the CPU."""
         # One call is one micro-batch: the pipeline's config has one device iteration and one replica.
         size = batch_size_of(inputs)
+        self._lay_out()
         self.compile(inputs)
         executable = InferenceExecutable(
             self.pipelined.module, micro_batch_size=size, fp16_compute=self.fp16_compute
         )
         return _to_host_float32(executable(inputs))
 
+    def _lay_out(self) -> None:
+        """The model in eval mode with this pipeline's layout, taken back if an IPUTrainer trained the
+        model since (its layout and train mode replaced the pipeline's)."""
+        if not self.pipelined.is_parallelized:
+            self.pipelined.parallelize()
+        self.pipelined.module.eval()
+
     @contextlib.contextmanager
     def generating(self, prompt: Mapping[str, Any]) -> Iterator[None]:
         """Around transformers' `generate` on the placed model: compiled for the prompt, no gradients,
         every step's forward with the IPU's fp16 arithmetic (fp32 partials)."""
+        self._lay_out()
         self.compile(_forward_sample(self.pipelined.module, prompt))
-        self.pipelined.module.eval()
         with torch.no_grad(), fp16_compute_context(self.fp16_compute, self.pipelined.module.parameters()):
             yield
 

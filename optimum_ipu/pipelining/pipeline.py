@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -53,6 +54,10 @@ def _checkpointed(module: nn.Module, forward: Callable) -> Callable:
     return run
 
 
+# The PipelinedModel whose layout a module carries now: one module, one layout at a time.
+_LAID_OUT_BY: weakref.WeakKeyDictionary[nn.Module, weakref.ref] = weakref.WeakKeyDictionary()
+
+
 class PipelinedModel:
     """A model, its stage plan, and the reversible changes that lay it out on IPUs.
 
@@ -71,6 +76,7 @@ class PipelinedModel:
         self.spec = spec
         self.plan: StagePlan = self._build_plan()
         self._undo: list[Callable[[], None]] = []
+        self._laid_out = False
 
     def _build_plan(self) -> StagePlan:
         return build_stage_plan(
@@ -79,7 +85,8 @@ class PipelinedModel:
 
     @property
     def is_parallelized(self) -> bool:
-        return bool(self._undo)
+        """Whether the module carries this pipelined model's layout now (another one may have taken it over)."""
+        return self._laid_out
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -90,19 +97,33 @@ class PipelinedModel:
         """Apply the plan for the IPU config's current mode; a no-op plan change re-applies cleanly."""
         if self.is_parallelized:
             self.deparallelize()
+        self._take_over_module()
         self.plan = self._build_plan()
         logger.info("\n%s", self.plan.allocation_table())
         self._serialize_embedding()
         if self.ipu_config.recompute_checkpoint_every_layer:
             self._add_recompute_checkpoints()
         self._place_on_devices(devices or default_ipu_devices(self.plan.ipus_per_replica))
+        self._laid_out = True
         return self
 
     def deparallelize(self) -> PipelinedModel:
         """Undo `parallelize()` in reverse order, restoring the original module objects."""
         while self._undo:
             self._undo.pop()()
+        self._laid_out = False
         return self
+
+    def _take_over_module(self) -> None:
+        """Undo the layout another pipelined model gave this module (a model an IPUTrainer trained, then
+        handed to `pipeline()` with its own IPU config): layouts do not stack. The other one lays the
+        model out again when it is used next (IPUTrainer does, at each training or evaluation call)."""
+        owner = _LAID_OUT_BY.get(self.module)
+        other = owner() if owner is not None else None
+        if other is not None and other is not self and other.is_parallelized:
+            logger.info("The model carried another IPU layout (an IPUTrainer's or a pipeline's); undoing it first.")
+            other.deparallelize()
+        _LAID_OUT_BY[self.module] = weakref.ref(self)
 
     def path_of(self, spec_path: str) -> str:
         """The dotted path in `module` of a path the cut spec gives relative to the base model."""

@@ -221,3 +221,38 @@ def test_a_task_without_ipu_pipeline_names_those_with_one(tokenizer):
         ValueError, match="supported tasks: audio-classification, .*, zero-shot-classification"
     ):
         pipeline("text-to-audio", model=model(BertForMaskedLM), tokenizer=tokenizer)
+
+
+def test_a_model_an_ipu_trainer_placed_generates_then_trains_again(tmp_path):
+    """Train, then generate with the same model, then train on: each takes the model over from the other
+    (the placements differ: the trainer's embedding is serialized), and answers as plain transformers."""
+    from optimum_ipu import IPUTrainer, IPUTrainingArguments
+    from optimum_ipu.pipelining.serialized import SerializedEmbedding
+
+    ipu_model, tokenizer = tiny_gpt2()
+    plain_model, _ = tiny_gpt2()
+    config = IPUConfig(layers_per_ipu=[2, 2], ipus_per_replica=2, embedding_serialization_factor=2,
+                       gradient_accumulation_steps=6)
+    ids = torch.randint(0, 200, (6, 16), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    args = IPUTrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=1, fp32=True, max_steps=1,
+                                report_to="none", save_strategy="no", use_cpu=True, optim="sgd")  # fmt: skip
+    trainer = IPUTrainer(ipu_model.train(), config, args, train_dataset=data)
+    trainer.train()
+
+    inference = IPUConfig(layers_per_ipu=[1, 3], ipus_per_replica=2, embedding_serialization_factor=4)
+    generator = pipeline("text-generation", model=ipu_model.eval(), tokenizer=tokenizer, ipu_config=inference, fp16=False)  # fmt: skip
+    plain_model.load_state_dict(ipu_model.state_dict())
+    plain = transformers.pipeline("text-generation", model=plain_model, tokenizer=tokenizer, device="cpu")
+    assert generator("alice was", max_new_tokens=5, do_sample=False) == plain(
+        "alice was", max_new_tokens=5, do_sample=False
+    )
+
+    trainer.train()  # the trainer's layout again: the embedding serialized as its config says
+    assert isinstance(ipu_model.transformer.wte, SerializedEmbedding) and ipu_model.transformer.wte.factor == 2
+    assert ipu_model.training
+    plain_model.load_state_dict(ipu_model.state_dict())  # the weights of two updates
+    assert generator("alice was", max_new_tokens=5, do_sample=False) == plain(
+        "alice was", max_new_tokens=5, do_sample=False
+    )
+    assert ipu_model.transformer.wte.factor == 4 and not ipu_model.training  # the pipeline's layout, eval mode
