@@ -2,24 +2,32 @@
 
 PopTorch saves the Poplar executable (and, by default, the model's weights) so a later process runs
 without compiling. Here the executable is the module itself, so the file holds what rebuilds the
-same compiled model: the module (weights and code references, pickled as `torch.save` does), the
+same compiled model: the module (weights and class references, pickled as `torch.save` does), the
 frozen options, the optimizer with its state and the hyper-parameters the model was given, and the
 shapes and dtypes of the example inputs. `load` wraps the module again, restores the optimizer and
 compiles it for those shapes: the model it returns continues exactly where the saved one was.
 
-As with `torch.save(model)`, the model's class (and its forward hooks) must be importable where the
-file is loaded.
+Reading a file runs none of its code. Before anything is unpickled, every global the file names is
+checked (`torch.serialization.get_unsafe_globals_in_checkpoint` reads them without running them): a
+model class (`nn.Module`), an optimizer class, or one of optimum-ipu's poptorch types, each from a
+module already imported. The file is then loaded by torch's `weights_only` unpickler with just those
+allowed. Anything else (a function, a class of another kind) refuses the file, naming it and the
+global. `trust_file=True` unpickles the whole file as `torch.load(weights_only=False)` does, for a
+file the user wrote whose model has hooks of its own.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import pickle
 import sys
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch._logging import Error
@@ -53,6 +61,27 @@ def _importable(optimizer) -> Iterator[None]:
             optimizer.__class__ = cls
 
 
+def _rebuild_defaultdict(default_factory, items: dict) -> collections.defaultdict:
+    """A `defaultdict` (an optimizer's `state`) back from a file: torch's `weights_only` unpickler
+    fills plain dicts only, so `_Pickler` writes each one as this call on a plain dict."""
+    return collections.defaultdict(default_factory, items)
+
+
+class _Pickler(pickle.Pickler):
+    """`pickle.Pickler` writing a `defaultdict` as `_rebuild_defaultdict(factory, dict)`."""
+
+    def reducer_override(self, obj):
+        if type(obj) is collections.defaultdict:
+            return _rebuild_defaultdict, (obj.default_factory, dict(obj))
+        return NotImplemented
+
+
+# What `torch.save(pickle_module=...)` uses of a pickle module: its name, `Pickler` and `dump`.
+_PICKLE_MODULE = types.ModuleType("optimum_ipu_export_pickle")
+_PICKLE_MODULE.Pickler = _Pickler
+_PICKLE_MODULE.dump = lambda obj, file, protocol=None: _Pickler(file, protocol).dump(obj)
+
+
 def example_of(args: tuple, kwargs: dict):
     """`(args, kwargs)` with every tensor replaced by its shape and dtype (what compiling depends on)."""
     return pytree.tree_map(
@@ -61,20 +90,24 @@ def example_of(args: tuple, kwargs: dict):
     )
 
 
-def export(wrapper, filename: str, example) -> None:
-    """Write `wrapper`, compiled for inputs like `example` (from `example_of`), to `filename`."""
+def export(wrapper, filename: str, example, export_model: bool = True) -> None:
+    """Write `wrapper`, compiled for inputs like `example` (from `example_of`), to `filename`.
+
+    With `export_model=False` (PopTorch's option) the file holds no model, weights or optimizer: only
+    what `loadExecutable` compiles a model given to it for (the options and the input shapes).
+    """
     content = {
         "format": FORMAT,
         "training": wrapper._training,
-        "model": wrapper._user_model,
+        "model": wrapper._user_model if export_model else None,
         "options": wrapper._options,
-        "optimizer": wrapper._optimizer,
-        "hyperparameters": wrapper._hyperparameters,
+        "optimizer": wrapper._optimizer if export_model else None,
+        "hyperparameters": wrapper._hyperparameters if export_model else None,
         "example": example,
     }
     with _importable(wrapper._optimizer):
         try:
-            torch.save(content, filename)
+            torch.save(content, filename, pickle_module=_PICKLE_MODULE)
         except (pickle.PicklingError, AttributeError, TypeError) as error:
             raise Error(
                 f"compileAndExport({filename!r}) cannot save the model: {error}. The file holds the module as "
@@ -83,17 +116,24 @@ def export(wrapper, filename: str, example) -> None:
             ) from error
 
 
-def load(filename: str, edit_opts_fn: Callable | None = None):
+def load(filename: str, edit_opts_fn: Callable | None = None, trust_file: bool = False):
     """The compiled model `compileAndExport` wrote to `filename`, attached and ready to run.
 
     Args:
         filename: the file written by `model.compileAndExport(filename, ...)`.
         edit_opts_fn: called with a copy of the saved options before the model is wrapped (e.g. to
             change options that do not alter the compiled graph).
+        trust_file: unpickle the whole file, functions included (a model with forward hooks of its
+            own needs it). Only for a file you wrote: a crafted file runs code when it is unpickled.
     """
     from optimum_ipu.poptorch._poplar_executor import PoplarExecutor
 
-    content = read(filename)
+    content = read(filename, trust_file=trust_file)
+    if content["model"] is None:
+        raise Error(
+            f"{filename} was saved with export_model=False: it holds no model. Wrap the same model "
+            f"(poptorch.inferenceModel or trainingModel) and call model.loadExecutable({filename!r})."
+        )
     options = content["options"].clone()
     if edit_opts_fn is not None:
         edit_opts_fn(options)
@@ -105,16 +145,103 @@ def load(filename: str, edit_opts_fn: Callable | None = None):
     return wrapper
 
 
-def read(filename: str) -> dict:
-    """What `export` wrote to `filename` (a clear error for any other file)."""
-    content = torch.load(filename, weights_only=False)
+def read(filename: str, trust_file: bool = False) -> dict:
+    """What `export` wrote to `filename`, unpickling nothing but the globals `_allowed_globals` admits
+    (everything with `trust_file`); a clear error for any other file."""
+    not_ours = (
+        f"{filename} is not a file written by compileAndExport of optimum-ipu's poptorch (expected format "
+        f"{FORMAT!r}). A Poplar executable from a real IPU cannot be loaded here: export the model again "
+        "with optimum-ipu."
+    )
+    if trust_file:
+        content = torch.load(filename, weights_only=False)
+    else:
+        try:
+            names = torch.serialization.get_unsafe_globals_in_checkpoint(filename)
+        except (RuntimeError, ValueError, pickle.UnpicklingError, OSError) as error:
+            raise Error(f"{not_ours} ({error})") from error
+        with torch.serialization.safe_globals(_allowed_globals(filename, names)):
+            try:
+                content = torch.load(filename, weights_only=True)
+            except pickle.UnpicklingError as error:
+                reason = str(error).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
+                raise Error(
+                    f"{filename} cannot be read without running code from it ({reason}). If you wrote it, "
+                    "load it with trust_file=True, or export the model again."
+                ) from None
     if not isinstance(content, dict) or content.get("format") != FORMAT:
-        raise Error(
-            f"{filename} is not a file written by compileAndExport of optimum-ipu's poptorch "
-            f"(expected format {FORMAT!r}). A Poplar executable from a real IPU cannot be loaded here: export the "
-            "model again with optimum-ipu."
-        )
+        raise Error(not_ours)
     return content
+
+
+def _own_types() -> set:
+    """optimum-ipu's poptorch types an exported file may hold: options, enums, execution strategies,
+    optimizers, the example inputs' shapes, and BeginBlock's forward pre-hook."""
+    from optimum_ipu.poptorch import _annotations, blocks, enums, optim, options
+
+    own = {_ExampleTensor, _rebuild_defaultdict, _annotations._pre_hook}
+    for module in (blocks, enums, optim, options):
+        own.update(
+            v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module.__name__
+        )
+    return own
+
+
+# Types of torch and of the standard library a module or optimizer pickles with, beyond torch's defaults.
+_LIBRARY_TYPES = (
+    torch.utils.hooks.RemovableHandle,
+    torch.Generator,
+    dict,
+    list,
+    set,
+    collections.OrderedDict,
+)
+
+
+def _resolve(name: str):
+    """The object a pickled global `module.qualname` names, looked up in modules already imported only
+    (importing one would run its code); `KeyError` naming the module when none of its prefixes is."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is not None:
+            value = module
+            for attribute in parts[cut:]:
+                value = getattr(value, attribute, None)
+            return value
+    raise KeyError(".".join(parts[:-1]))
+
+
+def _allowed_globals(filename: str, names: list[str]) -> list:
+    """The objects behind `names` (the globals a file's pickle would call), each a model class, an
+    optimizer class or one of our types; an `Error` naming the first other one, before anything runs."""
+    own = _own_types()
+    allowed, refused = [], []
+    for name in names:
+        try:
+            value = _resolve(name)
+        except KeyError as missing:
+            module = missing.args[0]
+            raise Error(
+                f"{filename} holds a model of class {name}, whose module {module} is not imported, and the file "
+                f"is not unpickled to find it: import {module} before loading (as for torch.load, the model's "
+                "class must be importable)."
+            ) from None
+        safe = (
+            value in own
+            or value in _LIBRARY_TYPES
+            or (isinstance(value, type) and issubclass(value, (nn.Module, torch.optim.Optimizer)))
+        )
+        (allowed if safe else refused).append(value if safe else name)
+    if refused:
+        raise Error(
+            f"{filename}: loading it would call {', '.join(sorted(refused))}, which "
+            f"{'is' if len(refused) == 1 else 'are'} not a model class (nn.Module), an optimizer or one of "
+            "optimum-ipu's poptorch types, so nothing in the file ran. If you wrote this file (a model with a "
+            "forward hook of its own, say), load it with trust_file=True, which unpickles it whole as "
+            "torch.load(weights_only=False) does; never for a file from elsewhere."
+        )
+    return allowed
 
 
 def example_inputs(content: dict) -> tuple[tuple, dict]:

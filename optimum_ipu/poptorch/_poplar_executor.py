@@ -467,28 +467,29 @@ class PoplarExecutor:
     def compileAndExport(self, filename: str, *args: Any, export_model: bool = True, **kwargs: Any) -> None:
         """Compile for inputs like `args` / `kwargs` (unless compiled already) and save to `filename` for `poptorch.load`.
 
-        The file holds the module, options, optimizer state and input shapes (`_export.py`);
-        `export_model=False` is accepted, and the model is saved anyway (it *is* the executable here).
+        The file holds the module, options, optimizer state and input shapes (`_export.py`); with
+        `export_model=False`, as on PopTorch, only what `loadExecutable` needs (options, input shapes).
         """
         if args or kwargs or self._executable is None:
             self.compile(*args, **kwargs)
         self._gather_stage_optimizer_state()
-        _export.export(self, filename, self._example)
+        _export.export(self, filename, self._example, export_model)
 
     def save(self, filename: str, export_model: bool = True, save_rng_state: bool = True) -> None:
         """Save the compiled model to `filename` for `poptorch.load` (as `compileAndExport`, without compiling)."""
         if self._executable is None:
             raise Error(NOT_COMPILED)
         self._gather_stage_optimizer_state()
-        _export.export(self, filename, self._example)
+        _export.export(self, filename, self._example, export_model)
 
-    def loadExecutable(self, filename: str) -> None:
+    def loadExecutable(self, filename: str, trust_file: bool = False) -> None:
         """Compile this model as the one `compileAndExport` saved to `filename` was (its input shapes).
 
         The weights are this model's own, as on PopTorch, where attaching writes the host's weights to
-        the device: the file supplies the executable, here the compile for those shapes.
+        the device: the file supplies the executable, here the compile for those shapes. `trust_file`
+        as for `poptorch.load`.
         """
-        args, kwargs = _export.example_inputs(_export.read(filename))
+        args, kwargs = _export.example_inputs(_export.read(filename, trust_file=trust_file))
         self.compile(*args, **kwargs)
 
     def isCompiled(self) -> bool:

@@ -506,22 +506,17 @@ class Options(_OptionsDict):
         """Apply one setter call per line, written as in a script without the `options.` prefix.
 
         `deviceIterations(4)`, `Training.gradientAccumulation(2)`,
-        `setExecutionStrategy(poptorch.ShardedExecution())`: each line runs as `options.<line>` with
-        `poptorch` and `torch` (and the enums by name) in scope, as PopTorch runs it; `#` lines are comments.
+        `setExecutionStrategy(poptorch.ShardedExecution())`; `#` lines are comments. Each line is read
+        as a setter call with literal arguments (`_options_file.py`), never run as Python: anything
+        else is a `ValueError` naming the file and the line.
         """
-        import optimum_ipu.poptorch as poptorch  # the package, for lines that name poptorch.X
+        from optimum_ipu.poptorch._options_file import apply_line
 
-        scope = {"poptorch": poptorch, "torch": torch, **{e: getattr(enums, e) for e in enums.__all__}}
         with open(filepath) as f:
             for number, line in enumerate(f, 1):
                 line = line.strip()
-                if not line or line.startswith("#"):
-                    continue
-                try:
-                    code = compile("options." + line, filepath, "exec")
-                except SyntaxError as e:
-                    raise ValueError(f"{filepath}:{number}: {line!r} is not a setter call: {e.msg}") from e
-                exec(code, {**scope, "options": self})  # noqa: S102 - the user's own config file, as in PopTorch
+                if line and not line.startswith("#"):
+                    apply_line(self, line, f"{filepath}:{number}")
         return self
 
     def clone(self) -> Options:
