@@ -87,6 +87,13 @@ def _config_file(tmp: Path, text: str) -> str:
     return str(path)
 
 
+def _config_bytes(tmp: Path, data: bytes) -> str:
+    path = tmp / "cfg" / "ipu_config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return str(path)
+
+
 def _plan(tmp: Path, *flags: str) -> Callable[[], object]:
     return lambda: cli.main([*PLAN, *flags, "--json", str(tmp / "out" / "plan.json")])
 
@@ -276,6 +283,19 @@ CASES = [
          "cfg/ipu_config.json", "line 1 column 1", "Fix the file"),
     Case("ipu-config-bad-value", lambda t, a: _ipu_config(_config_file(t, '{"layers_per_ipu": "four"}')), IPUConfigError,
          "`layers_per_ipu`", "got 'four'", "a list of layer counts, one integer per IPU"),
+    Case("ipu-config-utf16", lambda t, a: _ipu_config(_config_bytes(t, '{"layers_per_ipu": [-1]}'.encode("utf-16"))),
+         IPUConfigError, "cfg/ipu_config.json", "UTF-16", "save it as UTF-8"),
+    Case("ipu-config-binary", lambda t, a: _ipu_config(_config_bytes(t, bytes(range(256)))), IPUConfigError,
+         "cfg/ipu_config.json", "not text", "give the ipu_config.json"),
+    Case("ipu-config-is-a-model-config", lambda t, a: _ipu_config(_config_file(t, json.dumps(
+        {"architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden_size": 768}))), IPUConfigError,
+         "cfg/ipu_config.json", "model_type 'bert'", "Graphcore/bert-base-ipu"),
+    Case("matmul-proportion-infinite", lambda t, a: _ipu_config(_config_file(t, '{"matmul_proportion": Infinity}')),
+         IPUConfigError, "`matmul_proportion`", "got inf", "in (0, 1]"),
+    Case("matmul-proportion-above-1", lambda t, a: _ipu_config("Graphcore/bert-base-ipu", "matmul_proportion=5"),
+         IPUConfigError, "`matmul_proportion`", "got 5", "in (0, 1]"),
+    Case("long-list-cut-in-the-message", lambda t, a: lambda: IPUConfig(layers_per_ipu=[1] * 100_000 + ["x"]),
+         IPUConfigError, "`layers_per_ipu`", "100,001 entries", re.compile(r"^.{0,600}$", re.S)),
     Case("override-bad-list", lambda t, a: _ipu_config("Graphcore/bert-base-ipu", "layers_per_ipu=[0 x]"), IPUConfigError,
          "layers_per_ipu", "[0 x]", "lists in brackets"),
     Case("override-unknown-key", lambda t, a: _ipu_config("Graphcore/bert-base-ipu", "layer_per_ipu=[0 4 4 4]"),

@@ -22,9 +22,12 @@ BAD_VALUES = [
     ("layers_per_ipu", "2,2", TYPE, "must be a list of layer counts, one integer per IPU (-1: wildcard)"),
     ("layers_per_ipu", [], RANGE, "must be a non-empty list of layer counts, one per IPU (-1: wildcard)"),
     ("inference_layers_per_ipu", [2, -2], RANGE, "must hold integers >= -1 (-1 is the wildcard)"),
-    ("matmul_proportion", "0.2", TYPE, "must be a number >= 0, or a non-empty list with one number >= 0 per IPU"),
-    ("matmul_proportion", [], RANGE, "must be a number >= 0, or a non-empty list with one number >= 0 per IPU"),
-    ("matmul_proportion", [0.2, -0.1], RANGE, "must be a number >= 0, or a non-empty list with one number >= 0 per IPU"),
+    ("matmul_proportion", "0.2", TYPE, "must be a fraction of the IPU's memory in (0, 1] (e.g. 0.2), or a non-empty list with one per IPU"),
+    ("matmul_proportion", [], RANGE, "must be a fraction of the IPU's memory in (0, 1] (e.g. 0.2), or a non-empty list with one per IPU"),
+    ("matmul_proportion", [0.2, -0.1], RANGE, "must be a fraction of the IPU's memory in (0, 1] (e.g. 0.2), or a non-empty list with one per IPU"),
+    ("matmul_proportion", 0.0, RANGE, "must be a fraction of the IPU's memory in (0, 1] (e.g. 0.2), or a non-empty list with one per IPU"),
+    ("matmul_proportion", 1.5, RANGE, "must be a fraction of the IPU's memory in (0, 1] (e.g. 0.2), or a non-empty list with one per IPU"),
+    ("matmul_proportion", float("nan"), RANGE, "must be a fraction of the IPU's memory in (0, 1] (e.g. 0.2), or a non-empty list with one per IPU"),
     ("serialized_embedding_splits_per_ipu", "1", TYPE, "must be None or a list of integers >= 0, one per IPU"),
     ("serialized_embedding_splits_per_ipu", [1.5], TYPE, "must be None or a list of integers >= 0, one per IPU"),
     ("serialized_projection_splits_per_ipu", [-1, 2], RANGE, "must be None or a list of integers >= 0, one per IPU"),
@@ -49,7 +52,7 @@ def test_a_bad_value_names_the_attribute_the_rule_and_the_value(name, value, err
 
 
 @pytest.mark.parametrize(
-    "name,value", [("matmul_proportion", 0), ("matmul_proportion", [0.0, 0.3]), ("layers_per_ipu", [0, -1, 3]),
+    "name,value", [("matmul_proportion", 1), ("matmul_proportion", [1.0, 1e-3]), ("layers_per_ipu", [0, -1, 3]),
                    ("serialized_embedding_splits_per_ipu", [0, 2, 1, 0]), ("seed", None), ("output_mode", "sum")],
 )  # fmt: skip
 def test_values_at_the_edge_of_a_rule_are_accepted(name, value):

@@ -382,6 +382,13 @@ class IPUConfig:
         if not isinstance(raw, dict):
             raise IPUConfigError(f"IPU config {origin} is not a JSON object but {type(raw).__name__}.")
         normalized = normalize_config_dict(raw, pod_type=pod_type, n_ipu=n_ipu)
+        if raw and len(normalized.unknown) == len(raw) and ("model_type" in raw or "architectures" in raw):
+            model_type = raw.get("model_type", "?")
+            raise IPUConfigError(
+                f"IPU config {origin} is a model's configuration (model_type {model_type!r}), not an IPU config: "
+                "none of its keys is an `IPUConfig` attribute. Give the IPU config instead: a folder or file "
+                "holding ipu_config.json, or a Hub id such as Graphcore/bert-base-ipu."
+            )
         if strict and normalized.unknown:
             raise IPUConfigError(
                 f"IPU config {origin} has unknown keys: "
@@ -446,7 +453,7 @@ class IPUConfig:
         )
         origin = f"{found.path} ({found.source})"
         try:
-            raw = json.loads(Path(found.path).read_text())
+            raw = json.loads(_read_text(Path(found.path), origin))
         except json.JSONDecodeError as error:
             raise IPUConfigError(
                 f"IPU config {origin} is not valid JSON: {error}. Fix the file there (keys and strings in double "
@@ -474,6 +481,23 @@ class IPUConfig:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__} {self.to_json_string()}"
+
+
+def _read_text(path: Path, origin: str) -> str:
+    """The file's text as UTF-8 (JSON's encoding); an `IPUConfigError` naming the file for UTF-16 or binary."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")  # a byte order mark (Windows editors write one) is skipped
+    except UnicodeDecodeError as error:
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise IPUConfigError(
+                f"IPU config {origin} is UTF-16 text (a byte order mark starts it), not UTF-8: save it as UTF-8 "
+                "(in PowerShell, Set-Content -Encoding utf8; in an editor, the encoding menu)."
+            ) from None
+        raise IPUConfigError(
+            f"IPU config {origin} is not text in UTF-8 ({error.reason} at byte {error.start}): give the "
+            "ipu_config.json of an IPU config (a JSON object such as {\"layers_per_ipu\": [0, 4, 4, 4]})."
+        ) from None
 
 
 for _name in MODE_MANAGED:

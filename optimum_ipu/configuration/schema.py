@@ -209,9 +209,19 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def shown(value: Any, limit: int = 160) -> str:
+    """`repr(value)` cut to about `limit` characters, with the entry count of a long list or dict: an
+    error about a 100,000-entry list stays a readable line."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    count = f" ({len(value):,} entries)" if isinstance(value, (list, tuple, dict)) else ""
+    return f"{text[:limit]}...{count}"
+
+
 def _fail(name: str, value: Any, rule: str, wrong_type: bool = False) -> IPUConfigError:
     error = IPUConfigTypeError if wrong_type else IPUConfigError
-    return error(f"`IPUConfig` attribute `{name}` {rule}, got {value!r}.")
+    return error(f"`IPUConfig` attribute `{name}` {rule}, got {shown(value)}.")
 
 
 # ----- one value on its own ----------------------------------------------------------------------
@@ -232,11 +242,12 @@ def _check_layers_per_ipu(name: str, layers: Any) -> None:
 
 
 def _check_proportion(name: str, proportion: Any) -> None:
-    rule = "must be a number >= 0, or a non-empty list with one number >= 0 per IPU"
+    # The share of an IPU's memory its matmuls' temporaries may take (Poplar's availableMemoryProportion).
+    rule = "must be a fraction of the IPU's memory in (0, 1] (e.g. 0.2), or a non-empty list with one per IPU"
     entries = proportion if isinstance(proportion, list) else [proportion]
     if not all(_is_number(p) for p in entries):
         raise _fail(name, proportion, rule, wrong_type=True)
-    if not entries or not all(p >= 0 for p in entries):
+    if not entries or not all(0 < p <= 1 for p in entries):  # NaN fails both comparisons
         raise _fail(name, proportion, rule)
 
 
@@ -327,7 +338,7 @@ def _check_layers(values: Mapping[str, Any], prefix: str) -> None:
     layers, ipus = values[name], values[ipus_name]
     if not _all_wildcards(layers) and len(layers) != ipus:
         raise IPUConfigError(
-            f"`IPUConfig` attribute `{name}` has {len(layers)} entries ({layers}) but `{ipus_name}` is {ipus}: "
+            f"`IPUConfig` attribute `{name}` has {len(layers)} entries ({shown(layers)}) but `{ipus_name}` is {ipus}: "
             f"give one entry per IPU, set `{ipus_name}={len(layers)}`, or use [-1] to split the layers evenly."
         )
 
@@ -337,7 +348,7 @@ def _check_matmul(values: Mapping[str, Any], prefix: str) -> None:
     proportion, ipus = values[name], values[ipus_name]
     if isinstance(proportion, list) and len(proportion) != ipus:
         raise IPUConfigError(
-            f"`IPUConfig` attribute `{name}` has {len(proportion)} entries ({proportion}) but "
+            f"`IPUConfig` attribute `{name}` has {len(proportion)} entries ({shown(proportion)}) but "
             f"`{ipus_name}` is {ipus}: give one value per IPU, or a single number for every IPU."
         )
 
@@ -351,12 +362,12 @@ def _check_serialization(values: Mapping[str, Any], prefix: str, kind: str) -> N
         return
     if values[factor_name] > 1:  # first: dropping one of the two may settle the length too
         raise IPUConfigError(
-            f"`IPUConfig` attributes `{factor_name}`={values[factor_name]} and `{splits_name}`={splits} "
+            f"`IPUConfig` attributes `{factor_name}`={values[factor_name]} and `{splits_name}`={shown(splits)} "
             f"are alternatives: set one of them (the factor to 1, or the splits to None)."
         )
     if len(splits) != ipus:
         raise IPUConfigError(
-            f"`IPUConfig` attribute `{splits_name}` has {len(splits)} entries ({splits}) but `{ipus_name}` is "
+            f"`IPUConfig` attribute `{splits_name}` has {len(splits)} entries ({shown(splits)}) but `{ipus_name}` is "
             f"{ipus}: give the number of splits on every IPU of the pipeline (0 where there are none)."
         )
 
