@@ -1,10 +1,11 @@
-"""Replicas as torchrun processes (gloo, 2 processes) equal the single-process simulation."""
+"""Replicas and pipeline stages as torchrun processes (gloo), on one node or two, equal the single-process simulation."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -197,3 +198,71 @@ def test_a_checkpoint_saved_at_an_epoch_end_holds_every_process_state(tmp_path, 
     resumed = run(tmp_path, "resumed", 1, resume_from=str(full / "run" / "checkpoint-2"), **common)
     atol = 1e-6 if "dropout" in extra else 4e-4  # AdamW: see the bound of the replica test above
     torch.testing.assert_close(weights(resumed, "final")[:-2], weights(full, "final")[:-2], rtol=0, atol=atol)
+
+
+# -- several machines: two torchrun agents on this host stand for two nodes (`--nnodes 2`, c10d rendezvous
+# on localhost); each starts its own processes, as on two machines, and the rendezvous ranks them.
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_nodes(tmp_path: Path, name: str, nodes: int, per_node: int, **spec) -> Path:
+    """Train with `nodes` torchrun agents of `per_node` processes each, meeting at a c10d rendezvous."""
+    out = tmp_path / name
+    spec_file = tmp_path / f"{name}.json"
+    spec_file.write_text(json.dumps({"out": str(out), "steps": 3, **spec}))
+    endpoint = f"127.0.0.1:{_free_port()}"
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes={nodes}",
+                f"--nproc_per_node={per_node}",
+                "--rdzv_backend=c10d",
+                f"--rdzv_endpoint={endpoint}",
+                f"--rdzv_id={name}",
+                str(WORKER),
+                str(spec_file),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        for _ in range(nodes)
+    ]
+    logs = [agent.communicate(timeout=300)[0] for agent in agents]
+    for node, (agent, log) in enumerate(zip(agents, logs)):
+        if agent.returncode != 0:
+            raise AssertionError(f"node {node} of {name} failed (exit {agent.returncode}):\n{log[-4000:]}")
+    return out
+
+
+def test_replicas_on_two_nodes_equal_one_process(tmp_path):
+    one = run(tmp_path, "one", 1, ipu_config=REPLICAS_2_GA_4, optim="sgd", lr=1e-2)
+    nodes = run_nodes(tmp_path, "nodes", 2, 1, ipu_config=REPLICAS_2_GA_4, optim="sgd", lr=1e-2)
+    assert summary(nodes)["world_size"] == 2
+    for step in (1, 2, 3):
+        torch.testing.assert_close(weights(nodes, step, rank=1), weights(nodes, step), rtol=0, atol=0)
+        torch.testing.assert_close(weights(nodes, step)[:-2], weights(one, step)[:-2], rtol=0, atol=1e-6)
+    assert summary(nodes)["losses"] == pytest.approx(summary(one)["losses"], abs=1e-5)
+
+
+def test_two_replicas_of_two_stages_on_two_nodes_equal_one_process(tmp_path):
+    """4 processes, 2 per node: each node holds one replica's two pipeline stages (ranks 2r and 2r+1)."""
+    ipu_config = {**PIPELINE_2_GA_4, "replication_factor": 2}
+    one = run(tmp_path, "one", 1, ipu_config=ipu_config)
+    nodes = run_nodes(tmp_path, "nodes", 2, 2, ipu_config=ipu_config)
+    assert summary(nodes)["world_size"] == 4
+    torch.testing.assert_close(weights(nodes, "final"), weights(one, 3), rtol=0, atol=1e-6)
+    for rank in (1, 2, 3):
+        torch.testing.assert_close(
+            weights(nodes, "final", rank=rank), weights(nodes, "final"), rtol=0, atol=0
+        )
+    assert summary(nodes)["losses"] == pytest.approx(summary(one)["losses"], abs=1e-6)
