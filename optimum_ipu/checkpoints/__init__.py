@@ -11,10 +11,11 @@ script resumes from the newest folder with that name and dies on the missing fil
   rotation runs only after the rename, and renames a folder away before deleting it. A staging folder left by a killed run is removed at the next
   save, with one log line. With several processes, all write their parts into the same staging
   folder and only the saving process renames it, after a barrier.
-- **Complete means loadable.** `checkpoint_problems` is the one definition: the trainer state, the
-  weights (not truncated), and, unless `save_only_model`, the optimizer and scheduler.
-  `get_last_checkpoint` (exported as `optimum_ipu.get_last_checkpoint`) and
-  `train(resume_from_checkpoint=True)` skip folders that fail it, saying which and why.
+- **Complete means loadable.** `checkpoint_problems` is the one definition: the trainer state (a
+  JSON object with numbers where numbers belong), the weights (a well-formed header, not truncated),
+  and, unless `save_only_model`, the optimizer and scheduler. `get_last_checkpoint` (exported as
+  `optimum_ipu.get_last_checkpoint`) and `train(resume_from_checkpoint=True)` skip folders that fail
+  it, saying which and why; when none is complete, resuming is one error naming each folder and why.
 - **A changed setup is named.** `compare_setup` diffs the checkpoint's `ipu_config.json` and batch
   size against the current run: a layout-only change is one info line (weights do not depend on the
   layout); a change of the batch arithmetic is an error naming each field and the flag that accepts

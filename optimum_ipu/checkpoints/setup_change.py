@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optimum_ipu.checkpoints.folders import IPU_CONFIG, SAFE_WEIGHTS, TRAINER_STATE, safetensors_shapes
+from optimum_ipu.checkpoints.folders import (
+    IPU_CONFIG,
+    SAFE_WEIGHTS,
+    json_kind,
+    read_trainer_state,
+    safetensors_shapes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -79,16 +85,23 @@ class SetupChange:
 
 
 def _saved_ipu_config(checkpoint: Path) -> dict[str, Any] | None:
+    """The checkpoint's `ipu_config.json` as a dict, None without one; a `ValueError` naming it when unusable."""
     path = checkpoint / IPU_CONFIG
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as error:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as error:
         raise ValueError(
             f"{path} is not valid JSON ({error}); restore it from the run's output folder or "
             "delete the checkpoint."
         ) from None
+    if not isinstance(saved, dict):
+        raise ValueError(
+            f"{path} is {json_kind(saved)}, not a JSON object; restore it from the run's output folder or "
+            "delete the checkpoint."
+        )
+    return saved
 
 
 def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: int) -> SetupChange | None:
@@ -97,7 +110,8 @@ def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: i
     Training values only: inference settings, the seed and the executable cache do not matter for
     resuming. The saved micro-batch is the saved combined batch divided by the saved config's
     GA x replicas x device iterations. Returns None when the checkpoint has no `ipu_config.json`
-    (written by plain transformers: nothing to compare).
+    (written by plain transformers: nothing to compare). An `ipu_config.json` or `trainer_state.json`
+    that is not a JSON object, or a string where a number belongs, is a `ValueError` naming the file.
     """
     from optimum_ipu.configuration.schema import FIELD_DEFAULTS, derive_defaults
 
@@ -105,7 +119,7 @@ def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: i
     saved = _saved_ipu_config(checkpoint)
     if saved is None:
         return None
-    state = json.loads((checkpoint / TRAINER_STATE).read_text())
+    state = read_trainer_state(checkpoint)  # an object with numbers where numbers belong, else a named error
     current = ipu_config.to_dict()
     # A field the file leaves out (an older or hand-written config) is derived as loading the file would
     # (ipus_per_replica from layers_per_ipu), not compared as its raw default None.
@@ -132,7 +146,8 @@ def check_same_model(checkpoint: str | os.PathLike, model) -> None:
     """Raise a `ValueError` when the checkpoint's weights do not fit `model` (another model's checkpoint).
 
     Compares tensor names and shapes from the safetensors header with the model's state dict, so the
-    error names the checkpoint before transformers fails inside `load_state_dict`.
+    error names the checkpoint before transformers fails inside `load_state_dict`. A header that cannot
+    be read is a `ValueError` naming the file (from `safetensors_shapes`).
     """
     weights = Path(checkpoint) / SAFE_WEIGHTS
     if not weights.is_file():

@@ -11,7 +11,6 @@ the transformers contract each relies on, and the code raises instead of guessin
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import shutil
 import warnings
@@ -23,11 +22,13 @@ from optimum_ipu.checkpoints.folders import (
     CHECKPOINT_PREFIX,
     TRAINER_STATE,
     check_resumable,
-    get_last_checkpoint,
+    find_last_checkpoint,
     publish,
+    read_trainer_state,
     remove_leftover_staging,
     rotate,
     staging_folder,
+    warn_skipped,
 )
 from optimum_ipu.checkpoints.setup_change import (
     ACCEPT_BATCH_CHANGE_FLAG,
@@ -110,17 +111,31 @@ class AtomicCheckpoints:
         return super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
 
     def _checkpoint_to_resume(self, resume_from_checkpoint) -> str | None:
+        """The complete checkpoint to resume from, None for a fresh start, or an error saying what to do.
+
+        `True` takes the newest complete `checkpoint-N` in `output_dir`, with one warning per newer
+        folder skipped (named, with why); when none is complete the error names every folder and why,
+        so a corrupt newest checkpoint is never a raw error. A path must itself be complete.
+        """
         if resume_from_checkpoint is None or resume_from_checkpoint is False:
             return None
         save_only_model = bool(self.args.save_only_model)
         if resume_from_checkpoint is True:
-            found = get_last_checkpoint(self.args.output_dir, save_only_model)
-            if found is None:
+            out = self.args.output_dir
+            found, skipped = find_last_checkpoint(out, save_only_model)
+            if found is not None:
+                warn_skipped(skipped)
+                return found
+            if not skipped:
                 raise ValueError(
-                    f"resume_from_checkpoint=True, but {self.args.output_dir} holds no complete checkpoint "
-                    "(incomplete ones are logged above). Start without resuming, or pass a checkpoint path."
+                    f"resume_from_checkpoint=True, but {out} holds no checkpoint (no {CHECKPOINT_PREFIX}-N "
+                    "folder). Start without resuming, or pass a checkpoint path."
                 )
-            return found
+            listing = "".join(f"\n- {path}: {'; '.join(problems)}" for path, problems in skipped)
+            raise ValueError(
+                f"resume_from_checkpoint=True, but {out} holds no complete checkpoint:{listing}\n"
+                "Start without resuming, pass a checkpoint path, or delete these folders."
+            )
         return check_resumable(resume_from_checkpoint, save_only_model)
 
     def _check_setup(self, checkpoint: str) -> SetupChange | None:
@@ -158,9 +173,7 @@ class AtomicCheckpoints:
         change = self._resume_change if resume_from_checkpoint is not None else None
         with contextlib.ExitStack() as stack:
             if resume_from_checkpoint is not None:
-                saved = json.loads((Path(resume_from_checkpoint) / TRAINER_STATE).read_text()).get(
-                    "train_batch_size"
-                )
+                saved = read_trainer_state(resume_from_checkpoint).get("train_batch_size")
                 if saved:  # divided over GPUs as transformers' comparison divides it
                     per_device = saved // max(1, self.args.n_gpu)
                     stack.enter_context(

@@ -349,8 +349,8 @@ def test_resume_true_without_a_complete_checkpoint_is_an_error(tmp_path):
     with pytest.raises(ValueError) as error:
         t.train(resume_from_checkpoint=True)
     assert str(error.value) == (
-        f"resume_from_checkpoint=True, but {tmp_path} holds no complete checkpoint (incomplete ones are logged "
-        "above). Start without resuming, or pass a checkpoint path."
+        f"resume_from_checkpoint=True, but {tmp_path} holds no checkpoint (no checkpoint-N folder). "
+        "Start without resuming, or pass a checkpoint path."
     )
 
 
