@@ -10,18 +10,39 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 from collections.abc import Iterator
+from typing import Any
 
 from torch import nn
 
 from optimum_ipu.poptorch._logging import Error
 
-__all__ = ["BeginBlock", "Block", "BlockFunction", "recording_ipus", "removeBlocks"]
+__all__ = ["BeginBlock", "Block", "BlockFunction", "check_ipu_id", "recording_ipus", "removeBlocks"]
 
 _BLOCK_ATTR = "_poptorch_block"
 _trace: list[tuple[str | None, int]] | None = None
 _auto_id = False
 _auto_count = 0
+
+
+def check_ipu_id(ipu_id: Any, where: str) -> int | None:
+    """`ipu_id` as an int, None kept (stay on the previous block's IPU); an `Error` naming `where` and the
+    value for anything but a non-negative integer, which would otherwise be accepted and only
+    misplace the blocks (a negative index) or fail later in the placement arithmetic."""
+    if ipu_id is None:
+        return None
+    try:
+        value = None if isinstance(ipu_id, bool) else operator.index(ipu_id)
+    except TypeError:
+        value = None
+    if value is None or value < 0:
+        raise Error(
+            f"{where}: ipu_id must be a non-negative integer (the index of an IPU in the model's multi-IPU "
+            f"device, 0 for the first), got {ipu_id!r}. Use ipu_id=0, 1, ..., or leave it out to stay on the "
+            "IPU of the block before."
+        )
+    return value
 
 
 def _enter(user_id: str | None, ipu_id: int | None) -> None:
@@ -49,7 +70,7 @@ class Block(contextlib.ContextDecorator):
     """`with poptorch.Block(user_id, ipu_id):` the layers called inside run on IPU `ipu_id`."""
 
     def __init__(self, user_id: str | None = None, ipu_id: int | None = None):
-        self.user_id, self.ipu_id = user_id, ipu_id
+        self.user_id, self.ipu_id = user_id, check_ipu_id(ipu_id, f"Block(user_id={user_id!r})")
 
     @staticmethod
     def useAutoId() -> None:
@@ -59,7 +80,7 @@ class Block(contextlib.ContextDecorator):
 
     @staticmethod
     def start(user_id: str | None = None, ipu_id: int | None = None) -> None:
-        _enter(user_id, ipu_id)
+        _enter(user_id, check_ipu_id(ipu_id, f"Block.start(user_id={user_id!r})"))
 
     def __enter__(self) -> Block:
         _enter(self.user_id, self.ipu_id)
@@ -80,6 +101,7 @@ def BeginBlock(layer: nn.Module, user_id: str | None = None, ipu_id: int | None 
         raise Error(f"BeginBlock takes a torch.nn.Module, got {type(layer).__name__}.")
     if hasattr(layer, _BLOCK_ATTR):
         raise Error("module has already been assigned to a block.")
+    ipu_id = check_ipu_id(ipu_id, f"BeginBlock({type(layer).__name__}, user_id={user_id!r})")
     object.__setattr__(layer, _BLOCK_ATTR, (user_id, ipu_id))
     object.__setattr__(layer, "_poptorch_block_hook", layer.register_forward_pre_hook(_pre_hook))
     return layer
@@ -87,6 +109,7 @@ def BeginBlock(layer: nn.Module, user_id: str | None = None, ipu_id: int | None 
 
 def BlockFunction(user_id: str | None = None, ipu_id: int | None = None):
     """Decorator: the function's ops run in block `user_id` on IPU `ipu_id`."""
+    ipu_id = check_ipu_id(ipu_id, f"BlockFunction(user_id={user_id!r})")
 
     def decorate(func):
         @functools.wraps(func)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from optimum_ipu.poptorch import _distributed
-from optimum_ipu.poptorch._logging import logger
+from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch.enums import DataLoaderMode
 from optimum_ipu.poptorch.options import Options
 
@@ -26,11 +26,62 @@ __all__ = ["AsynchronousDataAccessor", "DataLoader"]
 def combined_batch_factor(options: Options) -> int:
     """Micro-batches per host call that read distinct data: DI x (replicas / input group size) x GA,
     of this process's replicas under torchrun (`_distributed`)."""
+    options._check_input_grouping()
     return (
         options.device_iterations
         * (options.replication_factor // options.input_group_size // _distributed.data_processes(options))
         * options.Training.gradient_accumulation
     )
+
+
+def _combined_batch(options: Options, batch_size: int, shared: bool) -> tuple[int, str]:
+    """The samples one step takes from the dataset (this process's dataset under torchrun, unless
+    `shared`: then every process's part of the combined batch), and how they multiply out."""
+    factors = [f"batch_size({batch_size})", f"deviceIterations({options.device_iterations})",
+               f"gradientAccumulation({options.Training.gradient_accumulation})"]  # fmt: skip
+    replicas = [f"replicationFactor({options.replication_factor})"]
+    if options.input_group_size != 1:
+        replicas.append(f"input group size({options.input_group_size})")
+    processes = _distributed.data_processes(options)
+    if processes > 1 and not shared:  # each process's own dataset feeds its replicas only
+        replicas.append(f"processes({processes})")
+    factors.append(replicas[0] if len(replicas) == 1 else f"({' / '.join(replicas)})")
+    size = batch_size * combined_batch_factor(options) * (processes if shared else 1)
+    return size, " x ".join(factors)
+
+
+def _no_batch(what: str, size: int, drop_last: bool) -> str:
+    """The error for a loader that yields no combined batch: `what` it had against the batch, and the fix."""
+    dropped = " (drop_last=True drops an incomplete one)" if drop_last else ""
+    return (
+        f"{what}: this DataLoader yields no batch{dropped}, so a loop over it would run no step. Use fewer "
+        "device iterations, less gradient accumulation, fewer replicas or a smaller batch_size (a combined "
+        f"batch no larger than the data), or a dataset of at least {size} sample{'s' if size > 1 else ''}."
+    )
+
+
+class _YieldsAtLeastOne:
+    """The iterator of a DataLoader over an iterable dataset: an `Error` if it ends before its first item
+    (the dataset held less than a combined batch, which a map-style dataset is checked for when created)."""
+
+    def __init__(self, iterator: Iterator[Any], message: str):
+        self._iterator, self._message, self._started = iterator, message, False
+
+    def __iter__(self) -> _YieldsAtLeastOne:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._iterator)
+
+    def __next__(self) -> Any:
+        try:
+            item = next(self._iterator)
+        except StopIteration:
+            if not self._started:
+                raise Error(self._message) from None
+            raise
+        self._started = True
+        return item
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -81,13 +132,16 @@ class DataLoader(torch.utils.data.DataLoader):
                     "unless it divides evenly. Use drop_last=True (PopTorch's default).",
                     len(dataset), self._combined_batch_size, batch_size, factor,
                 )  # fmt: skip
+        share = (
+            _distributed.processes(options) > 1 and auto_distributed_partitioning and batch_size is not None
+        )
+        self._empty_message: str | None = None  # an iterable dataset's: checked when iterated
+        if self._combined_batch_size is not None:
+            self._check_holds_a_combined_batch(dataset, kwargs.get("sampler"), batch_size, drop_last, share)
         if self._mode != DataLoaderMode.Sync and num_workers == 0:
             num_workers = 1  # an asynchronous loader loads in a worker process
         if persistent_workers is None:
             persistent_workers = num_workers > 0
-        share = (
-            _distributed.processes(options) > 1 and auto_distributed_partitioning and batch_size is not None
-        )
         if share and not isinstance(dataset, torch.utils.data.IterableDataset):
             # Under torchrun: one shuffle for every process, and each takes its replicas' samples (every
             # replica's when the processes do not split the replicas: stage processes).
@@ -112,6 +166,35 @@ class DataLoader(torch.utils.data.DataLoader):
             dataset, batch_size=self._combined_batch_size, shuffle=bool(shuffle), num_workers=num_workers,
             drop_last=drop_last, persistent_workers=persistent_workers, **kwargs,
         )  # fmt: skip
+
+    def _check_holds_a_combined_batch(
+        self, dataset, sampler, batch_size: int, drop_last: bool, shared: bool
+    ) -> None:
+        """An `Error` now if the data (the sampler's, when one is given) is less than one combined batch
+        (none at all with `drop_last=False`): such a loader yields nothing and a training loop over it
+        silently does nothing. An iterable dataset has no length: it is checked when iterated."""
+        iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        size, factors = _combined_batch(self._options, batch_size, shared and not iterable)
+        batch = f"one combined batch of {size} ({factors})"
+        if iterable:
+            self._empty_message = _no_batch(
+                f"The iterable dataset {type(dataset).__name__} gave fewer samples than {batch}",
+                size,
+                drop_last,
+            )
+            return
+        counted = dataset if sampler is None else sampler
+        if not hasattr(counted, "__len__"):
+            return
+        count = len(counted)
+        if count < size and (drop_last or count == 0):
+            what = "The dataset has" if sampler is None else "The sampler draws"
+            raise Error(_no_batch(f"{what} {count} samples, fewer than {batch}", size, drop_last))
+
+    def __iter__(self) -> Iterator[Any]:
+        """torch's iterator; over an iterable dataset, one that raises if it ends before its first batch."""
+        iterator = super().__iter__()
+        return iterator if self._empty_message is None else _YieldsAtLeastOne(iterator, self._empty_message)
 
     @property
     def combinedBatchSize(self) -> int | None:

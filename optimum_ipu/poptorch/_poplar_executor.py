@@ -94,6 +94,7 @@ class PoplarExecutor:
         options = options if options is not None else Options()
         if not isinstance(options, Options):
             raise TypeError(f"options must be a poptorch.Options, got {type(options).__name__}.")
+        options._check_input_grouping()
         options._freeze()
         self._options = options.clone()
         self._options._freeze()
@@ -119,6 +120,8 @@ class PoplarExecutor:
                 )
             if optimizer is not None and any(group.get("amsgrad") for group in optimizer.param_groups):
                 raise ValueError(AMSGRAD)
+            if optimizer is not None:
+                _check_optimizer_parameters(model, optimizer)
             _training_wrappers[model] = self
             if optimizer is None:
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -533,6 +536,7 @@ class PoplarExecutor:
         """Use `optimizer`'s current hyper-parameters from the next call on (PopTorch reads them only here)."""
         if not self._training:
             raise Error("setOptimizer is only for a poptorch.trainingModel.")
+        _check_optimizer_parameters(self._user_model, optimizer)
         self._optimizer = optimizer
         self._hyperparameters = _hyperparameters(optimizer)
         if isinstance(self._executable, TrainingExecutable):
@@ -721,6 +725,29 @@ def _constant_tensors(model: nn.Module) -> list[torch.Tensor]:
             if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
                 found[id(value)] = value
     return list(found.values())
+
+
+def _check_optimizer_parameters(model: nn.Module, optimizer) -> None:
+    """An `Error` if `optimizer` holds tensors that are not parameters of `model`.
+
+    The wrapper runs `model` and steps `optimizer`: a tensor the optimizer holds that the model does not
+    would get no gradient, and a model parameter it does not hold is never updated, so an optimizer
+    built on another module's parameters trains nothing, silently. A subset of the model's parameters
+    is fine (the others stay frozen).
+    """
+    own = {id(p) for p in model.parameters()}
+    held = {id(p): p for group in getattr(optimizer, "param_groups", []) for p in group["params"]}
+    foreign = [p for key, p in held.items() if key not in own]
+    if not foreign:
+        return
+    shapes = ", ".join(str(list(p.shape)) for p in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+    name = type(optimizer).__name__
+    raise Error(
+        f"{len(foreign)} of the optimizer's {len(held)} parameters are not parameters of the model "
+        f"({type(model).__name__}) (shapes {shapes}): the optimizer would update tensors the model does not use, "
+        "and the model's weights would never change. Build the optimizer from the wrapped model's parameters: "
+        f"optimizer = {name}(model.parameters(), ...), with `model` the module given to poptorch.trainingModel."
+    )
 
 
 def _max_norm(optimizer) -> float:

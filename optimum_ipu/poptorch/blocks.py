@@ -7,6 +7,7 @@ The phased strategies are accepted, and run as sharded execution (the same arith
 
 from __future__ import annotations
 
+from optimum_ipu.poptorch._annotations import check_ipu_id
 from optimum_ipu.poptorch.enums import AutoStage
 
 __all__ = [
@@ -32,8 +33,8 @@ class Stage:
         return list(self._blocks)
 
     def ipu(self, ipu: int) -> Stage:
-        """Place the stage's blocks on IPU `ipu`."""
-        self._ipu = int(ipu)
+        """Place the stage's blocks on IPU `ipu` (a non-negative integer; anything else is an `Error`)."""
+        self._ipu = check_ipu_id(ipu, f"Stage({', '.join(map(repr, self._blocks))}).ipu")
         return self
 
     def __repr__(self) -> str:

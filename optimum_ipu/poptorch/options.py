@@ -11,6 +11,7 @@ they change nothing here. An `Options` passed to a wrapper is frozen: change a `
 from __future__ import annotations
 
 import copy
+import enum
 from typing import Any
 
 import torch
@@ -73,10 +74,50 @@ class _OptionsDict:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
 
 
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not _is_positive_int(value):
         raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     return value
+
+
+def _divisors(value: int) -> str:
+    """The group sizes `value` replicas allow, for the errors: "1" or "one of 1, 2, 4"."""
+    sizes = [str(d) for d in range(1, value + 1) if value % d == 0]
+    return sizes[0] if len(sizes) == 1 else f"one of {', '.join(sizes)}"
+
+
+def _check_group_divides(group: int, replicas: int) -> None:
+    """PopTorch's two checks of an input group size against the replication factor, with the values and the fix."""
+    if group > replicas:
+        raise ValueError(
+            f"input_group_size cannot be larger than replication_factor ({group} > {replicas}): a group is "
+            f"made of replicas. Use {_divisors(replicas)}, or set opts.replicationFactor to a multiple "
+            f"of {group}."
+        )
+    if replicas % group:
+        raise ValueError(
+            f"input_group_size must be a factor of replication_factor ({group} does not divide {replicas}): "
+            f"use {_divisors(replicas)}, or set opts.replicationFactor to a multiple of {group}."
+        )
+
+
+def _comm_group_type(value: Any) -> enums.CommGroupType:
+    """`value` as a `CommGroupType` (a member, or its integer value as PopTorch accepted); else a `ValueError`."""
+    if isinstance(value, enums.CommGroupType):
+        return value
+    if isinstance(value, int) and not isinstance(value, (bool, enum.Enum)):
+        try:
+            return enums.CommGroupType(value)
+        except ValueError:
+            pass
+    raise ValueError(
+        "input_group_type must be a poptorch.CommGroupType (Consecutive, Orthogonal or NoGrouping), got "
+        f"{value!r}: pass e.g. poptorch.CommGroupType.Consecutive."
+    )
 
 
 # PopART options the simulated IPU reads (the others are recorded, with a "no effect" note).
@@ -349,25 +390,62 @@ class Options(_OptionsDict):
         return self
 
     def replicationFactor(self, replication_factor: int) -> Options:
-        """Data-parallel replicas of the model (each on its own set of IPUs)."""
-        self.set(replication_factor=_positive_int("replicationFactor", replication_factor))
+        """Data-parallel replicas of the model (each on its own set of IPUs).
+
+        A multiple of the input group size when `inputReplicaGrouping` was called first (each group is
+        whole replicas); from this call on, `inputReplicaGrouping` checks its size against this factor.
+        """
+        replication_factor = _positive_int("replicationFactor", replication_factor)
+        group = self.input_group_size
+        if replication_factor % group:
+            raise ValueError(
+                f"replicationFactor({replication_factor}) must be a multiple of the input_group_size ({group}) "
+                f"set by inputReplicaGrouping: each input group is {group} whole replicas. Use a multiple of "
+                f"{group}, or call inputReplicaGrouping again with a divisor of {replication_factor}."
+            )
+        self.set(replication_factor=replication_factor)
+        object.__setattr__(self, "_replication_known", True)
         return self
 
     def inputReplicaGrouping(self, input_group_size: int, input_group_type: enums.CommGroupType) -> Options:
-        """Replicas of a group receive the same input; the data per call shrinks by the group size."""
+        """Replicas of a group receive the same input; the data per call shrinks by the group size.
+
+        `input_group_size` is a positive integer that divides `replicationFactor` (checked here when the
+        factor was set first, else by `replicationFactor` and when the options are used), and
+        `input_group_type` a `CommGroupType` other than `All`; `NoGrouping` means a group size of 1, as
+        on PopTorch. Anything else is a `ValueError` naming the value and the rule, raised here rather
+        than as an arithmetic error in the batch sizes computed from them.
+        """
+        input_group_type = _comm_group_type(input_group_type)
         if input_group_type == enums.CommGroupType.All:
-            raise ValueError("input_group_type cannot be All")
-        r = self.replication_factor
-        if input_group_size > r:
             raise ValueError(
-                f"input_group_size cannot be larger than replication factor ({input_group_size} > {r})."
+                "input_group_type cannot be All (every replica would get the same input, which is no split of "
+                "the data): use poptorch.CommGroupType.Consecutive or Orthogonal."
             )
-        if r % input_group_size:
+        known = self.__dict__.get("_replication_known", False)
+        if not _is_positive_int(input_group_size):
+            r = self.replication_factor
+            fix = (
+                f"{_divisors(r)} (a divisor of replicationFactor({r}))"
+                if known
+                else "a divisor of the replication factor"
+            )
             raise ValueError(
-                f"input_group_size must be a factor of replication factor ({input_group_size}, {r})."
+                "input_group_size must be a positive integer (the number of replicas that receive the same "
+                f"input), got {input_group_size!r}. Use {fix}; 1 means no grouping."
             )
-        self.set(input_group_size=int(input_group_size), input_cgt=input_group_type)
+        if input_group_type == enums.CommGroupType.NoGrouping:  # PopTorch's rule: each replica its own input
+            input_group_size, input_group_type = 1, enums.CommGroupType.Consecutive
+        if known:
+            _check_group_divides(input_group_size, self.replication_factor)
+        self.set(input_group_size=input_group_size, input_cgt=input_group_type)
         return self
+
+    def _check_input_grouping(self) -> None:
+        """`ValueError` if the input group size does not divide the replication factor (the group size was
+        set while the factor was unknown, and `replicationFactor` was never called): read by the DataLoader
+        and the wrappers before the batch arithmetic."""
+        _check_group_divides(self.input_group_size, self.replication_factor)
 
     def outputMode(self, output_mode: enums.OutputMode, output_return_period: int | None = None) -> Options:
         """Which micro-batches' outputs a call returns (All, Final, Sum, EveryN with a period, Default)."""

@@ -37,7 +37,8 @@ def test_compile_reports_memory_per_ipu_of_the_blocks_as_placed(caplog):
     opts = poptorch.Options().deviceIterations(2)
     opts.Training.gradientAccumulation(4)
     opts.setAvailableMemoryProportion({"IPU1": 0.3})
-    model = poptorch.trainingModel(Net(), opts, optimizer=torch.optim.SGD(Net().parameters(), lr=0.1))
+    net = Net()
+    model = poptorch.trainingModel(net, opts, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
     with caplog.at_level(logging.INFO, logger="optimum_ipu.compiling"):
         model.compile(*_inputs(16))
     assert "IPU compile report" in caplog.text and "Estimated throughput" in caplog.text

@@ -1,0 +1,205 @@
+"""Bad inputs to the poptorch front end are refused with an error naming the input, its value and the fix.
+
+Each of these was silently accepted (or failed with a raw Python error) before: a DataLoader too
+small for one combined batch (a training loop that does nothing), a negative or non-integer IPU id,
+an optimizer over tensors that are not the model's (weights that never change), and an input
+replica grouping of size 0 (a `ZeroDivisionError`).
+"""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import poptorch
+
+# -- 1. a DataLoader must hold at least one combined batch -------------------------------------------
+
+
+def _data(samples: int) -> torch.utils.data.TensorDataset:
+    return torch.utils.data.TensorDataset(torch.arange(float(samples)).unsqueeze(1))
+
+
+def test_dataloader_smaller_than_one_combined_batch_is_refused_when_created():
+    opts = poptorch.Options().deviceIterations(4)
+    opts.Training.gradientAccumulation(2)
+    with pytest.raises(poptorch.Error) as caught:
+        poptorch.DataLoader(opts, _data(10), batch_size=2)
+    message = str(caught.value)
+    assert "The dataset has 10 samples, fewer than one combined batch of 16" in message
+    assert "batch_size(2) x deviceIterations(4) x gradientAccumulation(2) x replicationFactor(1)" in message
+    assert "yields no batch" in message
+    assert "Use fewer device iterations" in message and "a dataset of at least 16 samples" in message
+
+
+def test_dataloader_combined_batch_names_replicas_and_input_group_size():
+    opts = poptorch.Options().replicationFactor(4).inputReplicaGrouping(2, poptorch.CommGroupType.Consecutive)
+    with pytest.raises(poptorch.Error, match=r"fewer than one combined batch of 6 .*"
+                       r"x \(replicationFactor\(4\) / input group size\(2\)\)"):  # fmt: skip
+        poptorch.DataLoader(opts, _data(5), batch_size=3)
+
+
+def test_dataloader_counts_the_samples_its_sampler_draws():
+    sampler = torch.utils.data.SubsetRandomSampler(range(3))
+    with pytest.raises(
+        poptorch.Error, match="The sampler draws 3 samples, fewer than one combined batch of 4 "
+    ):
+        poptorch.DataLoader(poptorch.Options().deviceIterations(2), _data(100), batch_size=2, sampler=sampler)
+
+
+def test_dataloader_with_exactly_one_combined_batch_or_drop_last_false_is_accepted():
+    opts = poptorch.Options().deviceIterations(4)
+    assert len(poptorch.DataLoader(opts, _data(8), batch_size=2)) == 1
+    small = poptorch.DataLoader(opts, _data(6), batch_size=2, drop_last=False)  # one smaller batch
+    assert [batch[0].shape[0] for batch in small] == [6]
+
+
+def test_dataloader_of_an_empty_dataset_is_refused_even_without_drop_last():
+    with pytest.raises(poptorch.Error, match="The dataset has 0 samples"):
+        poptorch.DataLoader(poptorch.Options(), _data(0), batch_size=1, drop_last=False)
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __init__(self, samples: int):
+        self.samples = samples
+
+    def __iter__(self):
+        return iter(torch.arange(float(self.samples)).unsqueeze(1))
+
+
+def test_dataloader_over_an_iterable_dataset_too_small_for_a_combined_batch_is_refused_when_iterated():
+    loader = poptorch.DataLoader(poptorch.Options().deviceIterations(4), _Stream(5), batch_size=2)
+    with pytest.raises(poptorch.Error, match=r"The iterable dataset _Stream gave fewer samples than one "
+                       r"combined batch of 8 \(batch_size\(2\) x deviceIterations\(4\)"):  # fmt: skip
+        list(loader)
+    enough = poptorch.DataLoader(poptorch.Options().deviceIterations(4), _Stream(17), batch_size=2)
+    assert [batch.shape[0] for batch in enough] == [8, 8]
+
+
+# -- 2. block and stage IPU ids are non-negative integers -------------------------------------------
+
+
+@pytest.mark.parametrize("ipu_id", [-1, 1.5, "1", True])
+def test_ipu_id_must_be_a_non_negative_integer(ipu_id):
+    layer = nn.Linear(2, 2)
+    with pytest.raises(poptorch.Error, match=rf"BeginBlock\(Linear, user_id='enc'\): ipu_id must be a "
+                       rf"non-negative integer .* got {ipu_id!r}"):  # fmt: skip
+        poptorch.BeginBlock(layer, "enc", ipu_id=ipu_id)
+    assert not hasattr(layer, "_poptorch_block")  # nothing was annotated
+    with pytest.raises(poptorch.Error, match=rf"Block\(user_id='dec'\): ipu_id .* got {ipu_id!r}"):
+        poptorch.Block("dec", ipu_id=ipu_id)
+    with pytest.raises(poptorch.Error, match=rf"Block.start\(user_id=None\): ipu_id .* got {ipu_id!r}"):
+        poptorch.Block.start(ipu_id=ipu_id)
+    with pytest.raises(poptorch.Error, match=rf"BlockFunction\(user_id='head'\): ipu_id .* got {ipu_id!r}"):
+        poptorch.BlockFunction("head", ipu_id=ipu_id)
+    with pytest.raises(poptorch.Error, match=rf"Stage\('a', 'b'\).ipu: ipu_id .* got {ipu_id!r}"):
+        poptorch.Stage("a", "b").ipu(ipu_id)
+    with pytest.raises(poptorch.Error, match=rf"Stage\('a'\).ipu: ipu_id .* got {ipu_id!r}"):
+        poptorch.Phase("a").ipus(ipu_id)
+
+
+def test_ipu_ids_that_are_integers_are_accepted():
+    layer = poptorch.BeginBlock(nn.Linear(2, 2), "enc", ipu_id=np.int64(1))
+    assert layer._poptorch_block == ("enc", 1)
+    assert poptorch.Stage("a").ipu(0)._ipu == 0
+    assert poptorch.Block("b", ipu_id=None).ipu_id is None
+
+
+# -- 3. the optimizer updates the model's own parameters ----------------------------------------------
+
+
+class _WithLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(2, 1)
+
+    def forward(self, x):
+        out = self.linear(x)
+        return out, out.pow(2).mean()
+
+
+def test_optimizer_over_parameters_not_in_the_model_is_refused_at_wrap():
+    model, other = _WithLoss(), _WithLoss()
+    with pytest.raises(poptorch.Error) as caught:
+        poptorch.trainingModel(model, optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
+    message = str(caught.value)
+    assert "2 of the optimizer's 2 parameters are not parameters of the model (_WithLoss)" in message
+    assert "the model's weights would never change" in message
+    assert "optimizer = SGD(model.parameters(), ...)" in message
+    # nothing is left wrapped: the same model can be wrapped with the right optimizer
+    poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_optimizer_with_some_parameters_not_in_the_model_is_refused_and_a_subset_is_accepted():
+    model, other = _WithLoss(), _WithLoss()
+    mixed = torch.optim.SGD([{"params": model.parameters()}, {"params": [other.linear.bias]}], lr=0.1)
+    with pytest.raises(
+        poptorch.Error, match=r"1 of the optimizer's 3 parameters are not parameters of the model"
+    ):
+        poptorch.trainingModel(model, optimizer=mixed)
+    frozen_bias = torch.optim.SGD([model.linear.weight], lr=0.1)  # training only some weights is fine
+    poptorch.trainingModel(model, optimizer=frozen_bias)
+
+
+def test_set_optimizer_over_parameters_not_in_the_model_is_refused():
+    model = _WithLoss()
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(
+        poptorch.Error, match=r"2 of the optimizer's 2 parameters are not parameters of the model"
+    ):
+        training.setOptimizer(torch.optim.SGD(_WithLoss().parameters(), lr=0.1))
+    before = model.linear.weight.detach().clone()
+    training(torch.ones(1, 2))  # the optimizer it had is still the one that runs
+    assert not torch.equal(before, model.linear.weight)
+
+
+# -- 4. inputReplicaGrouping's group size and type ---------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, -2, 1.5, "2", None, True])
+def test_input_replica_group_size_must_be_a_positive_integer(size):
+    with pytest.raises(ValueError, match=rf"input_group_size must be a positive integer .*, got {size!r}"):
+        poptorch.Options().replicationFactor(4).inputReplicaGrouping(size, poptorch.CommGroupType.Consecutive)
+
+
+def test_input_replica_group_size_must_divide_the_replication_factor():
+    opts = poptorch.Options().replicationFactor(4)
+    with pytest.raises(ValueError, match=r"input_group_size must be a factor of replication_factor \(3 does not "
+                       r"divide 4\).*one of 1, 2, 4"):  # fmt: skip
+        opts.inputReplicaGrouping(3, poptorch.CommGroupType.Consecutive)
+    with pytest.raises(
+        ValueError, match=r"input_group_size cannot be larger than replication_factor \(8 > 4\)"
+    ):
+        opts.inputReplicaGrouping(8, poptorch.CommGroupType.Orthogonal)
+    assert opts.inputReplicaGrouping(2, poptorch.CommGroupType.Orthogonal).input_group_size == 2
+
+
+def test_input_replica_group_size_is_checked_once_the_replication_factor_is_known():
+    # the replication factor is not set yet: the group size is checked against it when it is
+    opts = poptorch.Options().inputReplicaGrouping(2, poptorch.CommGroupType.Consecutive)
+    with pytest.raises(
+        ValueError, match=r"replicationFactor\(3\) must be a multiple of the input_group_size \(2\)"
+    ):
+        opts.replicationFactor(3)
+    assert opts.replicationFactor(4).replication_factor == 4
+    never_set = poptorch.Options().inputReplicaGrouping(2, poptorch.CommGroupType.Consecutive)
+    with pytest.raises(
+        ValueError, match=r"input_group_size cannot be larger than replication_factor \(2 > 1\)"
+    ):
+        poptorch.DataLoader(never_set, _data(8), batch_size=1)
+    with pytest.raises(ValueError, match=r"input_group_size cannot be larger than replication_factor"):
+        poptorch.inferenceModel(nn.Linear(1, 1), never_set)
+
+
+@pytest.mark.parametrize("group_type", ["Consecutive", None, 7, poptorch.ReductionType.Sum])
+def test_input_replica_group_type_must_be_a_comm_group_type(group_type):
+    with pytest.raises(ValueError, match=r"input_group_type must be a poptorch.CommGroupType \(Consecutive, "
+                       rf"Orthogonal or NoGrouping\), got {group_type!r}"):  # fmt: skip
+        poptorch.Options().replicationFactor(2).inputReplicaGrouping(2, group_type)
+
+
+def test_input_replica_group_type_all_is_refused_and_no_grouping_means_size_one():
+    with pytest.raises(ValueError, match="input_group_type cannot be All"):
+        poptorch.Options().replicationFactor(2).inputReplicaGrouping(2, poptorch.CommGroupType.All)
+    opts = poptorch.Options().replicationFactor(4).inputReplicaGrouping(2, poptorch.CommGroupType.NoGrouping)
+    assert (opts.input_group_size, opts.input_cgt) == (1, poptorch.CommGroupType.Consecutive)
