@@ -1,19 +1,24 @@
 """Run a Jupyter notebook's code cells in order, in one namespace, as "Run all" would.
 
 Markdown and raw cells are ignored. IPython syntax is not Python: shell lines (`!pip install ...`)
-and magics (`%pip ...`, `%%capture` cells) are skipped, each with one note saying which. The value
-of a cell's last expression is printed, as Jupyter shows it. The first cell that raises stops the
-run with its traceback (status 1).
+and magics (`%pip ...`, `%%capture` cells) are skipped, each with one note saying which. Only a
+line that starts a statement can be one of those (Python's tokenizer tells, as in IPython): a `%` or
+`!` line inside a string literal or in brackets is the user's Python and runs byte for byte. The
+value of a cell's last expression is printed, as Jupyter shows it. The first cell that raises stops
+the run with its traceback (status 1).
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import json
 import linecache
 import os
 import re
+import reprlib
 import sys
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +35,8 @@ from optimum_ipu.launcher.shims import compatibility_shims
 
 __all__ = ["CodeCell", "python_source", "read_code_cells", "run_notebook"]
 
+# The shape of an IPython line: `!cmd`, `%magic`, or their output assigned (`files = !ls`). Only its shape:
+# whether the line starts a statement, and so can be IPython at all, is for `_StatementStarts` to say.
 _SHELL_OR_MAGIC = re.compile(r"^(\s*)(?:[\w.,\s\[\]]+=\s*)?([!%])")
 
 
@@ -41,8 +48,37 @@ class CodeCell:
     source: str
 
 
+def _cell_source(path: Path, number: int, index: int, cell: dict) -> str:
+    """The cell's `source` as one string: nbformat 4 stores a string or a list of strings (its lines).
+
+    Anything else means a malformed notebook; it is refused before any cell runs, naming the cell,
+    rather than joined into a bare `TypeError` or, for a dict or None, run as the text of its repr.
+    A cell without a `source` has no code and runs nothing.
+    """
+    source = cell.get("source", "")
+    if isinstance(source, str):
+        return source
+    if isinstance(source, list):
+        bad = next(((i, item) for i, item in enumerate(source) if not isinstance(item, str)), None)
+        if bad is None:
+            return "".join(source)
+        what = f"a list holding {reprlib.repr(bad[1])} ({type(bad[1]).__name__}) at item {bad[0]}"
+    else:
+        what = f"{reprlib.repr(source)} ({type(source).__name__})"
+    raise LauncherError(
+        f"{path}: cell {number} (cells[{index}] in the file) is malformed: its source is {what}, and a cell's "
+        'source must be a string or a list of strings. Fix that cell\'s "source" in the notebook file (or '
+        "re-create the cell in Jupyter and save the notebook)."
+    )
+
+
 def read_code_cells(path: Path) -> list[CodeCell]:
-    """The code cells of the notebook at `path`, in order (nbformat 4)."""
+    """The code cells of the notebook at `path`, in order (nbformat 4), numbered from 1 among the code cells.
+
+    Raises:
+        LauncherError: the file is not JSON, not nbformat 4, or a code cell's source is not a string or
+            a list of strings.
+    """
     try:
         notebook = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -50,39 +86,111 @@ def read_code_cells(path: Path) -> list[CodeCell]:
     if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
         raise LauncherError(f"{path}: not a Jupyter notebook in nbformat 4 (no 'cells' list); open and save it in "
                             "Jupyter to convert it.")  # fmt: skip
-    sources = [
-        "".join(cell["source"]) if isinstance(cell.get("source"), list) else str(cell.get("source", ""))
-        for cell in notebook["cells"]
+    code_cells = [
+        (index, cell)
+        for index, cell in enumerate(notebook["cells"])
         if isinstance(cell, dict) and cell.get("cell_type") == "code"
     ]
-    return [CodeCell(number, source) for number, source in enumerate(sources, start=1)]
+    return [
+        CodeCell(number, _cell_source(path, number, index, cell))
+        for number, (index, cell) in enumerate(code_cells, start=1)
+    ]
+
+
+def _lines(code: str) -> list[str]:
+    """`code`'s lines with their endings, split where Python splits them (`\\n`, `\\r\\n`, `\\r`) and
+    nowhere else: `str.splitlines` also splits at form feeds and Unicode line separators, which
+    Python leaves inside a string literal, so joining its lines again would change the user's text."""
+    return io.StringIO(code, newline="").readlines()
+
+
+class _StatementStarts:
+    """Which lines of a cell start a statement, told by Python's tokenizer as it reads the cell.
+
+    A line starts a statement when the line before it ended one: its last token was a NEWLINE, or
+    the NL of a blank or comment line outside brackets. A line inside a string literal, in brackets
+    or after a backslash continuation does not, and neither does a line the tokens seen so far
+    cannot vouch for, so an unsure answer leaves the line as the user wrote it.
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0  # brackets open
+        self.last: tokenize.TokenInfo | None = None
+
+    def see(self, token: tokenize.TokenInfo) -> None:
+        """Take in the tokenizer's next token (the brackets it opens or closes, and where it is)."""
+        if token.type == tokenize.OP and token.string in ("(", "[", "{"):
+            self.depth += 1
+        elif token.type == tokenize.OP and token.string in (")", "]", "}"):
+            self.depth -= 1
+        self.last = token
+
+    def starts(self, row: int) -> bool:
+        """Whether line `row` (from 1) starts a statement."""
+        if row == 1:
+            return True
+        last = self.last
+        return (
+            last is not None
+            and last.start[0] == row - 1
+            and (last.type == tokenize.NEWLINE or (last.type == tokenize.NL and self.depth == 0))
+        )
 
 
 def python_source(cell: CodeCell) -> str | None:
-    """The cell's source with shell and magic lines replaced by `pass` (one note each); None for a cell magic."""
-    lines = cell.source.splitlines()
+    """The cell's source with shell and magic lines replaced by `pass` (one note each); None for a cell magic.
+
+    A line is a shell or magic line only when it starts a statement, which the tokenizer tells as it
+    reads the cell line by line (it asks for a line once it has given the tokens of the lines before).
+    Every other line, those inside a multi-line string or brackets included, is kept byte for byte,
+    and each line keeps its ending, so line numbers match the cell's. From a line the tokenizer
+    cannot read on (broken code), the lines are kept as written: the compiler then reports the
+    user's own error.
+    """
+    lines = _lines(cell.source)
     first = next((line.strip() for line in lines if line.strip()), "")
     if first.startswith("%%"):
         note(f"cell {cell.number}: skipped the whole cell (cell magic {first.split()[0]}: not Python).")
         return None
     kept: list[str] = []
+    statements = _StatementStarts()
     continuing = False  # a skipped line ending in a backslash continues on the next
-    for line in lines:
-        match = None if continuing else _SHELL_OR_MAGIC.match(line)
+
+    def readline() -> str:
+        """The next line for the tokenizer, once it is kept or replaced (a shell or magic line)."""
+        nonlocal continuing
+        if len(kept) == len(lines):
+            return ""
+        line = lines[len(kept)]
+        text = line.rstrip("\r\n")
+        ending = line[len(text) :]
+        match = None if continuing else _SHELL_OR_MAGIC.match(text)
+        if match and not statements.starts(len(kept) + 1):
+            match = None
         if continuing:
-            kept.append("")
+            kept.append(ending)
         elif match:
             kind = "shell command" if match.group(2) == "!" else "magic"
-            note(f"cell {cell.number}: skipped {kind} line: {line.strip()}")
-            kept.append(f"{match.group(1)}pass")  # keeps a block valid and the line numbers right
+            note(f"cell {cell.number}: skipped {kind} line: {text.strip()}")
+            kept.append(f"{match.group(1)}pass{ending}")  # keeps a block valid and the line numbers right
         else:
             kept.append(line)
-        continuing = (continuing or match is not None) and line.rstrip().endswith("\\")
-    return "\n".join(kept)
+        continuing = (continuing or match is not None) and text.rstrip().endswith("\\")
+        return kept[-1].rstrip("\r\n") + ("\n" if ending else "")  # the tokenizer's line ends are "\n"
+
+    try:
+        for token in tokenize.generate_tokens(readline):
+            if token.type == tokenize.ERRORTOKEN:  # Python 3.10 and 3.11 read on past broken code
+                break
+            statements.see(token)
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    kept.extend(lines[len(kept) :])
+    return "".join(kept)
 
 
 def _run_cell(code: str, filename: str, namespace: dict) -> None:
-    linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
+    linecache.cache[filename] = (len(code), None, _lines(code), filename)
     tree = ast.parse(code, filename)
     last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     if last is not None:

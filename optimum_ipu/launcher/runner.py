@@ -54,14 +54,17 @@ def _is_user_frame(filename: str, user_files: tuple[str, ...]) -> bool:
 
 
 def print_user_traceback(error: BaseException, user_files: tuple[str, ...]) -> None:
-    """Print `error`'s traceback from the first frame of the user's code on (the launcher's frames above it
-    are dropped), as Python prints it for `python SCRIPT`."""
+    """Print `error` as Python prints it for `python SCRIPT`: its traceback from the first frame of the
+    user's code on; the launcher's frames above it (runner, runpy, notebook) are not the user's.
+
+    An error with no frame of the user's code shows no frames at all. Above all a script or cell that
+    does not parse, whose `SyntaxError` comes from the launcher compiling it: it prints the file or
+    cell, the line, the caret and the message, exactly what `python SCRIPT` prints for it.
+    """
     tb = error.__traceback__
     while tb is not None and not _is_user_frame(tb.tb_frame.f_code.co_filename, user_files):
         tb = tb.tb_next
-    traceback.print_exception(
-        type(error), error, tb if tb is not None else error.__traceback__, file=sys.stderr
-    )
+    traceback.print_exception(type(error), error, tb, file=sys.stderr)
 
 
 def where_in_user_code(error: BaseException, user_files: tuple[str, ...]) -> str:

@@ -48,3 +48,21 @@ def test_the_scripts_exception_is_shown_as_the_scripts_traceback(capsys):
 def test_missing_script_is_one_line_naming_it(tmp_path):
     with pytest.raises(LauncherError, match=r"nothing\.py: no such file; give the path of a Python script"):
         run_script(tmp_path / "nothing.py", [])
+
+
+def test_a_syntax_error_in_the_script_is_shown_as_python_shows_it_without_the_launchers_frames(
+    tmp_path, capsys
+):
+    """`python bad.py` prints the file, the line, the caret and the error, and no frames: so must the launcher."""
+    import subprocess
+
+    script = tmp_path / "bad.py"
+    script.write_text("x = 1\ny = (x,\n")
+    assert run_script(script, []) == 1
+    err = capsys.readouterr().err
+    python = subprocess.run([sys.executable, str(script.resolve())], capture_output=True, text=True)
+    assert err == python.stderr
+    assert f'File "{script.resolve()}", line 2' in err and err.rstrip().endswith(
+        "SyntaxError: '(' was never closed"
+    )
+    assert "Traceback" not in err and "runpy" not in err and "optimum_ipu" not in err
