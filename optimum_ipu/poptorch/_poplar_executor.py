@@ -318,6 +318,8 @@ class PoplarExecutor:
             fp16_compute=self._fp16_compute(), reduction="sum" if reduction == ReductionType.Sum else "mean",
             measure_grad_norm=False,  # PopTorch returns no gradient norm: measured only to clip
             stages=self._stages,
+            # PopTorch's gradient accumulator type: fp16 sums the loss-scaled gradients in fp16 at the scale in use.
+            accumulator_dtype=torch.float16 if getattr(opt, "accum_type", None) == torch.float16 else torch.float32,
         )  # fmt: skip
 
     # -- PopTorch's API ------------------------------------------------------------------------------

@@ -5,8 +5,9 @@ multiplied before backward, the gradients divided before the update: the runtime
 `max_grad_norm` (global-norm clipping before the update), `accum_type` and the momentum types
 (fp32 or fp16), `velocity_scaling`. On fp16 parameters (`model.half()`) the update is computed in
 fp32 from the runtime's fp32 gradient sums and written back to fp16, with stochastic rounding when
-`opts.Precision.enableStochasticRounding(True)`. `accum_type` is the gradient accumulator's type
-(fp16: the loss-scaled gradient is rounded to fp16 before the update); the momentum types
+`opts.Precision.enableStochasticRounding(True)`. `accum_type` is the gradient accumulator's type:
+with fp16 the runtime's `GradientAccumulator` sums the loss-scaled micro-batch gradients in fp16, at
+the scale in use (automatic loss scaling changes it), as IPUTrainer's fp16 training does; the momentum types
 (`velocity_accum_type`, `first/second_order_momentum_accum_type`) keep that state in fp16 between
 steps; the update itself is computed in fp32. torch optimizers passed as they are work too, on fp32 models.
 """
@@ -80,8 +81,8 @@ class _IPUMixin:
 
         The update runs in fp32: fp16 weights on fp32 working copies (written back to fp16, with
         stochastic rounding when it is on), state kept in fp16 by an accumulation type on fp32 copies
-        (stored back in fp16), and with `accum_type=torch.float16` the gradient is first rounded as
-        an fp16 accumulator holds it (loss-scaled).
+        (stored back in fp16). The gradients are what the runtime's accumulator holds (of its
+        `accum_type`), unscaled.
         """
         gradients = gradients or {}
         halves = [p for g in self.param_groups for p in g["params"] if p in gradients]
@@ -89,8 +90,6 @@ class _IPUMixin:
         for p in halves:  # the update runs on fp32 working copies
             p.data = p.data.float()
             p.grad = gradients[p]
-        if self.accum_type == torch.float16:
-            self._round_gradients_as_fp16_accumulator()
         self._store_state(fp16=False)
         try:
             loss = super().step(closure)
@@ -106,13 +105,6 @@ class _IPUMixin:
                 torch._foreach_copy_(halves, values)  # round to nearest, in one pass for all weights
         self._store_state(fp16=True)
         return loss
-
-    def _round_gradients_as_fp16_accumulator(self) -> None:
-        scale = self.loss_scaling
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None and p.grad.dtype == torch.float32:
-                    p.grad.copy_((p.grad * scale).half().float() / scale)
 
     def _state_type(self, key: str) -> torch.dtype | None:
         """The accumulation type PopTorch gives optimizer state `key` (None: fp32)."""

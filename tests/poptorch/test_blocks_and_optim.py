@@ -177,3 +177,34 @@ def test_half_weights_without_stochastic_rounding_take_the_fp32_update_rounded_t
     for w, r in zip(weights, references):
         assert w.dtype == torch.float16 and w.grad is None
         assert torch.equal(w.float(), r.detach())
+
+
+class _Tiny(nn.Module):
+    """loss = sum(w * x): the gradient of w is x (times the loss scale in use)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(4))
+
+    def forward(self, x):
+        return (self.w * x).sum()
+
+
+def test_an_fp16_accumulator_rounds_the_gradient_at_the_automatic_scale_in_use():
+    # accum_type=fp16 holds the loss-scaled gradient in fp16. Automatic loss scaling starts at the
+    # optimizer's loss_scaling (1) and doubles after every clean update, so a gradient of 1e-8, which
+    # is 0 in fp16 at scale 1, survives once the scale in use is large enough. Rounded at the
+    # optimizer's fixed loss_scaling instead, it is 0 at every step and the weight never moves.
+    model = _Tiny()
+    opts = poptorch.Options()
+    opts.Training.setAutomaticLossScaling(True)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=1.0, loss_scaling=1.0, accum_type=torch.float16)
+    training = poptorch.trainingModel(model, opts, optimizer=optimizer)
+    x = torch.full((1, 4), 1e-8)
+    expected = torch.zeros(4)
+    for step in range(12):
+        scale = 2.0**step  # plain torch: the fp16 value the accumulator holds at that scale, unscaled
+        expected -= (x[0] * scale).half().float() / scale
+        training(x)
+    assert expected.abs().max() > 0
+    torch.testing.assert_close(model.w.detach(), expected, rtol=0, atol=0)

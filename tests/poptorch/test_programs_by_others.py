@@ -178,29 +178,41 @@ def test_half_model_trains_with_fp16_accumulation_types_as_the_mixed_precision_t
     assert (state["exp_avg"].dtype, state["exp_avg_sq"].dtype) == (torch.float16, torch.float32)
 
 
+class _HalfWeight(nn.Module):
+    """loss = sum(w * x) on an fp16 weight: its gradient is x times the loss scale, computed in fp16."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(5, 4).half())
+
+    def forward(self, x):
+        return (self.weight * x).float().sum()
+
+
 def test_fp16_accumulation_types_round_the_gradient_and_the_chosen_moments():
     # The rule, step by step against torch's AdamW on fp32 copies with the same roundings written out:
     # accum_type fp16 = the loss-scaled gradient held in fp16; first-order moment stored in fp16; fp16 weights.
     torch.manual_seed(0)
-    weight = nn.Parameter(torch.randn(5, 4).half())
-    optimizer = poptorch.optim.AdamW([weight], lr=1e-2, accum_type=torch.float16, loss_scaling=8.0,
+    model = _HalfWeight()
+    optimizer = poptorch.optim.AdamW(model.parameters(), lr=1e-2, accum_type=torch.float16, loss_scaling=8.0,
                                      first_order_momentum_accum_type=torch.float16)  # fmt: skip
-    ref_weight = nn.Parameter(weight.detach().float())
+    training = poptorch.trainingModel(model, poptorch.Options(), optimizer=optimizer)
+    ref_weight = nn.Parameter(model.weight.detach().float())
     reference = torch.optim.AdamW([ref_weight], lr=1e-2)
     for _ in range(3):
-        grad = torch.randn(5, 4) * 1e-3
-        optimizer.step(gradients={weight: grad.clone()})
-        ref_weight.grad = (grad * 8.0).half().float() / 8.0
+        x = (torch.randn(1, 5, 4) * 1e-3).half()
+        training(x)
+        ref_weight.grad = (x[0].float() * 8.0).half().float() / 8.0
         reference.step()
         with torch.no_grad():
             ref_weight.copy_(ref_weight.half().float())
             moments = reference.state[ref_weight]
             moments["exp_avg"].copy_(moments["exp_avg"].half().float())
-    torch.testing.assert_close(weight.float(), ref_weight.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(model.weight.float(), ref_weight.detach(), rtol=0, atol=0)
     torch.testing.assert_close(
-        optimizer.state[weight]["exp_avg"].float(), reference.state[ref_weight]["exp_avg"]
+        optimizer.state[model.weight]["exp_avg"].float(), reference.state[ref_weight]["exp_avg"]
     )
-    assert optimizer.state[weight]["exp_avg"].dtype == torch.float16
+    assert optimizer.state[model.weight]["exp_avg"].dtype == torch.float16
 
 
 def test_options_file_lines_run_as_setter_calls_that_may_name_poptorch(tmp_path):
