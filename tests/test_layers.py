@@ -78,7 +78,9 @@ def _imported_rooms(path: Path, bridges_allowed: bool = False):
             else:
                 continue
         elif isinstance(node, ast.Import):
-            rooms = [a.name.split(".")[1] for a in node.names if a.name.startswith("optimum_ipu.")]
+            # `import optimum_ipu` runs the package's __init__ (every room); `import optimum_ipu.x` room x.
+            rooms = [a.name.split(".")[1] if "." in a.name else "__init__" for a in node.names
+                     if a.name.split(".")[0] == "optimum_ipu"]  # fmt: skip
         else:
             continue
         for room in rooms:

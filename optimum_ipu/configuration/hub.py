@@ -15,7 +15,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import optimum_ipu
 from optimum_ipu.configuration.schema import CONFIG_NAME
 
 __all__ = [
@@ -53,7 +52,7 @@ class ConfigFile:
 
 def bundled_config_dirs() -> list[Path]:
     """Folders of bundled configs: inside the installed package first, then the repository's `configs/`."""
-    package = Path(optimum_ipu.__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # optimum_ipu/, found without importing the package
     return [d for d in (package / "configs", package.parent / "configs") if d.is_dir()]
 
 
