@@ -42,6 +42,7 @@ from optimum_ipu.poptorch.enums import AutoStage, CommGroupType, OutputMode, Red
 from optimum_ipu.poptorch.optim import AMSGRAD, _IPUMixin
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.batches import move_to
+from optimum_ipu.runtime.checks import min_gradient_accumulation
 from optimum_ipu.runtime.distributed import build_process_replicas
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
@@ -392,7 +393,7 @@ class PoplarExecutor:
         if not pipelined or stages < 2:
             return
         if self._training:
-            pipeline = 2 * stages - 1
+            pipeline = min_gradient_accumulation(stages)  # the rule IPUTrainer's check uses, in PopTorch's words
             if self._options.Training.gradient_accumulation < pipeline:
                 raise Error(
                     "poptorch.Options().Training.gradientAccumulation must be greater than or equal to the number of "
