@@ -2,9 +2,14 @@
 
 On an IPU a 30k x 768 word embedding does not fit on one tile set in one go, so Optimum Graphcore
 splits it into `factor` vocabulary slices, looks each up separately and sums the results. The math is
-that of the plain layer, and here it is exactly the same computation: each slice is a *view* of the
-original `weight` parameter, so the state_dict keys, weight tying (an LM head sharing the table) and
-`padding_idx` (which the original silently dropped) are all preserved.
+that of the plain layer: a lookup in a slice is the lookup in the table, and a slice of the logits is
+the same dot products. So the layers here hold the split (the slices the IPU holds, checked against
+the vocabulary, and what the memory model prices) and compute the whole table in one lookup or one
+matmul, on the original `weight` parameter: the state_dict keys, weight tying (an LM head sharing
+the table) and `padding_idx` (which the original silently dropped) are all preserved. Computing
+slice by slice on views of the weight cost a gradient of the whole table's size per slice in
+backward (autograd's slice backward): on GPT-2 (8 slices of 50,257 x 768 per micro-batch) it
+doubled a training step on a CPU.
 
 A vocabulary the factor does not divide (GPT-2's 50,257 with `Graphcore/gpt2-small-ipu`'s factor 4)
 is split as the IPU holds it, padded to the next multiple of the factor: every slice has
@@ -45,7 +50,7 @@ def piece_bounds(size: int, factor: int, what: str) -> list[tuple[int, int]]:
 
 
 class SerializedEmbedding(nn.Module):
-    """An `nn.Embedding` looked up in `factor` vocabulary slices and summed.
+    """An `nn.Embedding` held in `factor` vocabulary slices, as the IPU holds it (see the module docstring).
 
     Args:
         embedding: the embedding to serialize; its `weight` parameter is shared, not copied.
@@ -68,20 +73,8 @@ class SerializedEmbedding(nn.Module):
         self.original = [embedding]  # a list so the original is not registered as a submodule
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        out = None
-        for start, stop in self.pieces:
-            local = input_ids - start
-            in_slice = (local >= 0) & (local < stop - start)
-            padding = None
-            if self.padding_idx is not None and start <= self.padding_idx < stop:
-                padding = self.padding_idx - start
-            piece = F.embedding(
-                local.clamp(0, stop - start - 1),
-                self.weight[start:stop],
-                padding_idx=padding,
-            )
-            piece = piece * in_slice.unsqueeze(-1).to(piece.dtype)
-            out = piece if out is None else out + piece
+        # The sum of the slices' lookups, each row found in exactly one slice: the table's lookup.
+        out = F.embedding(input_ids, self.weight, padding_idx=self.padding_idx, max_norm=self.max_norm)
         if self.embed_scale is not None:
             out = out * self.embed_scale
         return out
@@ -91,7 +84,7 @@ class SerializedEmbedding(nn.Module):
 
 
 class SerializedLinear(nn.Module):
-    """An `nn.Linear` whose output features are computed in `factor` slices and concatenated.
+    """An `nn.Linear` whose output features are held in `factor` slices, as the IPU holds them.
 
     Used for an output projection such as a tied LM head (the transposed word embedding), which is as
     large as the embedding and is serialized the same way, padded the same way when the factor does
@@ -110,12 +103,8 @@ class SerializedLinear(nn.Module):
         self.original = [linear]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        pieces = []
-        for start, stop in self.pieces:
-            rows = slice(start, stop)
-            bias = None if self.bias is None else self.bias[rows]
-            pieces.append(F.linear(hidden, self.weight[rows], bias))
-        return torch.cat(pieces, dim=-1)
+        # The slices' outputs concatenated: the same dot products as the whole projection's.
+        return F.linear(hidden, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, factor={self.factor}"
