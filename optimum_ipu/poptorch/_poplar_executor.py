@@ -325,7 +325,8 @@ class PoplarExecutor:
 
     # -- PopTorch's API ------------------------------------------------------------------------------
     def _trace_ipus(self, leaves: list[Any], spec) -> list[int]:
-        """The IPUs the forward visits, in order: one micro-batch through the model, in eval mode, no grad."""
+        """The IPUs the forward visits, in order: one micro-batch through the model, no grad, in the mode it
+        will run in (a trainingModel's forward may take a branch, and blocks, that inference does not)."""
         di, ga, r, fed = self._counts()
         micro = [
             leaf[: max(1, leaf.shape[0] // (di * ga * fed * self._input_count() // r))]
@@ -338,7 +339,7 @@ class PoplarExecutor:
                 recording_module_blocks(self._user_model, trace) as module_blocks, \
                 finding_recomputed_modules(self._user_model) as checkpointed, \
                 torch.no_grad(), torch.random.fork_rng(devices=[]):  # fmt: skip
-            self._user_model.eval()
+            self._user_model.train(self._training)
             first = self._reference_tensor()
             args, kwargs = pytree.tree_map(  # as the executable feeds it: on the model's device and dtype
                 lambda t: t.to(first.device, first.dtype if t.is_floating_point() else t.dtype)
@@ -424,7 +425,7 @@ class PoplarExecutor:
             raise _distributed.layout_error(replicas, count, stages)
         args, kwargs = self._traced_call
         with _training_flags_kept(self._user_model), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            self._user_model.eval()
+            self._user_model.train()  # only a training model is planned as stage processes
             self._stage_plan = _stages.plan_stages(self._user_model, args, kwargs, strategy, stages)
 
     @running_model(compiling=True)  # the helpers (for_loop, cond, CPU, ...) see a wrapper at work

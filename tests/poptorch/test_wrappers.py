@@ -180,3 +180,38 @@ def test_amsgrad_is_poptorchs_error(optimizer):
     with pytest.raises(ValueError, match=r"^Only non-amsgrad Adam/AdamW optimizers are supported.$"):
         poptorch.trainingModel(model, optimizer=optimizer(model.parameters(), amsgrad=True))
     poptorch.trainingModel(model, optimizer=optimizer(model.parameters()))  # the model was not left wrapped
+
+
+class TrainingOnlyHead(nn.Module):
+    """A loss head that only the training branch runs (as CLIP's does), placed on the second IPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(3, 4)
+        self.head = poptorch.BeginBlock(nn.Linear(4, 2), ipu_id=1)
+        self.modes: list[bool] = []
+
+    def forward(self, x, y):
+        self.modes.append(self.training)
+        out = self.body(x)
+        if not self.training:
+            return out
+        return nn.functional.cross_entropy(self.head(out), y)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_compile_traces_the_model_in_the_mode_it_runs_in(training):
+    """A trainingModel traces the training branch (its second IPU is placed), an inferenceModel the eval one;
+    the user's own module keeps the mode it had."""
+    module = TrainingOnlyHead().eval() if training else TrainingOnlyHead().train()
+    opts = poptorch.Options().deviceIterations(1 if training else 2)
+    opts.Training.gradientAccumulation(3 if training else 1)
+    wrap = poptorch.trainingModel if training else poptorch.inferenceModel
+    model = wrap(module, opts)
+    x, y = batch(6 if training else 4)
+    model.compile(x, y)
+    assert set(module.modes) == {training}
+    assert model.num_ipus == (2 if training else 1)
+    assert module.training is not training
+    model(x, y)
+    assert set(module.modes) == {training} and module.training is not training
