@@ -10,6 +10,8 @@ with fp16 the runtime's `GradientAccumulator` sums the loss-scaled micro-batch g
 the scale in use (automatic loss scaling changes it), as IPUTrainer's fp16 training does; the momentum types
 (`velocity_accum_type`, `first/second_order_momentum_accum_type`) keep that state in fp16 between
 steps; the update itself is computed in fp32. torch optimizers passed as they are work too, on fp32 models.
+As on PopTorch, an argument given as None takes its default, and Adam, AdamW and LAMB take
+`bias_correction` (False: the moments are used without dividing by 1 - beta^t).
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ __all__ = ["LAMB", "SGD", "Adam", "AdamW", "RMSprop", "VariableAttributes"]
 
 _ACCUM_TYPES = (torch.float32, torch.float16)
 AMSGRAD = "Only non-amsgrad Adam/AdamW optimizers are supported."  # PopTorch's message
+
+
+def _given(**arguments: Any) -> dict[str, Any]:
+    """The arguments the user gave: PopTorch's optimizers read `None` as "torch's default"."""
+    return {k: v for k, v in arguments.items() if v is not None}
 
 
 def _check_accum(**types: Any) -> None:
@@ -135,56 +142,94 @@ class _IPUMixin:
 class SGD(_IPUMixin, torch.optim.SGD):
     """torch SGD plus `loss_scaling`, `velocity_scaling`, `max_grad_norm`, `accum_type`, `velocity_accum_type`."""
 
-    def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False, foreach=None,
-                 differentiable: bool = False, loss_scaling: float | None = None, velocity_scaling: float | None = None,
+    def __init__(self, params, lr: float | None = 0.01, momentum: float | None = None,
+                 dampening: float | None = None, weight_decay: float | None = None, nesterov: bool | None = None,
+                 maximize: bool | None = None, foreach=None, differentiable: bool | None = None,
+                 loss_scaling: float | None = None, velocity_scaling: float | None = None,
                  use_combined_accum: bool | None = None, max_grad_norm: float | None = None,
                  accum_type: torch.dtype | None = None, velocity_accum_type: torch.dtype | None = None):  # fmt: skip
-        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                         nesterov=nesterov, maximize=maximize, foreach=foreach, differentiable=differentiable)  # fmt: skip
+        super().__init__(params, **_given(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                         nesterov=nesterov, maximize=maximize, foreach=foreach, differentiable=differentiable))  # fmt: skip
         self._ipu_init(loss_scaling, max_grad_norm, accum_type, velocity_accum_type=velocity_accum_type)
         # velocity_scaling scales the stored velocity on the IPU and is divided out again: same update.
         self.velocity_scaling = float(velocity_scaling) if velocity_scaling is not None else 1.0
 
 
-class Adam(_IPUMixin, torch.optim.Adam):
-    """torch Adam plus `loss_scaling`, `max_grad_norm`, `accum_type` and the moment accumulation types."""
+class _BiasCorrection:
+    """Adam's update with PopTorch's `bias_correction=False`: the moments are used as they are, not
+    divided by 1 - beta^t (torch's optimizers always correct; with True, torch's own step runs)."""
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 amsgrad: bool = False, foreach=None, maximize: bool = False, capturable: bool = False,
-                 differentiable: bool = False, fused=None, loss_scaling: float | None = None,
+    bias_correction = True
+    decoupled_weight_decay = False  # AdamW: True
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if self.bias_correction:
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, decay = group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = -p.grad if group.get("maximize") else p.grad
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                if decay and self.decoupled_weight_decay:
+                    p.mul_(1 - lr * decay)
+                elif decay:
+                    grad = grad.add(p, alpha=decay)
+                state["exp_avg"].lerp_(grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                p.addcdiv_(state["exp_avg"], state["exp_avg_sq"].sqrt().add_(group["eps"]), value=-lr)
+        return loss
+
+
+class Adam(_IPUMixin, _BiasCorrection, torch.optim.Adam):
+    """torch Adam plus `loss_scaling`, `max_grad_norm`, `bias_correction`, accumulation types."""
+
+    def __init__(self, params, lr: float | None = None, betas=None, eps: float | None = None,
+                 weight_decay: float | None = None, amsgrad: bool | None = None, foreach=None,
+                 maximize: bool | None = None, capturable: bool | None = None, differentiable: bool | None = None,
+                 fused=None, loss_scaling: float | None = None, bias_correction: bool | None = None,
                  accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
                  second_order_momentum_accum_type: torch.dtype | None = None,
                  max_grad_norm: float | None = None):  # fmt: skip
         if amsgrad:
             raise ValueError(AMSGRAD)
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
-                         maximize=maximize)  # fmt: skip
+        super().__init__(params, **_given(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
+                         maximize=maximize))  # fmt: skip
+        self.bias_correction = bias_correction is not False
         self._ipu_init(loss_scaling, max_grad_norm, accum_type,
                        first_order_momentum_accum_type=first_order_momentum_accum_type,
                        second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
 
 
-class AdamW(_IPUMixin, torch.optim.AdamW):
+class AdamW(_IPUMixin, _BiasCorrection, torch.optim.AdamW):
     """torch AdamW plus `loss_scaling`, `max_grad_norm`, `bias_correction`, accumulation types."""
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
-                 amsgrad: bool = False, foreach=None, maximize: bool = False, capturable: bool = False,
-                 differentiable: bool = False, fused=None, loss_scaling: float | None = None,
-                 bias_correction: bool = True, accum_type: torch.dtype | None = None,
-                 first_order_momentum_accum_type: torch.dtype | None = None,
+    decoupled_weight_decay = True
+
+    def __init__(self, params, lr: float | None = None, betas=None, eps: float | None = None,
+                 weight_decay: float | None = None, amsgrad: bool | None = None, foreach=None,
+                 maximize: bool | None = None, capturable: bool | None = None, differentiable: bool | None = None,
+                 fused=None, loss_scaling: float | None = None, bias_correction: bool | None = None,
+                 accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
                  second_order_momentum_accum_type: torch.dtype | None = None,
                  max_grad_norm: float | None = None):  # fmt: skip
         if amsgrad:
             raise ValueError(AMSGRAD)
-        if not bias_correction:
-            raise NotImplementedError(
-                "poptorch.optim.AdamW(bias_correction=False) is not simulated yet: leave it True, or use "
-                "poptorch.optim.LAMB(bias_correction=False)."
-            )
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
-                         maximize=maximize)  # fmt: skip
-        self.bias_correction = bias_correction
+        super().__init__(params, **_given(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
+                         maximize=maximize))  # fmt: skip
+        self.bias_correction = bias_correction is not False
         self._ipu_init(loss_scaling, max_grad_norm, accum_type,
                        first_order_momentum_accum_type=first_order_momentum_accum_type,
                        second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
@@ -193,35 +238,41 @@ class AdamW(_IPUMixin, torch.optim.AdamW):
 class RMSprop(_IPUMixin, torch.optim.RMSprop):
     """torch RMSprop plus `loss_scaling`, `max_grad_norm` and accumulation types."""
 
-    def __init__(self, params, lr: float = 0.01, alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0,
-                 momentum: float = 0.0, centered: bool = False, foreach=None, maximize: bool = False,
-                 differentiable: bool = False, loss_scaling: float | None = None,
+    def __init__(self, params, lr: float | None = None, alpha: float | None = None, eps: float | None = None,
+                 weight_decay: float | None = None, momentum: float | None = None, centered: bool | None = None,
+                 foreach=None, maximize: bool | None = None, differentiable: bool | None = None,
+                 loss_scaling: float | None = None,
                  accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
                  second_order_momentum_accum_type: torch.dtype | None = None,
                  max_grad_norm: float | None = None):  # fmt: skip
-        super().__init__(params, lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
-                         centered=centered, foreach=foreach, maximize=maximize)  # fmt: skip
+        super().__init__(params, **_given(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                         centered=centered, foreach=foreach, maximize=maximize))  # fmt: skip
         self._ipu_init(loss_scaling, max_grad_norm, accum_type,
                        first_order_momentum_accum_type=first_order_momentum_accum_type,
                        second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
 
 
 class LAMB(_RuntimeLAMB):
-    """LAMB (You et al.): the runtime's implementation, with PopTorch's arguments."""
+    """LAMB (You et al.): the runtime's implementation, with PopTorch's arguments and defaults (None: the
+    default: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01, bias correction on, max weight norm
+    65500)."""
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
-                 bias_correction: bool = True, loss_scaling: float | None = None, max_weight_norm: float | None = None,
+    def __init__(self, params, lr: float | None = None, betas=None, eps: float | None = None,
+                 weight_decay: float | None = None, bias_correction: bool | None = None,
+                 loss_scaling: float | None = None, max_weight_norm: float | None = None,
                  accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
                  second_order_momentum_accum_type: torch.dtype | None = None,
                  max_grad_norm: float | None = None):  # fmt: skip
         _check_accum(accum_type=accum_type, first_order_momentum_accum_type=first_order_momentum_accum_type,
                      second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+        super().__init__(params, lr=1e-3 if lr is None else lr, betas=betas or (0.9, 0.999),
+                         eps=1e-8 if eps is None else eps, weight_decay=1e-2 if weight_decay is None else weight_decay,
+                         bias_correction=bias_correction is not False,
                          max_weight_norm=max_weight_norm if max_weight_norm is not None else 65500.0,
                          accum_type=accum_type or torch.float32,
                          first_order_momentum_accum_type=first_order_momentum_accum_type or torch.float32,
                          second_order_momentum_accum_type=second_order_momentum_accum_type or torch.float32)  # fmt: skip
-        self.bias_correction = bias_correction
+        self.bias_correction = bias_correction is not False
         self.loss_scaling = float(loss_scaling) if loss_scaling is not None else 1.0
         self.max_grad_norm = float(max_grad_norm) if max_grad_norm is not None else math.inf
         self.variable_attrs = VariableAttributes()

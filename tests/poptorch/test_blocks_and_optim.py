@@ -208,3 +208,60 @@ def test_an_fp16_accumulator_rounds_the_gradient_at_the_automatic_scale_in_use()
         training(x)
     assert expected.abs().max() > 0
     torch.testing.assert_close(model.w.detach(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("ours", "torchs"),
+    [
+        (lambda p: poptorch.optim.Adam(p, lr=None, betas=None, eps=None, weight_decay=None), torch.optim.Adam),
+        (lambda p: poptorch.optim.AdamW(p, betas=None, eps=None, amsgrad=None), torch.optim.AdamW),
+        (lambda p: poptorch.optim.RMSprop(p, alpha=None, momentum=None), torch.optim.RMSprop),
+        (lambda p: poptorch.optim.SGD(p, lr=0.01, momentum=None, nesterov=None), torch.optim.SGD),
+    ],
+)
+def test_none_arguments_are_torchs_defaults(ours, torchs):
+    """PopTorch's optimizers take None for "the default" (graphcore/examples pass `betas=None` through)."""
+    weight = nn.Parameter(torch.ones(2))
+    theirs = torchs([weight], lr=0.01) if torchs is torch.optim.SGD else torchs([weight])
+    mine = ours([weight]).param_groups[0]
+    for key, value in theirs.param_groups[0].items():
+        if key != "params":
+            assert mine[key] == value, key
+
+
+def test_lamb_defaults_and_no_bias_correction_act():
+    weight = nn.Parameter(torch.ones(2))
+    group = poptorch.optim.LAMB([weight], lr=None, betas=None, eps=None, weight_decay=None).param_groups[0]
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (1e-3, (0.9, 0.999), 1e-8, 1e-2)
+    assert group["bias_correction"] is True
+    steps = []
+    for correction in (True, False):
+        weight = nn.Parameter(torch.tensor([1.0, 2.0]))
+        optimizer = poptorch.optim.LAMB([weight], lr=0.1, bias_correction=correction)
+        assert optimizer.param_groups[0]["bias_correction"] is correction
+        weight.grad = torch.tensor([0.5, 0.1])
+        optimizer.step()
+        steps.append(weight.detach().clone())
+    assert not torch.equal(*steps)
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_adam_without_bias_correction_uses_the_moments_as_they_are(decoupled):
+    """One step from w = 1 with gradient 0.5, by hand: m = 0.1 * 0.5 = 0.05, v = 0.001 * 0.25 = 2.5e-4,
+    w -= 0.1 * 0.05 / (sqrt(2.5e-4) + 1e-8) = 0.1 * 3.16227..., where torch's corrected step moves 0.1.
+    AdamW first decays the weight by lr * weight_decay (0.1 * 0.5); Adam adds weight_decay * w to the gradient."""
+    make = poptorch.optim.AdamW if decoupled else poptorch.optim.Adam
+    weight = nn.Parameter(torch.ones(1, dtype=torch.float64))
+    optimizer = make([weight], lr=0.1, weight_decay=0.5 if decoupled else 0.0, bias_correction=False)
+    decay = 1 - 0.1 * 0.5 if decoupled else 1.0
+    first = decay - 0.1 * 0.05 / (2.5e-4**0.5 + 1e-8)
+    m, v = 0.9 * 0.05 + 0.1 * 0.5, 0.999 * 2.5e-4 + 0.001 * 0.25
+    for expected in (first, first * decay - 0.1 * m / (v**0.5 + 1e-8)):
+        weight.grad = torch.full_like(weight, 0.5)
+        optimizer.step()
+        assert weight.item() == pytest.approx(expected, rel=1e-9)
+    corrected = nn.Parameter(torch.ones(1, dtype=torch.float64))
+    plain = make([corrected], lr=0.1, weight_decay=0.0)
+    corrected.grad = torch.full_like(corrected, 0.5)
+    plain.step()
+    assert corrected.item() == pytest.approx(0.9, rel=1e-6)  # torch's corrected first step: lr
