@@ -10,6 +10,7 @@ this `to_pipelined` keeps the old call pattern by passing every other attribute 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from typing import Any
 
@@ -58,13 +59,48 @@ class PipelinedModelView:
         return self.pipelined.module(*args, **kwargs)
 
     def __getattr__(self, name: str):
-        return getattr(self.pipelined.module, name)
+        value = getattr(self.pipelined.module, name)
+        if not callable(value) or getattr(value, "__self__", None) is not self.pipelined.module:
+            return value
+
+        @functools.wraps(value)
+        def chained(*args: Any, **kwargs: Any) -> Any:
+            """The module's method; where it returns the module (`eval`, `half`, `to`, ...) the view
+            comes back instead, so `to_pipelined(...).half().parallelize()` chains as in the original."""
+            result = value(*args, **kwargs)
+            return self if result is self.pipelined.module else result
+
+        return chained
+
+    def detachFromDevice(self) -> None:
+        """Optimum Graphcore's generation models freed their compiled encoder and decoder here. A view runs
+        its module directly, holding no compiled program or IPU between calls: there is nothing to free."""
+        _say_once(
+            "detachFromDevice() on a to_pipelined model frees nothing: the simulated IPUs hold no compiled "
+            "program between calls, and the model stays usable."
+        )
+
+    def attachToDevice(self) -> None:
+        """Nothing to attach (see `detachFromDevice`)."""
+
+    def destroy(self) -> None:
+        """Nothing to free (see `detachFromDevice`); the model stays usable."""
+        self.detachFromDevice()
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self.pipelined.module, name, value)
 
     def __repr__(self) -> str:
         return f"PipelinedModelView({self.pipelined.module.__class__.__name__}, {self.pipelined.plan.ipus_per_replica} IPUs)"
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        logger.warning(message)
 
 
 def to_pipelined(model: nn.Module, ipu_config, force: bool = False):

@@ -70,6 +70,7 @@ from optimum_ipu.compiling import compile_inference
 from optimum_ipu.configuration import IPUConfig, IPUConfigError
 from optimum_ipu.pipelining import to_pipelined
 from optimum_ipu.pipelining.placement import PlacementError
+from optimum_ipu.poptorch import Error
 from optimum_ipu.runtime.batches import batch_size_of
 from optimum_ipu.runtime.executor import InferenceExecutable
 from optimum_ipu.runtime.fp16_compute import fp16_compute_context, resolve_fp16_compute
@@ -122,6 +123,7 @@ class IPUInference:
         self.fp32 = fp32
         self.fp16_compute = resolve_fp16_compute(None, self.input_device)
         self.compiled = None
+        self.attached = False
 
     @property
     def input_device(self) -> torch.device:
@@ -135,6 +137,34 @@ class IPUInference:
                 self.pipelined, self.ipu_config, sample_batch=sample, micro_batch_size=batch_size_of(sample),
                 fp32=self.fp32, fp16_compute=None if self.fp32 else self.fp16_compute,
             )  # fmt: skip
+        self.attached = True  # as PopTorch's executor, a call attaches a detached model again
+
+    # PopTorch's device calls, which Optimum Graphcore's notebooks make on `pipeline(...).model` (there a
+    # poptorch.inferenceModel) to free IPUs between cells.
+    def isCompiled(self) -> bool:
+        return self.compiled is not None
+
+    def isAttachedToDevice(self) -> bool:
+        return self.attached
+
+    def detachFromDevice(self) -> None:
+        """Release the pipeline's IPUs; its next call attaches them again (PopTorch's errors otherwise)."""
+        if self.compiled is None:
+            raise Error("Model has not been compiled or has been destroyed.")
+        if not self.attached:
+            raise Error("Device is not attached")
+        self.attached = False
+
+    def attachToDevice(self) -> None:
+        if self.compiled is None:
+            raise Error("Model has not been compiled or has been destroyed.")
+        if self.attached:
+            raise Error("Device is already attached")
+        self.attached = True
+
+    def destroy(self) -> None:
+        """Free the compiled program and the IPUs; the next call compiles again."""
+        self.compiled, self.attached = None, False
 
     def __call__(self, inputs: dict[str, Any]) -> ModelOutput:
         """One host call: the batch through the stages; fp32 outputs on the CPU."""
@@ -443,8 +473,14 @@ def pipeline(
             f"The IPU config does not fit {type(model).__name__}: {error} Pass an ipu_config whose "
             "inference_layers_per_ipu fits the model, e.g. IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2)."
         ) from error
-    built.attach_ipu(IPUInference(pipelined, config, fp32=not fp16))
+    ipu = IPUInference(pipelined, config, fp32=not fp16)
+    built.attach_ipu(ipu)
+    for name in DEVICE_CALLS:  # `pipeline(...).model` was a poptorch.inferenceModel in the original
+        setattr(model, name, getattr(ipu, name))
     return built
+
+
+DEVICE_CALLS = ("isCompiled", "isAttachedToDevice", "detachFromDevice", "attachToDevice", "destroy")
 
 
 def _task_defaults(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:

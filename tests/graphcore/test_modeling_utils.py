@@ -35,10 +35,33 @@ def test_to_pipelined_keeps_the_notebook_call_pattern_and_the_math():
     assert [b.ipu for b in pipelined.pipelined.plan.layer_blocks] == [0, 1, 1, 1]
     with torch.no_grad():
         torch.testing.assert_close(pipelined(**inputs()).start_logits, expected)
-    assert pipelined.eval() is model  # model methods pass through (nn.Module's return the model)
+    assert pipelined.eval() is pipelined  # model methods pass through; those returning the model chain
+    assert not model.training
 
     pipelined.deparallelize()
     assert type(model.bert.embeddings.word_embeddings) is torch.nn.Embedding
+
+
+def test_module_methods_chain_on_the_view_before_and_after_parallelize(caplog):
+    """Notebooks write `to_pipelined(model, config).half().parallelize()` (mt5_xnli) and
+    `.parallelize().half()` (whisper): each step keeps the view, so parallelize is still there."""
+    model = tiny_qa_model()
+    config = IPUConfig(layers_per_ipu=[2, 2], ipus_per_replica=2)
+    pipelined = to_pipelined(model, config).half().parallelize().train().eval()
+    assert pipelined.pipelined.is_parallelized and not model.training
+    assert next(model.parameters()).dtype == torch.float16
+    assert pipelined.float().deparallelize() is pipelined
+    assert pipelined.num_parameters() == model.num_parameters()  # other results are the module's
+
+
+def test_detach_from_device_on_a_view_says_once_that_it_frees_nothing(caplog):
+    pipelined = to_pipelined(tiny_qa_model(), IPUConfig(layers_per_ipu=[-1], ipus_per_replica=2)).parallelize()
+    with caplog.at_level("WARNING"):
+        pipelined.detachFromDevice()
+        pipelined.detachFromDevice()
+    assert caplog.text.count("frees nothing") <= 1  # once per process (an earlier test may have said it)
+    with torch.no_grad():
+        assert pipelined(**inputs()).start_logits.shape == (2, 12)
 
 
 def test_parallelize_options_of_the_original_models_are_ignored_with_a_warning(caplog):

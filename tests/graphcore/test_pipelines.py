@@ -73,6 +73,29 @@ def test_question_answering_in_fp32_gives_the_plain_models_answers(tokenizer):
         assert got["score"] == pytest.approx(expected["score"], rel=1e-5)
 
 
+def test_the_pipelines_model_answers_poptorchs_device_calls(tokenizer):
+    """Optimum Graphcore's notebooks free IPUs with `pipeline(...).model.detachFromDevice()` (the model was a
+    poptorch.inferenceModel there): PopTorch's states and errors, and the next call attaches again."""
+    import poptorch
+
+    qa = pipeline("question-answering", model=qa_model(), tokenizer=tokenizer, ipu_config=TWO_IPUS, fp16=False)
+    with pytest.raises(poptorch.Error, match="has not been compiled"):
+        qa.model.detachFromDevice()
+    first = qa(question=QUESTIONS[0], context=CONTEXT)
+    assert qa.model.isCompiled() and qa.model.isAttachedToDevice()
+    qa.model.detachFromDevice()
+    assert not qa.model.isAttachedToDevice()
+    with pytest.raises(poptorch.Error, match="Device is not attached"):
+        qa.model.detachFromDevice()
+    assert qa(question=QUESTIONS[0], context=CONTEXT) == first
+    assert qa.model.isAttachedToDevice()
+    with pytest.raises(poptorch.Error, match="already attached"):
+        qa.model.attachToDevice()
+    qa.model.destroy()
+    assert not qa.model.isCompiled()
+    assert qa(question=QUESTIONS[0], context=CONTEXT) == first and qa.model.isCompiled()
+
+
 def test_question_answering_input_forms_and_options(tokenizer):
     qa = pipeline(
         "question-answering", model=qa_model(), tokenizer=tokenizer, ipu_config=TWO_IPUS, fp16=False
