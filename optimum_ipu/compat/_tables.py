@@ -102,6 +102,14 @@ _SEQ2SEQ_TRAINER = {
 _VERSION = {"__version__": "optimum_ipu.compat.versions:OPTIMUM_GRAPHCORE_API_VERSION"}
 
 G = "optimum.graphcore"
+# The original's torch versions of Whisper's feature extractor and processor computed the log-Mel features
+# with torch instead of NumPy; transformers' own compute them with torch when it is installed.
+_WHISPER = {
+    "WhisperProcessorTorch": "transformers:WhisperProcessor",
+    "WhisperFeatureExtractorTorch": "transformers:WhisperFeatureExtractor",
+}
+_BERT = {"BertPipelineMixin": "optimum_ipu.compat.poptorch_helpers:BertPipelineMixin"}
+
 TABLES: dict[str, dict[str, str | Missing]] = {
     G: {
         **_CONFIG,
@@ -175,6 +183,19 @@ TABLES: dict[str, dict[str, str | Missing]] = {
             "INFERENCE_ENGINES_TO_MODEL_NAMES",
         )
     },  # fmt: skip
+    f"{G}.models": {},
+    f"{G}.models.whisper": _WHISPER,
+    f"{G}.models.bert": _BERT,
+    f"{G}.models.bert.modeling_bert": _BERT,
+    f"{G}.models.wav2vec2": {},
+    f"{G}.models.wav2vec2.modeling_wav2vec2": {
+        "_sample_negative_indices": Missing(
+            "the original's speech pre-training model took negatives without per-utterance offsets, with "
+            "`reduce_selector` and `mask_reduced` inputs that transformers' Wav2Vec2ForPreTraining does not take",
+            "`transformers.models.wav2vec2.modeling_wav2vec2._sample_negative_indices` with transformers' "
+            "Wav2Vec2ForPreTraining (its negatives carry the offsets that model expects)",
+        ),
+    },
     f"{G}.quantization": {
         name: _CUSTOM_OPS
         for name in ("GroupQuantLinear", "group_quantize_compress", "group_quantize_decompress")

@@ -4,6 +4,7 @@
   whose `parallelize()` places layers with `poptorch.BeginBlock`; `ipu_config` attribute,
   `from_transformers` / `from_pretrained_transformers` / `from_model`, `deparallelize()` removing
   the blocks and hooks `parallelize()` added.
+- `BertPipelineMixin`: that mixin with Optimum Graphcore's BERT placement (embeddings, then the encoder layers).
 - `register(transformers_cls)`: makes `to_pipelined(model, ipu_config)` build such a class.
 - `recomputation_checkpoint(module)`: checkpoints the module's outputs (`poptorch.recomputationCheckpoint`).
 - `to_poptorch_dataloader(for_training)`: decorates a trainer method so the `torch.utils.data.DataLoader`
@@ -27,6 +28,7 @@ import optimum_ipu.poptorch as poptorch
 from optimum_ipu.configuration import IPUConfig, IPUConfigError
 
 __all__ = [
+    "BertPipelineMixin",
     "PipelineMixin",
     "get_poplar_executor",
     "pipelined_class_for",
@@ -141,6 +143,32 @@ class PipelineMixin:
             for name, p in self.named_parameters()
             if (p.requires_grad or not only_trainable) and not (exclude_embeddings and name in embedding)
         )
+
+
+class BertPipelineMixin(PipelineMixin):
+    """Optimum Graphcore's BERT placement, as a mixin for a user's own BERT class (the packed-BERT notebooks:
+    `class PipelinedPackedBertForSequenceClassification(BertForSequenceClassification, BertPipelineMixin)`).
+
+    `parallelize()` starts a block for the embeddings on IPU 0 and one per encoder layer on the IPU
+    `get_layer_ipu` gives it under the config's `layers_per_ipu`, checkpointing every layer's output but the
+    last when `recompute_checkpoint_every_layer` is set; the subclass then adds its head's block. The
+    original also swapped in a fused-QKV attention and, with `embedding_serialization_factor` > 1, a
+    serialized embedding: both compute the same values, so the layers stay as they are here.
+    """
+
+    def parallelize(self):
+        from optimum_ipu.compat.modeling import get_layer_ipu
+
+        super().parallelize()
+        bert = self.bert
+        layers = bert.encoder.layer
+        bert.embeddings = poptorch.BeginBlock(bert.embeddings, "Embedding", ipu_id=0)
+        layer_ipu = get_layer_ipu(self.ipu_config, len(layers))
+        for index, (layer, ipu) in enumerate(zip(layers, layer_ipu)):
+            if self.ipu_config.recompute_checkpoint_every_layer and index != len(layers) - 1:
+                self._hooks.append(recomputation_checkpoint(layer))
+            layers[index] = poptorch.BeginBlock(layer, f"Encoder{index}", ipu_id=ipu)
+        return self
 
 
 def recomputation_checkpoint(module: nn.Module) -> torch.utils.hooks.RemovableHandle:

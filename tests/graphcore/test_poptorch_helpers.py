@@ -204,3 +204,34 @@ def test_recomputation_checkpoint_keeps_the_module_outputs():
     torch.testing.assert_close(layer(x), expected)
     handle.remove()
     assert not layer._forward_hooks
+
+
+def test_bert_pipeline_mixin_places_a_users_bert_as_optimum_graphcore_did():
+    """The packed-BERT notebooks' pattern: a transformers BERT class plus `BertPipelineMixin`, whose
+    `parallelize()` places the embeddings and encoder layers; the subclass adds its head's block."""
+    from fixtures import seeded, tiny_bert_config
+    from transformers import BertForSequenceClassification
+
+    from optimum.graphcore.models.bert.modeling_bert import BertPipelineMixin
+
+    class PackedStyleBert(BertForSequenceClassification, BertPipelineMixin):
+        def parallelize(self):
+            super().parallelize()
+            self.classifier = poptorch.BeginBlock(self.classifier, "Classifier", ipu_id=1)
+            return self
+
+    seeded(0)
+    model = PackedStyleBert(tiny_bert_config(num_labels=2)).eval()
+    reference = copy.deepcopy(model)
+    model.ipu_config = IPUConfig(layers_per_ipu=[1, 3], ipus_per_replica=2, recompute_checkpoint_every_layer=True)
+    model.parallelize()
+    blocks = [m._poptorch_block for m in (model.bert.embeddings, *model.bert.encoder.layer, model.classifier)]
+    assert [ipu for _, ipu in blocks] == [0, 0, 1, 1, 1, 1]
+    assert len(model._hooks) == 3  # every layer's output but the last is checkpointed
+    ids = torch.randint(5, 128, (6, 10), generator=torch.Generator().manual_seed(1))
+    inference = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(3))
+    with torch.no_grad():
+        torch.testing.assert_close(inference(input_ids=ids).logits, reference(input_ids=ids).logits)
+    assert inference.num_ipus == 2
+    model.deparallelize()
+    assert not any(hasattr(m, "_poptorch_block") for m in model.modules()) and model._hooks == []

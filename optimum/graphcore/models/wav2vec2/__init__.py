@@ -1,0 +1,5 @@
+"""`optimum.graphcore.models.wav2vec2`: the speech pre-training example's module."""
+
+from optimum_ipu.compat._names import bind
+
+__all__, __getattr__, __dir__ = bind(__name__)
