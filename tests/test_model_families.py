@@ -112,6 +112,37 @@ def test_mpnet_resume_reproduces_the_uninterrupted_run(tmp_path, mpnet_ipu_confi
     _assert_resume_reproduces_the_run(_mpnet, mpnet_ipu_config, PatternClassification(32), tmp_path)
 
 
+# -- DeBERTa: placed as Optimum Graphcore's PipelinedDeberta* ([0, 4, 4, 4] as its BERT-base layouts) ----
+
+
+def _deberta(v2: bool):
+    from transformers import DebertaConfig, DebertaForSequenceClassification, DebertaV2Config
+    from transformers import DebertaV2ForSequenceClassification
+
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=128, hidden_size=32, num_hidden_layers=12, num_attention_heads=4, intermediate_size=64,
+                 max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                 relative_attention=True, position_buckets=8, pooler_dropout=0.0)  # fmt: skip
+    if v2:  # deberta-v3's layout: normed relative embeddings and a convolution after the first layer
+        config = DebertaV2Config(**sizes, norm_rel_ebd="layer_norm", conv_kernel_size=3, share_att_key=True,
+                                 pos_att_type=["p2c", "c2p"])  # fmt: skip
+        return DebertaV2ForSequenceClassification(config)
+    return DebertaForSequenceClassification(DebertaConfig(**sizes, pos_att_type=["c2p", "p2c"]))
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["deberta", "deberta-v2"])
+def test_deberta_trains_like_plain_transformers(tmp_path, v2):
+    config = IPUConfig(layers_per_ipu=[0, 4, 4, 4], ipus_per_replica=4, gradient_accumulation_steps=8)
+    trainer = _assert_trains_like_plain_trainer(
+        lambda: _deberta(v2), config, PatternClassification(32), tmp_path
+    )
+    plan = trainer._pipelined.plan
+    assert plan.layers_per_ipu() == [0, 4, 4, 4]
+    embedding = plan.blocks[0]
+    assert embedding.ipu == 0 and "deberta.encoder.rel_embeddings" in embedding.modules
+    assert ("deberta.encoder.conv" in plan.blocks[1].modules) is v2  # runs after the first layer, in its block
+
+
 # -- Speech: Graphcore/wav2vec2-ctc-base-ipu, wav2vec2-ctc-large-ipu, hubert-base-ipu ------------------
 
 

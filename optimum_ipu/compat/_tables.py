@@ -33,7 +33,7 @@ _POPTORCH_LAYER = Missing(
 def _pipelined_missing(transformers_class: str) -> Missing:
     return Missing(
         "optimum-ipu has no cut spec for this architecture (it places BERT, RoBERTa, DistilBERT, GPT-2, ViT, "
-        "MPNet, Wav2Vec2, HuBERT, BART, T5, MT5 and Whisper)",
+        "MPNet, DeBERTa, Wav2Vec2, HuBERT, BART, T5, MT5 and Whisper)",
         f"load `transformers.{transformers_class}` and call `to_pipelined(model, ipu_config, force=True)` "
         "(the generic cut: the largest list of layers spread over the IPUs), or add a `CutSpec` to "
         "`optimum_ipu.pipelining.CUT_SPECS`",

@@ -51,6 +51,11 @@ def _static_masked_select(tensor: torch.Tensor, mask: torch.Tensor) -> torch.Ten
     )
 
 
+def _static_nonzero(tensor: torch.Tensor) -> torch.Tensor:
+    # As masked_select: a static graph holds the index of every element (DeBERTa's labelled rows).
+    return torch.empty(tensor.numel(), tensor.dim(), dtype=torch.long, device="meta")
+
+
 def _meta_ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, *_args, **_kwargs):
     # (negative log-likelihood per sample, the alpha table: time x (2 x longest target + 1) per sample);
     # flattened targets are bounded by their total length.
@@ -62,10 +67,11 @@ def _meta_ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, *_args, **_kw
     )
 
 
-# Operators without a meta kernel that models use (CTC's loss and its target selection): their output
-# shapes, as a static graph would have them.
+# Operators without a meta kernel that models use (CTC's loss and its target selection, DeBERTa's labelled
+# rows): their output shapes, as a static graph would have them.
 _META_SHAPES = {
     aten.masked_select.default: _static_masked_select,
+    aten.nonzero.default: _static_nonzero,
     aten._ctc_loss.default: _meta_ctc_loss,
     aten._ctc_loss.Tensor: _meta_ctc_loss,
 }
@@ -229,9 +235,12 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is aten._local_scalar_dense.default:
-            # Data-dependent Python branches (`mask.all()`) take the general path, as a static IPU graph does.
-            return False if args[0].dtype == torch.bool else 1
+        scalar = args[0] if func is aten._local_scalar_dense.default else None
+        if scalar is not None and (scalar.is_meta or scalar.dtype == torch.bool or scalar.is_floating_point()):
+            # Data-dependent Python branches (`mask.all()`, LayerDrop's `torch.rand([]) < p`) take the general
+            # path, as a static IPU graph does. A host integer is a size computed from shapes (DeBERTa's
+            # attention span, a `torch.tensor(min(length, span))`): it is read.
+            return False if scalar.dtype == torch.bool else 1
         if func is aten._to_copy.default and kwargs.get("device") is not None:
             kwargs = {**kwargs, "device": torch.device("meta")}  # device moves of a parallelized model
         if func in _META_SHAPES and any(isinstance(t, torch.Tensor) and t.is_meta for t in tree_leaves(args)):

@@ -70,6 +70,9 @@ class CutSpec:
         final: `(name, path)` blocks right after the last layer of `layers`, on its IPU (T5's "Encoder
             Stack Final LayerNorm").
         decoder: the decoder's stack, for an encoder-decoder model (then `layers` is the encoder's).
+        optional: paths above that some configurations of the architecture do not build (DeBERTa's
+            relative position embeddings exist only with `relative_attention`); a model without one is
+            placed with the spec minus that path.
     """
 
     embeddings: tuple[str, ...]
@@ -82,6 +85,7 @@ class CutSpec:
     first_ipu_heads: tuple[str, ...] = ()
     final: tuple[tuple[str, str], ...] = ()
     decoder: DecoderStack | None = None
+    optional: tuple[str, ...] = ()
 
     @property
     def layer_lists(self) -> tuple[str, ...]:
@@ -183,6 +187,21 @@ CUT_SPECS: dict[str, CutSpec] = {
         "embeddings.word_embeddings",
         first_ipu_heads=("pooler",),
     ),
+    # DeBERTa's relative position table (and v2's norm of it) is computed before the first layer: in the
+    # Embedding block, as Optimum Graphcore placed it; v2's convolution runs after the first layer, in its block.
+    "deberta": CutSpec(
+        ("embeddings", "encoder.rel_embeddings"),
+        "encoder.layer",
+        "embeddings.word_embeddings",
+        optional=("encoder.rel_embeddings",),
+    ),
+    "deberta-v2": CutSpec(
+        ("embeddings", "encoder.rel_embeddings", "encoder.LayerNorm"),
+        "encoder.layer",
+        "embeddings.word_embeddings",
+        riders=(("encoder.conv", "encoder.layer.0"),),
+        optional=("encoder.rel_embeddings", "encoder.LayerNorm", "encoder.conv"),
+    ),
     "wav2vec2": _SPEECH_CLASSIFICATION,
     "hubert": _SPEECH_CLASSIFICATION,
     # Keyed by class: Optimum Graphcore cut these heads differently from the rest of their family.
@@ -213,6 +232,13 @@ def spec_for(model: nn.Module) -> CutSpec | None:
     spec = CUT_SPECS.get(type(model).__name__) or CUT_SPECS.get(getattr(config, "model_type", None))
     if spec is not None and not _has_layer_lists(model, spec):
         return None  # a head of the family built differently (BART's decoder-only causal LM)
+    if spec is not None:
+        base = base_model_path(model)
+        for path in spec.optional:
+            try:
+                model.get_submodule(".".join(p for p in (base, path) if p))
+            except AttributeError:
+                spec = spec.without(path)
     if spec is not None and getattr(config, "do_stable_layer_norm", False):
         # The "stable layer norm" encoder applies its layer norm after the last layer, not before the
         # first: it is then a head on the last IPU.
