@@ -116,8 +116,12 @@ def test_mpnet_resume_reproduces_the_uninterrupted_run(tmp_path, mpnet_ipu_confi
 
 
 def _deberta(v2: bool):
-    from transformers import DebertaConfig, DebertaForSequenceClassification, DebertaV2Config
-    from transformers import DebertaV2ForSequenceClassification
+    from transformers import (
+        DebertaConfig,
+        DebertaForSequenceClassification,
+        DebertaV2Config,
+        DebertaV2ForSequenceClassification,
+    )
 
     torch.manual_seed(0)
     sizes = dict(vocab_size=128, hidden_size=32, num_hidden_layers=12, num_attention_heads=4, intermediate_size=64,
