@@ -31,9 +31,6 @@ BAD_VALUES = [
     ("serialized_embedding_splits_per_ipu", "1", TYPE, "must be None or a list of integers >= 0, one per IPU"),
     ("serialized_embedding_splits_per_ipu", [1.5], TYPE, "must be None or a list of integers >= 0, one per IPU"),
     ("serialized_projection_splits_per_ipu", [-1, 2], RANGE, "must be None or a list of integers >= 0, one per IPU"),
-    ("serialized_projection_splits_per_ipu", [0, 0], RANGE, "must place at least one split (its sum must be >= 1)"),
-    ("inference_serialized_embedding_splits_per_ipu", [1, 0, 1], RANGE,
-     "must put its non-zero entries on consecutive IPUs"),
     ("enable_half_partials", "yes", TYPE, "must be true or false"),
     ("output_mode", "last", RANGE, "must be one of all, sum, final, default"),
     ("output_mode", 3, TYPE, "must be one of all, sum, final, default"),
@@ -49,6 +46,25 @@ def test_a_bad_value_names_the_attribute_the_rule_and_the_value(name, value, err
         validate_value(name, value)
     assert type(caught.value) is error  # wrong type: also a TypeError; out of range: a ValueError only
     assert str(caught.value) == f"`IPUConfig` attribute `{name}` {rule}, got {value!r}."
+
+
+@pytest.mark.parametrize(
+    "name,value,message",
+    [
+        ("serialized_projection_splits_per_ipu", [0, 0], "`IPUConfig` attribute `serialized_projection_splits_per_ipu="
+         "[0, 0]` must have atleast 1 split on 1 IPU: `serialized_projection_splits_per_ipu` must place at least "
+         "one split (its sum must be >= 1)."),
+        ("inference_serialized_embedding_splits_per_ipu", [1, 0, 1], "`IPUConfig` attribute "
+         "`inference_serialized_embedding_splits_per_ipu=[1, 0, 1]` must have its splits on consecutive IPUs: "
+         "`inference_serialized_embedding_splits_per_ipu` must put its non-zero entries next to each other (e.g. "
+         "[0, 2, 2, 0])."),
+    ],
+)  # fmt: skip
+def test_bad_splits_start_with_optimum_graphcores_sentence(name, value, message):
+    """Optimum Graphcore's own tests match on its sentence ("must have atleast 1 split", sic): it comes first."""
+    with pytest.raises(IPUConfigError) as caught:
+        validate_value(name, value)
+    assert type(caught.value) is IPUConfigError and str(caught.value) == message
 
 
 @pytest.mark.parametrize(

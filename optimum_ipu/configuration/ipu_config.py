@@ -153,8 +153,8 @@ class IPUConfig:
     @mode.setter
     def mode(self, value: str) -> None:
         if value not in self.modes:
-            raise IPUConfigError(
-                f"`IPUConfig.mode` must be one of {', '.join(map(repr, self.modes))}, got {value!r}. "
+            raise IPUConfigError(  # Optimum Graphcore's sentence first, then ours
+                f"`IPUConfig` mode can only take values in {self.modes}: got {value!r}. "
                 "Switch with `ipu_config.train()` or `ipu_config.eval()`."
             )
         object.__setattr__(self, "_mode", value)

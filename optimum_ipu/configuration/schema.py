@@ -258,10 +258,16 @@ def _check_splits(name: str, splits: Any) -> None:
     if not all(n >= 0 for n in splits):
         raise _fail(name, splits, rule)
     used = [i for i, n in enumerate(splits) if n > 0]
-    if not used:
-        raise _fail(name, splits, "must place at least one split (its sum must be >= 1)")
+    if not used:  # Optimum Graphcore's sentences first: code that matches on them keeps working
+        raise IPUConfigError(
+            f"`IPUConfig` attribute `{name}={shown(splits)}` must have atleast 1 split on 1 IPU: `{name}` must place "
+            "at least one split (its sum must be >= 1)."
+        )
     if used != list(range(used[0], used[-1] + 1)):
-        raise _fail(name, splits, "must put its non-zero entries on consecutive IPUs")
+        raise IPUConfigError(
+            f"`IPUConfig` attribute `{name}={shown(splits)}` must have its splits on consecutive IPUs: `{name}` "
+            "must put its non-zero entries next to each other (e.g. [0, 2, 2, 0])."
+        )
 
 
 def _check_flag(name: str, value: Any) -> None:
@@ -337,8 +343,9 @@ def _check_layers(values: Mapping[str, Any], prefix: str) -> None:
     name, ipus_name = f"{prefix}layers_per_ipu", f"{prefix}ipus_per_replica"
     layers, ipus = values[name], values[ipus_name]
     if not _all_wildcards(layers) and len(layers) != ipus:
-        raise IPUConfigError(
-            f"`IPUConfig` attribute `{name}` has {len(layers)} entries ({shown(layers)}) but `{ipus_name}` is {ipus}: "
+        raise IPUConfigError(  # Optimum Graphcore's sentence first, then ours
+            f"{name}={shown(layers)} should use the same number of IPUs as {ipus_name}={ipus}: "
+            f"`IPUConfig` attribute `{name}` has {len(layers)} entries but `{ipus_name}` is {ipus}: "
             f"give one entry per IPU, set `{ipus_name}={len(layers)}`, or use [-1] to split the layers evenly."
         )
 
@@ -348,8 +355,9 @@ def _check_matmul(values: Mapping[str, Any], prefix: str) -> None:
     proportion, ipus = values[name], values[ipus_name]
     if isinstance(proportion, list) and len(proportion) != ipus:
         raise IPUConfigError(
-            f"`IPUConfig` attribute `{name}` has {len(proportion)} entries ({shown(proportion)}) but "
-            f"`{ipus_name}` is {ipus}: give one value per IPU, or a single number for every IPU."
+            f"{name}={shown(proportion)} should use the same number of IPUs as {ipus_name}={ipus}: "
+            f"`IPUConfig` attribute `{name}` has {len(proportion)} entries but `{ipus_name}` is {ipus}: "
+            "give one value per IPU, or a single number for every IPU."
         )
 
 
@@ -362,13 +370,15 @@ def _check_serialization(values: Mapping[str, Any], prefix: str, kind: str) -> N
         return
     if values[factor_name] > 1:  # first: dropping one of the two may settle the length too
         raise IPUConfigError(
-            f"`IPUConfig` attributes `{factor_name}`={values[factor_name]} and `{splits_name}`={shown(splits)} "
-            f"are alternatives: set one of them (the factor to 1, or the splits to None)."
+            f"Only one of `{factor_name}` and `{splits_name}` should be used at once: `IPUConfig` attributes "
+            f"`{factor_name}`={values[factor_name]} and `{splits_name}`={shown(splits)} are alternatives: set one "
+            "of them (the factor to 1, or the splits to None)."
         )
     if len(splits) != ipus:
         raise IPUConfigError(
-            f"`IPUConfig` attribute `{splits_name}` has {len(splits)} entries ({shown(splits)}) but `{ipus_name}` is "
-            f"{ipus}: give the number of splits on every IPU of the pipeline (0 where there are none)."
+            f"{splits_name}={shown(splits)} should use the same number of IPUs as {ipus_name}={ipus}: "
+            f"`IPUConfig` attribute `{splits_name}` has {len(splits)} entries but `{ipus_name}` is {ipus}: "
+            "give the number of splits on every IPU of the pipeline (0 where there are none)."
         )
 
 

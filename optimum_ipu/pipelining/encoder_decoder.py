@@ -34,9 +34,9 @@ def split_encoder_decoder_ipu_config(ipu_config, num_encoder_layers: int, num_de
     name = ipu_config._get_managed_attr_mode_name
     ipus = ipu_config.ipus_per_replica
     if ipus < 2:
-        raise IPUConfigError(
-            f"{name('ipus_per_replica')}={ipus}: splitting the config into the encoder's and the decoder's needs "
-            "at least 2 IPUs, one for each."
+        raise IPUConfigError(  # Optimum Graphcore's sentence first, then ours
+            f"Need {name('ipus_per_replica')} to be at least 2 to split ipu_config into encoder and decoder configs: "
+            f"{name('ipus_per_replica')}={ipus}, and the encoder and the decoder need an IPU each."
         )
     counts = layer_counts_per_ipu(num_encoder_layers + num_decoder_layers, ipu_config.layers_per_ipu, ipus)
     cut = encoder_decoder_cut(counts, num_encoder_layers, name("layers_per_ipu"))
@@ -46,7 +46,8 @@ def split_encoder_decoder_ipu_config(ipu_config, num_encoder_layers: int, num_de
     embedding_splits = ipu_config.serialized_embedding_splits_per_ipu
     if embedding_splits is not None:
         if sum(embedding_splits[cut:]):
-            raise IPUConfigError(
+            raise IPUConfigError(  # Optimum Graphcore's sentence first, then ours
+                "The `SerializedEmbedding` must have all splits placed on the encoder: "
                 f"{name('serialized_embedding_splits_per_ipu')}={list(embedding_splits)} puts pieces of the "
                 f"embedding on the decoder's IPUs ({list(embedding_splits[cut:])}); the embedding belongs to the "
                 f"encoder, IPUs 0 to {cut - 1}: give those IPUs all the pieces."
@@ -57,6 +58,7 @@ def split_encoder_decoder_ipu_config(ipu_config, num_encoder_layers: int, num_de
     if projection_splits is not None:
         if sum(projection_splits[:cut]):
             raise IPUConfigError(
+                "The `SplitProjection` must have all splits placed on the decoder: "
                 f"{name('serialized_projection_splits_per_ipu')}={list(projection_splits)} puts pieces of the "
                 f"output projection on the encoder's IPUs ({list(projection_splits[:cut])}); it belongs to the "
                 f"decoder, IPUs {cut} to {ipus - 1}: give those IPUs all the pieces."

@@ -33,9 +33,10 @@ def expand_layers_per_ipu(layers_per_ipu: Sequence[int], ipus_per_replica: int) 
         return layers
     if layers and all(n == -1 for n in layers):
         return [-1] * ipus_per_replica
-    raise PlacementError(
-        f"layers_per_ipu={layers} has {len(layers)} entries but ipus_per_replica={ipus_per_replica}: "
-        f"give one entry per IPU, or set ipus_per_replica={len(layers)}."
+    raise PlacementError(  # Optimum Graphcore's sentence first: code that matches on it keeps working
+        "layers_per_ipu has a non-default value set, but its length does not match ipus_per_replica: "
+        f"layers_per_ipu={layers} has {len(layers)} entries but ipus_per_replica={ipus_per_replica}. "
+        f"Give one entry per IPU, or set ipus_per_replica={len(layers)}."
     )
 
 
@@ -59,8 +60,9 @@ def layer_counts_per_ipu(num_layers: int, layers_per_ipu: Sequence[int], ipus_pe
     if not wildcards:
         if explicit != num_layers:
             raise PlacementError(
-                f"layers_per_ipu={layers} places {explicit} layers but the model has {num_layers}: "
-                f"make the counts sum to {num_layers}, or use -1 on some IPUs to split the rest evenly."
+                "layers_per_ipu does not define the correct number of layers for the current model: "
+                f"layers_per_ipu={layers} places {explicit} layers but the model has {num_layers}. "
+                f"Make the counts sum to {num_layers}, or use -1 on some IPUs to split the rest evenly."
             )
         return layers
 
@@ -138,7 +140,8 @@ def encoder_decoder_cut(
             if ends
             else "an IPU holds layers of both"
         )
-        raise PlacementError(
+        raise PlacementError(  # Optimum Graphcore's sentence first, then ours
+            f"Unable to find a valid split of ipu_config.{attribute}: "
             f"{attribute}={list(counts)} cannot be split between the encoder ({num_encoder_layers} layers) and the "
             f"decoder ({sum(counts) - num_encoder_layers} layers): the encoder's layers must fill the first 1, 2, 4, "
             f"... IPUs exactly, and {where}. Move layers so the encoder's end on IPU 0, 1, 3, 7, ..."

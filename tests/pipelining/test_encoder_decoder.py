@@ -195,7 +195,7 @@ def test_split_reads_the_mode_of_the_config():
 @pytest.mark.parametrize(
     ("values", "match"),
     [
-        (dict(layers_per_ipu=[4], ipus_per_replica=1), "at least 2 IPUs"),
+        (dict(layers_per_ipu=[4], ipus_per_replica=1), "need an IPU each"),
         (dict(layers_per_ipu=[2, 2, 2, 2], ipus_per_replica=4), r"must fill the first 1, 2, 4.*take 3 IPUs"),
         (dict(layers_per_ipu=[3, 3], ipus_per_replica=2), "an IPU holds layers of both"),
         (dict(layers_per_ipu=[2, 2], ipus_per_replica=2, serialized_embedding_splits_per_ipu=[1, 1]),
