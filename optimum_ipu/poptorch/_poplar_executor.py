@@ -147,6 +147,7 @@ class PoplarExecutor:
         # (plain tensor attribute, its value when traced): constants of the compiled model
         self._constants: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.compile_result = None  # the cost model's report of the last compile (optimum-ipu's addition)
+        self._calls = 0  # host calls run (getLatency / cycleCount answer for the last one)
 
     # -- the module it wraps ---------------------------------------------------------------------
     @property
@@ -527,6 +528,44 @@ class PoplarExecutor:
             raise Error("Device is already attached")
         self._attached = True
 
+    def getLatency(self) -> tuple[float, float, float]:
+        """(min, max, average) seconds per device iteration of the last call, as PopTorch reports.
+
+        There is no IPU to time: the figure is the cost model's estimated call time for the compiled
+        layout divided by its device iterations (so min = max = average), said once in the log; (0, 0, 0)
+        before the first call, as PopTorch's, or when the cost model could not price the model.
+        """
+        report = self._estimate("getLatency")
+        if report is None:
+            return (0.0, 0.0, 0.0)
+        iterations = max(1, self._options.device_iterations)
+        per_iteration = report.performance.call_time / iterations
+        return (per_iteration, per_iteration, per_iteration)
+
+    def cycleCount(self) -> int:
+        """IPU cycles of the last call (the first replica's), as PopTorch reports with `logCycleCount(True)`:
+        here the cost model's estimated device time of the call (without the host's) times the chip's clock."""
+        if not self._options._values.get("log_cycle_count", False):
+            raise Error("Cycle count logging is disabled. Please set option logCycleCount to True to enable.")
+        if self._executable is None:
+            raise Error("Please run the model at least once before obtaining cycle count.")
+        report = self._estimate("cycleCount")
+        if report is None:
+            return 0
+        device = report.performance.call_time - report.performance.host_time
+        return int(round(device * report.hardware.clock_hz))
+
+    def _estimate(self, call: str):
+        """The cost model's report of the compiled layout, once a call has run (None otherwise)."""
+        result = self.compile_result
+        if not self._calls or result is None or getattr(result, "report", None) is None:
+            return None
+        if call not in _ESTIMATED:
+            _ESTIMATED.add(call)
+            logger.warning("PoplarExecutor.%s() answers with the cost model's estimate for an IPU: there is no IPU "
+                           "to time here.", call)  # fmt: skip
+        return result.report
+
     def copyWeightsToHost(self) -> None:
         """Nothing to copy: the host module's tensors are the ones the simulated IPU updates."""
 
@@ -576,6 +615,7 @@ class PoplarExecutor:
                 recorded = self._run(batch, leaves)
         finally:
             self._recorded = []
+        self._calls += 1
         di, ga, _, _ = self._counts()
         mode, period = self._output_mode()
         outputs = _outputs.select_outputs(recorded, di, ga, self._output_count(), mode, period)
@@ -670,6 +710,9 @@ class PoplarExecutor:
                     group.update(values)
 
         return swapped()
+
+
+_ESTIMATED: set[str] = set()  # calls that said once that they answer from the cost model
 
 
 @contextlib.contextmanager

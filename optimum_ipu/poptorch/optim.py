@@ -10,13 +10,16 @@ with fp16 the runtime's `GradientAccumulator` sums the loss-scaled micro-batch g
 the scale in use (automatic loss scaling changes it), as IPUTrainer's fp16 training does; the momentum types
 (`velocity_accum_type`, `first/second_order_momentum_accum_type`) keep that state in fp16 between
 steps; the update itself is computed in fp32. torch optimizers passed as they are work too, on fp32 models.
-As on PopTorch, an argument given as None takes its default, and Adam, AdamW and LAMB take
-`bias_correction` (False: the moments are used without dividing by 1 - beta^t).
+As on PopTorch, an argument given as None takes its default, Adam, AdamW and LAMB take
+`bias_correction` (False: the moments are used without dividing by 1 - beta^t), RMSprop takes
+`use_tf_variant` (TensorFlow's RMSprop), and every optimizer here is a `poptorch.optim.Optimizer`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import types
 from typing import Any
 
 import torch
@@ -24,9 +27,10 @@ import torch
 from optimum_ipu.runtime.optimizers import LAMB as _RuntimeLAMB
 from optimum_ipu.runtime.rounding import write_back
 
-__all__ = ["LAMB", "SGD", "Adam", "AdamW", "RMSprop", "VariableAttributes"]
+__all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "RMSprop", "VariableAttributes"]
 
 _ACCUM_TYPES = (torch.float32, torch.float16)
+_FUNCTIONS = (types.FunctionType, types.MethodType, functools.partial)
 AMSGRAD = "Only non-amsgrad Adam/AdamW optimizers are supported."  # PopTorch's message
 
 
@@ -60,7 +64,23 @@ class VariableAttributes:
         self._variable.add(attr)
 
 
-class _IPUMixin:
+class Optimizer:
+    """PopTorch's base class of its optimizers: every optimizer of `poptorch.optim` is one (programs use it
+    in annotations and `isinstance` checks)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        """torch's state plus PopTorch's attributes (loss scaling, clipping, types), so pickling keeps them."""
+        state = super().__getstate__()
+        extra = {
+            k: v
+            for k, v in self.__dict__.items()
+            # not the functions a learning-rate scheduler puts on the instance (its wrapped `step`)
+            if k not in state and not k.startswith("_optimizer_") and not isinstance(v, _FUNCTIONS)
+        }
+        return {**state, **extra}
+
+
+class _IPUMixin(Optimizer):
     """PopTorch's extra arguments, and `step(gradients=...)` for fp16 parameters."""
 
     stochastic_rounding = False
@@ -75,12 +95,6 @@ class _IPUMixin:
         self.accum_types = {k: v for k, v in accum_types.items() if v is not None}
         self.variable_attrs = VariableAttributes()
         self._rounding = torch.Generator().manual_seed(0)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """torch's state plus PopTorch's attributes (loss scaling, clipping, types), so pickling keeps them."""
-        state = super().__getstate__()
-        extra = {k: v for k, v in self.__dict__.items() if k not in state and not k.startswith("_optimizer_")}
-        return {**state, **extra}
 
     @torch.no_grad()
     def step(self, closure=None, gradients: dict | None = None):
@@ -235,8 +249,54 @@ class AdamW(_IPUMixin, _BiasCorrection, torch.optim.AdamW):
                        second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
 
 
-class RMSprop(_IPUMixin, torch.optim.RMSprop):
-    """torch RMSprop plus `loss_scaling`, `max_grad_norm` and accumulation types."""
+class _TensorFlowVariant:
+    """RMSprop as TensorFlow computes it, PopTorch's `use_tf_variant=True`: the mean square starts at 1, eps
+    is added inside the square root, and with momentum the learning rate is folded into the momentum
+    buffer (buffer = momentum x buffer + lr x gradient / rms; weight -= buffer). False: torch's own step."""
+
+    use_tf_variant = False
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if not self.use_tf_variant:
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, alpha, eps, momentum = group["lr"], group["alpha"], group["eps"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = -p.grad if group.get("maximize") else p.grad
+                if group["weight_decay"]:
+                    grad = grad.add(p, alpha=group["weight_decay"])
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["square_avg"] = torch.ones_like(p, memory_format=torch.preserve_format)
+                    if momentum > 0:
+                        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    if group["centered"]:
+                        state["grad_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                square = state["square_avg"].mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+                if group["centered"]:
+                    mean = state["grad_avg"].lerp_(grad, 1 - alpha)
+                    rms = square.addcmul(mean, mean, value=-1).add_(eps).sqrt_()
+                else:
+                    rms = square.add(eps).sqrt_()
+                if momentum > 0:
+                    buffer = state["momentum_buffer"].mul_(momentum).addcdiv_(grad, rms, value=lr)
+                    p.sub_(buffer)
+                else:
+                    p.addcdiv_(grad, rms, value=-lr)
+        return loss
+
+
+class RMSprop(_IPUMixin, _TensorFlowVariant, torch.optim.RMSprop):
+    """torch RMSprop plus `loss_scaling`, `max_grad_norm`, accumulation types and `use_tf_variant`."""
 
     def __init__(self, params, lr: float | None = None, alpha: float | None = None, eps: float | None = None,
                  weight_decay: float | None = None, momentum: float | None = None, centered: bool | None = None,
@@ -244,15 +304,16 @@ class RMSprop(_IPUMixin, torch.optim.RMSprop):
                  loss_scaling: float | None = None,
                  accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
                  second_order_momentum_accum_type: torch.dtype | None = None,
-                 max_grad_norm: float | None = None):  # fmt: skip
+                 max_grad_norm: float | None = None, use_tf_variant: bool | None = None):  # fmt: skip
         super().__init__(params, **_given(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
                          centered=centered, foreach=foreach, maximize=maximize))  # fmt: skip
+        self.use_tf_variant = bool(use_tf_variant)
         self._ipu_init(loss_scaling, max_grad_norm, accum_type,
                        first_order_momentum_accum_type=first_order_momentum_accum_type,
                        second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
 
 
-class LAMB(_RuntimeLAMB):
+class LAMB(Optimizer, _RuntimeLAMB):
     """LAMB (You et al.): the runtime's implementation, with PopTorch's arguments and defaults (None: the
     default: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01, bias correction on, max weight norm
     65500)."""

@@ -265,3 +265,42 @@ def test_adam_without_bias_correction_uses_the_moments_as_they_are(decoupled):
     corrected.grad = torch.full_like(corrected, 0.5)
     plain.step()
     assert corrected.item() == pytest.approx(0.9, rel=1e-6)  # torch's corrected first step: lr
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_rmsprop_tf_variant_takes_tensorflows_step(momentum):
+    """By hand, from w = 1 with gradient 0.5 (lr 0.1, alpha 0.9, eps 1e-8): the mean square starts at 1, so
+    s1 = 0.9 + 0.1 x 0.25 = 0.925, rms = sqrt(s1 + eps); with momentum the buffer holds lr x g / rms."""
+    weight = nn.Parameter(torch.ones(1, dtype=torch.float64))
+    optimizer = poptorch.optim.RMSprop([weight], lr=0.1, alpha=0.9, momentum=momentum, use_tf_variant=True)
+    s1 = 0.925
+    s2 = 0.9 * s1 + 0.025
+    step1 = 0.1 * 0.5 / (s1 + 1e-8) ** 0.5
+    step2 = 0.1 * 0.5 / (s2 + 1e-8) ** 0.5 + momentum * step1
+    for expected in (1 - step1, 1 - step1 - step2):
+        weight.grad = torch.full_like(weight, 0.5)
+        optimizer.step()
+        assert weight.item() == pytest.approx(expected, rel=1e-12)
+    plain = nn.Parameter(torch.ones(1, dtype=torch.float64))
+    torchs = poptorch.optim.RMSprop([plain], lr=0.1, alpha=0.9, momentum=momentum)
+    plain.grad = torch.full_like(plain, 0.5)
+    torchs.step()
+    assert plain.item() != pytest.approx(1 - step1)  # torch's variant starts the mean square at 0
+
+
+def test_every_poptorch_optimizer_is_a_poptorch_optimizer_and_pickles_under_a_scheduler():
+    """graphcore/examples annotate with `poptorch.optim.Optimizer`; Lightning saves the state of a scheduler
+    that holds the optimizer, whose `step` the scheduler wrapped."""
+    import io
+
+    weight = nn.Parameter(torch.ones(2))
+    for make in (poptorch.optim.SGD, poptorch.optim.Adam, poptorch.optim.AdamW, poptorch.optim.RMSprop,
+                 poptorch.optim.LAMB):  # fmt: skip
+        optimizer = make([weight], lr=0.1)
+        assert isinstance(optimizer, poptorch.optim.Optimizer)
+        torch.optim.lr_scheduler.MultiStepLR(optimizer, [1])
+        buffer = io.BytesIO()
+        torch.save(optimizer, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        assert loaded.loss_scaling == optimizer.loss_scaling and loaded.param_groups[0]["lr"] == 0.1

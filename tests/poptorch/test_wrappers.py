@@ -215,3 +215,23 @@ def test_compile_traces_the_model_in_the_mode_it_runs_in(training):
     assert module.training is not training
     model(x, y)
     assert set(module.modes) == {training} and module.training is not training
+
+
+def test_latency_and_cycle_count_are_the_cost_models_estimate_of_the_last_call():
+    """PopTorch times the IPU; here `getLatency()` is the estimated call time per device iteration and
+    `cycleCount()` the estimated device time in Mk2 cycles (1.33 GHz), with PopTorch's errors and zeros."""
+    opts = poptorch.Options().deviceIterations(4)
+    model = poptorch.inferenceModel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), opts)
+    assert model.getLatency() == (0.0, 0.0, 0.0)  # nothing has run
+    with pytest.raises(poptorch.Error, match="Cycle count logging is disabled"):
+        model.cycleCount()
+    opts = poptorch.Options().deviceIterations(4)
+    opts.logCycleCount(True)
+    model = poptorch.inferenceModel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), opts)
+    with pytest.raises(poptorch.Error, match="run the model at least once"):
+        model.cycleCount()
+    model(torch.randn(8, 8))
+    performance = model.compile_result.report.performance
+    low, high, mean = model.getLatency()
+    assert low == high == mean == pytest.approx(performance.call_time / 4) and mean > 0
+    assert model.cycleCount() == round((performance.call_time - performance.host_time) * 1.33e9) > 0
