@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.costmodel.memory import memory_check_from_environment
-from optimum_ipu.poptorch import _distributed, _export, _outputs, _stages
+from optimum_ipu.poptorch import _anchors, _distributed, _export, _outputs, _stages
 from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._ipu_context import running_model
 from optimum_ipu.poptorch._logging import Error, logger
@@ -148,6 +148,7 @@ class PoplarExecutor:
         self._constants: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.compile_result = None  # the cost model's report of the last compile (optimum-ipu's addition)
         self._calls = 0  # host calls run (getLatency / cycleCount answer for the last one)
+        self._anchor_memory: dict[str, torch.Tensor] = {}  # the last call's anchored tensors
 
     # -- the module it wraps ---------------------------------------------------------------------
     @property
@@ -437,6 +438,7 @@ class PoplarExecutor:
         constants = _constant_tensors(self._user_model)
         as_traced = [t.detach().clone() for t in constants]
         buffers = [(b, b.detach().clone()) for b in self._user_model.buffers()]
+        _anchors.check_anchors(self._options.anchored_tensors, self._user_model, self._training)
         try:
             self._check_placement(self._trace_ipus(leaves, spec))
             self._plan_processes()
@@ -528,6 +530,17 @@ class PoplarExecutor:
             raise Error("Device is already attached")
         self._attached = True
 
+    def getTensorNames(self) -> list[str]:
+        """The tensors `opts.anchorTensor` may name: each parameter, and in training its `Gradient___` and
+        `UpdatedVar___` (see `_anchors.py`)."""
+        if self._executable is None:
+            raise AssertionError("Model must be compiled before calling getTensorNames")
+        return _anchors.tensor_names(self._user_model, self._training)
+
+    def getAnchoredTensor(self, short_name: str) -> torch.Tensor:
+        """The tensor anchored as `short_name`, from the last call."""
+        return _anchors.anchored(self._anchor_memory, short_name)
+
     def getLatency(self) -> tuple[float, float, float]:
         """(min, max, average) seconds per device iteration of the last call, as PopTorch reports.
 
@@ -610,11 +623,13 @@ class PoplarExecutor:
             for i, leaf in enumerate(leaves)
         }
         self._recorded = []
+        anchors = _anchors.AnchorRecorder(self._user_model, self._options.anchored_tensors)
         try:
             with _training_flags_kept(self._user_model), self._constants_as_traced():
-                recorded = self._run(batch, leaves)
+                recorded = self._run(batch, leaves, anchors)
         finally:
             self._recorded = []
+        self._anchor_memory = anchors.results(*self._output_mode())
         self._calls += 1
         di, ga, _, _ = self._counts()
         mode, period = self._output_mode()
@@ -622,10 +637,10 @@ class PoplarExecutor:
         _refuse_backward(outputs)
         return outputs
 
-    def _run(self, batch: dict[str, Any], leaves: list[Any]) -> list[Any]:
+    def _run(self, batch: dict[str, Any], leaves: list[Any], anchors: _anchors.AnchorRecorder) -> list[Any]:
         """One host call: every micro-batch's outputs, in PopTorch's [DI][GA][R] order."""
         if self._training:
-            with self._optimizer_as_set(), recomputing(self._recomputed):
+            with self._optimizer_as_set(), recomputing(self._recomputed), anchors.around_updates(self._optimizer):
                 self._executable(batch)
             runtime_order = self._recorded  # this process's replicas, [DI][R][GA]
             if self._stages is not None:
@@ -650,6 +665,8 @@ class PoplarExecutor:
                 self._executable.micro_batch_size = max(1, size // (di * r))
                 self._executable(batch)
             recorded = self._recorded
+            for _ in range(di):
+                anchors.record_weights()
         if self._constants:  # outputs may be constants themselves: keep the values this call computed
             recorded = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, recorded)
         return recorded

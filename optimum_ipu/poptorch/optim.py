@@ -39,6 +39,15 @@ def _given(**arguments: Any) -> dict[str, Any]:
     return {k: v for k, v in arguments.items() if v is not None}
 
 
+def _unhooked(step):
+    """`step` (a parent class's, bound) without torch's hook wrapper: torch wraps the `step` of every optimizer
+    class it instantiates with one that runs the instance's step hooks, so a subclass calling its parent's
+    step would run a user's hooks twice once a plain torch optimizer of that class exists."""
+    if getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):
+        return step.__wrapped__.__get__(step.__self__)
+    return step
+
+
 def _check_accum(**types: Any) -> None:
     for name, dtype in types.items():
         if dtype is not None and dtype not in _ACCUM_TYPES:
@@ -113,7 +122,7 @@ class _IPUMixin(Optimizer):
             p.grad = gradients[p]
         self._store_state(fp16=False)
         try:
-            loss = super().step(closure)
+            loss = _unhooked(super().step)(closure)
         finally:
             values = [p.data for p in halves]
             for p, data in zip(halves, stored):
@@ -179,7 +188,7 @@ class _BiasCorrection:
     @torch.no_grad()
     def step(self, closure=None):
         if self.bias_correction:
-            return super().step(closure)
+            return _unhooked(super().step)(closure)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -259,7 +268,7 @@ class _TensorFlowVariant:
     @torch.no_grad()
     def step(self, closure=None):
         if not self.use_tf_variant:
-            return super().step(closure)
+            return _unhooked(super().step)(closure)
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -349,7 +349,8 @@ class Options(_OptionsDict):
         super().__init__(replication_factor=1, input_group_size=1, input_cgt=enums.CommGroupType.Consecutive,
                          broadcast_buffers=True, device_iterations=1, auto_round_num_ipus=False,
                          output_mode=enums.OutputMode.Default, output_return_period=1,
-                         available_memory_proportion={}, executable_cache_dir="", use_ipu_model=False)  # fmt: skip
+                         available_memory_proportion={}, executable_cache_dir="", use_ipu_model=False,
+                         anchored_tensors={})  # fmt: skip
         object.__setattr__(self, "_popart", popart)
         object.__setattr__(self, "_precision", _PrecisionOptions(popart))
         object.__setattr__(self, "_training", _TrainingOptions(popart))
@@ -574,11 +575,23 @@ class Options(_OptionsDict):
             "appendToLocationExcludes", "no graph debug info is generated.", source_excludes=list(excludes)
         )
 
-    def anchorTensor(self, short_name: str, long_name: str, output_mode=None, output_return_period: int = 1):
-        raise NotImplementedError(
-            f"anchorTensor({short_name!r}, {long_name!r}): PopART tensor names do not exist on the simulated IPU. "
-            "Return the tensor from forward() instead."
-        )
+    def anchorTensor(
+        self, short_name: str, long_name: str, output_mode: enums.OutputMode | None = None,
+        output_return_period: int | None = 1,
+    ) -> None:  # fmt: skip
+        """Return the graph tensor `long_name` after each call, as `model.getAnchoredTensor(short_name)`.
+
+        The names are a parameter's, `Gradient___<parameter>` and `UpdatedVar___<parameter>`
+        (`model.getTensorNames()` lists them; `_anchors.py` says what each holds); `output_mode` picks
+        among the call's iterations as for outputs (None: the model's output mode).
+        """
+        self.checkIsFrozen()
+        if not isinstance(short_name, str) or not isinstance(long_name, str):
+            raise TypeError("anchorTensor(short_name, long_name): both names must be strings.")
+        if output_mode is not None and not isinstance(output_mode, enums.OutputMode):
+            raise TypeError(f"anchorTensor: output_mode must be a poptorch.OutputMode or None, got {output_mode!r}.")
+        period = int(output_return_period or 1) if output_mode == enums.OutputMode.EveryN else 1
+        self._values["anchored_tensors"][short_name] = (long_name, output_mode, period)
 
     def loadFromFile(self, filepath: str) -> Options:
         """Apply one setter call per line, written as in a script without the `options.` prefix.

@@ -304,3 +304,18 @@ def test_every_poptorch_optimizer_is_a_poptorch_optimizer_and_pickles_under_a_sc
         buffer.seek(0)
         loaded = torch.load(buffer, weights_only=False)
         assert loaded.loss_scaling == optimizer.loss_scaling and loaded.param_groups[0]["lr"] == 0.1
+
+
+@pytest.mark.parametrize("make", [poptorch.optim.SGD, poptorch.optim.Adam, poptorch.optim.AdamW, poptorch.optim.RMSprop])
+def test_a_users_step_hook_runs_once_per_step(make):
+    """torch wraps the step of each optimizer class it instantiates; ours call their parent's step, which
+    must not run the user's hooks a second time once a plain torch optimizer of that class exists."""
+    weight = nn.Parameter(torch.ones(2))
+    getattr(torch.optim, make.__name__)([nn.Parameter(torch.ones(1))])  # torch now wraps the parent's step
+    optimizer = make([weight], lr=0.1)
+    calls = []
+    optimizer.register_step_pre_hook(lambda *_: calls.append("pre"))
+    optimizer.register_step_post_hook(lambda *_: calls.append("post"))
+    weight.grad = torch.ones(2)
+    optimizer.step()
+    assert calls == ["pre", "post"]
