@@ -6,13 +6,24 @@ A second front end on the runtime that runs IPUTrainer (see `optimum_ipu/runtime
 simulated and what has no effect here: docs/poptorch.md.
 """
 
-from optimum_ipu.poptorch import control_flow, enums, ops, optim, scopes, tensor_ops
+from optimum_ipu.poptorch import (
+    _torch_ops,  # noqa: F401 - registers torch.ops.poptorch.* (name scopes, casts)
+    attributes,
+    control_flow,
+    custom_ops,
+    enums,
+    ops,
+    optim,
+    scopes,
+    tensor_ops,
+)
 from optimum_ipu.poptorch._annotations import BeginBlock, Block, BlockFunction, removeBlocks
 from optimum_ipu.poptorch._dataloader import AsynchronousDataAccessor, DataLoader
 from optimum_ipu.poptorch._export import load
 from optimum_ipu.poptorch._ipu_context import isRunningOnIpu
 from optimum_ipu.poptorch._logging import Error, RecoverableError, UnrecoverableError, logger, setLogLevel
 from optimum_ipu.poptorch._poplar_executor import PoplarExecutor, inferenceModel, trainingModel
+from optimum_ipu.poptorch.attributes import Attribute
 from optimum_ipu.poptorch.blocks import (
     ParallelPhasedExecution,
     Phase,
@@ -21,7 +32,10 @@ from optimum_ipu.poptorch.blocks import (
     ShardedExecution,
     Stage,
 )
+from optimum_ipu.poptorch.cluster_ops import fps, nearest
 from optimum_ipu.poptorch.control_flow import CPU, cond, for_loop
+from optimum_ipu.poptorch.ctc_decoder import ctc_beam_search_decoder
+from optimum_ipu.poptorch.custom_args import ICustomArgParser, registerCustomArgParser
 from optimum_ipu.poptorch.enums import (
     AutoStage,
     CommGroupType,
@@ -69,6 +83,7 @@ def ipuHardwareVersion() -> int:
 
 __all__ = [
     "AsynchronousDataAccessor",
+    "Attribute",
     "AutoStage",
     "BeginBlock",
     "Block",
@@ -80,6 +95,7 @@ __all__ = [
     "DataLoaderMode",
     "Error",
     "HalfFloatCastingBehavior",
+    "ICustomArgParser",
     "Liveness",
     "MatMulSerializationMode",
     "MeanReductionStrategy",
@@ -105,11 +121,13 @@ __all__ = [
     "VariableRetrievalMode",
     "cond",
     "control_flow",
+    "ctc_beam_search_decoder",
     "custom_op",
     "dynamic_slice",
     "dynamic_update",
     "enums",
     "for_loop",
+    "fps",
     "identity_loss",
     "inferenceModel",
     "ipuHardwareIsAvailable",
@@ -118,10 +136,12 @@ __all__ = [
     "isRunningOnIpu",
     "load",
     "logger",
+    "nearest",
     "nop",
     "ops",
     "optim",
     "recomputationCheckpoint",
+    "registerCustomArgParser",
     "removeBlocks",
     "scopes",
     "serializedMatMul",

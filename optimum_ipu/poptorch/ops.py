@@ -1,5 +1,5 @@
-"""PopTorch's ops that mark or annotate a graph: `identity_loss`, and the annotations that change nothing here
-(memory, serialisation, overlapped host I/O)."""
+"""PopTorch's ops that mark or annotate a graph: `identity_loss`, the annotations that change nothing here
+(memory, serialisation, overlapped host I/O), and `custom_op` (the applications' ops, in `custom_ops.py`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from optimum_ipu.poptorch._logging import Error, no_effect
 from optimum_ipu.poptorch._outputs import IDENTITY_LOSS
 from optimum_ipu.poptorch._recompute import note_checkpoint
 from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
+from optimum_ipu.poptorch.custom_ops import run_custom_op
 from optimum_ipu.poptorch.enums import OutputMode, OverlapMode
 
 __all__ = [
@@ -93,13 +94,21 @@ def serializedMatMul(
     return torch.matmul(lhs, rhs)
 
 
-def custom_op(inputs, name: str, domain: str, domain_version: int, example_outputs, attributes=None):
-    """PopTorch's custom op runs a Poplar codelet on the IPU: there is no IPU code to run here."""
-    raise Error(
-        f"poptorch.custom_op({name!r}, domain {domain!r}) runs a Poplar/PopART custom operation compiled for the "
-        "IPU; the simulated IPU cannot run IPU code. Write the op in PyTorch (a torch.autograd.Function) and call "
-        "it instead."
-    )
+def custom_op(
+    inputs: tuple[torch.Tensor, ...] | list[torch.Tensor],
+    name: str,
+    domain: str,
+    domain_version: int,
+    example_outputs: tuple[torch.Tensor, ...] | list[torch.Tensor],
+    attributes: dict[str, float | int | str | list | tuple] | None = None,
+) -> list[torch.Tensor]:
+    """Run the PopART custom op `name` of `domain` on `inputs`; returns a list shaped like `example_outputs`.
+
+    The ops Graphcore's applications load from their C++ libraries (RemapCE, CopyTensor, Ctc,
+    ExpMovAvg, Nms) run by name, written in PyTorch (`custom_ops.py`); any other is an error naming
+    it. `attributes` are checked as PopTorch checks them.
+    """
+    return run_custom_op(inputs, name, domain, domain_version, example_outputs, attributes)
 
 
 def _check_overlapped_io(mode: OverlapMode) -> None:

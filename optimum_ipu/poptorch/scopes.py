@@ -3,7 +3,9 @@
 Neither changes a value. On an IPU a `MultiConv` plans its data-independent convolutions as one
 PopLibs multi-convolution that runs them in parallel, and a `NameScope` prefixes the names of its ops
 in the compiled graph. Here the convolutions run one after another as ordinary ones and ops have no
-names; both are accepted, keep PopTorch's argument checks, and say once that they have no effect.
+names; both are accepted, keep PopTorch's argument checks, and say once that they have no effect. A
+`NameScope` opens and closes the same name scope as `torch.ops.poptorch.push_name_scope` /
+`pop_name_scope` (`attributes.py`), so the scopes a program opens either way stay balanced.
 Inside a wrapper a `MultiConv` also keeps PopTorch's compile checks on its scope (not nested, at least
 one convolution, one per-convolution setting per convolution).
 """
@@ -17,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from optimum_ipu.poptorch._ipu_context import current
 from optimum_ipu.poptorch._logging import Error, no_effect
+from optimum_ipu.poptorch.attributes import pop_name_scope, push_name_scope
 from optimum_ipu.poptorch.enums import MultiConvPlanType
 
 __all__ = ["MultiConv", "NameScope"]
@@ -157,9 +160,9 @@ class NameScope:
         assert isinstance(name, str), "Parameter to NameScope must be a string"
         self.name = name
 
-    def __enter__(self) -> NameScope:
+    def __enter__(self) -> None:
         no_effect("poptorch.NameScope", "the simulated IPU's ops have no names; the values are the same.")
-        return self
+        push_name_scope(self.name)  # returns None, as PopTorch's (a hook calling it leaves the inputs alone)
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        return None
+        pop_name_scope()
