@@ -8,9 +8,7 @@ simulated and what has no effect here: docs/poptorch.md.
 
 from optimum_ipu.poptorch import (
     _torch_ops,  # noqa: F401 - registers torch.ops.poptorch.* (name scopes, casts)
-    attributes,
     control_flow,
-    custom_ops,
     enums,
     ops,
     optim,
