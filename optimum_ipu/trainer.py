@@ -35,6 +35,7 @@ from optimum_ipu.compiling import compile_inference, compile_training
 from optimum_ipu.pipelining import to_pipelined
 from optimum_ipu.pipelining.pipeline import untied_output_projection
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, move_to, pad_by_repeating
+from optimum_ipu.runtime.call_layout import CallLayout
 from optimum_ipu.runtime.distributed import build_process_replicas, hold_process_groups
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
@@ -463,7 +464,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         model = self.accelerator.unwrap_model(model)  # gradients are reduced by the executable, not DDP
         return TrainingExecutable(
             model,
-            self.ipu_config,
+            CallLayout.from_ipu_config(self.ipu_config),
             loss_fn=lambda micro_batch: self.compute_loss(model, micro_batch),
             optimizer=self.optimizer,
             loss_scaler=self.loss_scaler,

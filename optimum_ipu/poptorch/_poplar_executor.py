@@ -16,7 +16,6 @@ other's weights at once (PopTorch copies them lazily; the result is the same), a
 from __future__ import annotations
 
 import contextlib
-import types
 import weakref
 from typing import Any
 
@@ -26,7 +25,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.costmodel.memory import memory_check_from_environment
-from optimum_ipu.poptorch import _anchors, _distributed, _export, _outputs, _stages
+from optimum_ipu.poptorch import _anchors, _distributed, _export, _outputs, _stages, custom_args
 from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._ipu_context import running_model
 from optimum_ipu.poptorch._logging import Error, logger
@@ -42,6 +41,7 @@ from optimum_ipu.poptorch.enums import AutoStage, CommGroupType, OutputMode, Red
 from optimum_ipu.poptorch.optim import AMSGRAD, _IPUMixin
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.batches import move_to
+from optimum_ipu.runtime.call_layout import CallLayout
 from optimum_ipu.runtime.checks import min_gradient_accumulation
 from optimum_ipu.runtime.distributed import build_process_replicas
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
@@ -291,8 +291,8 @@ class PoplarExecutor:
             if "stochastic_rounding" in group:
                 group["stochastic_rounding"] = rounding
         max_norm = getattr(opt, "max_grad_norm", float("inf"))
-        config = types.SimpleNamespace(device_iterations=di, replication_factor=r, gradient_accumulation_steps=ga,
-                                       output_mode="all")  # fmt: skip
+        layout = CallLayout(device_iterations=di, replication_factor=r, gradient_accumulation_steps=ga,
+                            output_mode="all")  # fmt: skip
         reduction = self._options.Training.accumulation_and_replication_reduction_type
         replicas = None
         self._stages = None
@@ -314,7 +314,7 @@ class PoplarExecutor:
             self._process_replicas = self._process_replicas or build_process_replicas(r, 1, device)
             replicas = self._process_replicas
         self._executable = TrainingExecutable(
-            self._user_model, config, loss_fn=self._training_loss, optimizer=opt, replicas=replicas,
+            self._user_model, layout, loss_fn=self._training_loss, optimizer=opt, replicas=replicas,
             loss_scaler=LossScaler(float(getattr(opt, "loss_scaling", 1.0) or 1.0),
                                    auto=self._options.Training.automatic_loss_scaling),
             streams=self._streams, max_grad_norm=0.0 if max_norm == float("inf") else float(max_norm),
@@ -433,6 +433,7 @@ class PoplarExecutor:
     @running_model(compiling=True)  # the helpers (for_loop, cond, CPU, ...) see a wrapper at work
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Compile for inputs shaped like `args`/`kwargs`: the batch and placement checks, then the executable."""
+        custom_args.register_subclasses_in((args, kwargs))  # a registered parser's subclasses too
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._check_batch(leaves)
         constants = _constant_tensors(self._user_model)
@@ -611,6 +612,7 @@ class PoplarExecutor:
 
     @running_model(compiling=False)
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        custom_args.register_subclasses_in((args, kwargs))
         leaves, self._spec = pytree.tree_flatten((args, kwargs))
         if self._executable is None:
             self.compile(*args, **kwargs)

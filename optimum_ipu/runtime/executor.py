@@ -28,13 +28,12 @@ import torch
 from torch import nn
 
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, concatenate, slice_batch, split_batch
+from optimum_ipu.runtime.call_layout import CallLayout
 from optimum_ipu.runtime.checks import micro_batch_size_of
 from optimum_ipu.runtime.fp16_compute import fp16_compute_context
 from optimum_ipu.runtime.gradients import GradientAccumulator, clip_
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.replicas import LocalReplicas, Replicas, ReplicaStreams
-
-OUTPUT_MODES = ("final", "all", "sum", "default")
 
 
 class TrainingExecutable:
@@ -42,7 +41,7 @@ class TrainingExecutable:
 
     Args:
         model: the (parallelized) model.
-        ipu_config: its `IPUConfig` in training mode.
+        layout: the call's `CallLayout` (device iterations, replicas, accumulation, output mode).
         loss_fn: micro-batch -> scalar loss (IPUTrainer passes its `compute_loss`).
         optimizer: stepped once per device iteration (an IPU optimizer when weights are fp16).
         loss_scaler: the `LossScaler` (static or automatic).
@@ -65,7 +64,7 @@ class TrainingExecutable:
     def __init__(
         self,
         model: nn.Module,
-        ipu_config,
+        layout: CallLayout,
         loss_fn: Callable[[dict[str, Any]], torch.Tensor],
         optimizer: torch.optim.Optimizer,
         loss_scaler: LossScaler,
@@ -81,8 +80,8 @@ class TrainingExecutable:
     ):
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
-        if ipu_config.output_mode not in OUTPUT_MODES:
-            raise ValueError(f"output_mode must be one of {OUTPUT_MODES}, got {ipu_config.output_mode!r}.")
+        if not isinstance(layout, CallLayout):
+            raise TypeError(f"TrainingExecutable takes a CallLayout, got {type(layout).__name__}.")
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper -> the optimizer
@@ -94,10 +93,10 @@ class TrainingExecutable:
         self.stages = stages
         self.reduction = reduction
         self.measure_grad_norm = measure_grad_norm
-        self.device_iterations = ipu_config.device_iterations
-        self.replication_factor = ipu_config.replication_factor
-        self.gradient_accumulation_steps = ipu_config.gradient_accumulation_steps
-        self.output_mode = ipu_config.output_mode
+        self.device_iterations = layout.device_iterations
+        self.replication_factor = layout.replication_factor
+        self.gradient_accumulation_steps = layout.gradient_accumulation_steps
+        self.output_mode = layout.output_mode
         self.dtype = next(model.parameters()).dtype
         # Walked once: a walk of the module tree per update costs more than a small model's step.
         self.weights = list(model.parameters())

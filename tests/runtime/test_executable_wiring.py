@@ -5,13 +5,13 @@ reference is plain PyTorch on the same samples."""
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
 from optimum_ipu.runtime.batches import split_batch
+from optimum_ipu.runtime.call_layout import CallLayout
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import FP32Partials, active_fp32_partials
 from optimum_ipu.runtime.loss_scaling import LossScaler
@@ -39,7 +39,7 @@ class Tiny(nn.Module):
 
 
 def cfg(ga=1, replicas=1, di=1, output_mode="final"):
-    return SimpleNamespace(
+    return CallLayout(
         gradient_accumulation_steps=ga,
         replication_factor=replicas,
         device_iterations=di,

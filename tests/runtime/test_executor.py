@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from fixtures import tiny_bert_config
@@ -11,6 +9,7 @@ from transformers import BertForSequenceClassification
 
 from optimum_ipu.runtime import checks
 from optimum_ipu.runtime.batches import split_batch
+from optimum_ipu.runtime.call_layout import CallLayout
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.optimizers import AdamW
@@ -18,7 +17,7 @@ from optimum_ipu.runtime.replicas import ReplicaStreams
 
 
 def cfg(ga=1, replicas=1, di=1, output_mode="final"):
-    return SimpleNamespace(
+    return CallLayout(
         gradient_accumulation_steps=ga,
         replication_factor=replicas,
         device_iterations=di,

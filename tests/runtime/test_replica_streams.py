@@ -8,12 +8,12 @@ accumulation step.
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
+from optimum_ipu.runtime.call_layout import CallLayout
 from optimum_ipu.runtime.executor import TrainingExecutable
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.replicas import ReplicaStreams, replica_seed
@@ -37,7 +37,7 @@ class DropoutProbe(nn.Module):
 def masks_by_replica(replicas: int, ga: int = 2, di: int = 1, seed: int = 0) -> list[list[torch.Tensor]]:
     """masks[r] = replica r's masks over the call, in order."""
     model = DropoutProbe()
-    config = SimpleNamespace(gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=di,
+    config = CallLayout(gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=di,
                              output_mode="all")  # fmt: skip
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     executable = TrainingExecutable(model, config, lambda mb: model(mb["x"]), optimizer, LossScaler(),
