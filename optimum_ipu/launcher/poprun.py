@@ -1,0 +1,270 @@
+"""`poprun`: the Poplar SDK's launcher of PopTorch programs over several instances, on this machine.
+
+On an IPU-POD, `poprun --num-instances N --num-replicas R python train.py ...` starts N instances
+(host processes) of the program, each running R / N replicas, over V-IPU partitions, hosts and MPI.
+Here the N instances are N processes of this machine started by torchrun (`torch.distributed.run`,
+a c10d rendezvous on localhost), which gives each its `RANK` / `WORLD_SIZE`; poprun adds what PopDist
+reads beyond that (`POPDIST_NUM_TOTAL_REPLICAS`, `POPDIST_NUM_IPUS_PER_REPLICA`, see
+`optimum_ipu.poptorch.sdk_popdist`). The instances also get optimum-ipu's `horovod.torch` and
+`examples_utils.load_lib` (`poprun_stand_ins/` on their `PYTHONPATH`), each only when the real package is
+not installed: a real installation is never shadowed.
+
+The options that shape the launch are read: `--num-instances`, `--num-replicas` (a multiple of the
+instances; by default one replica per instance), `--ipus-per-replica`, `--only-output-from-instance`.
+Those that only mean something on a pod (`--vipu-*`, `--host`, `--mpi-*-args`, `--num-ilds`, `-vv`, ...)
+are accepted and each says once, on stderr, that it has no effect here. The exit status is the
+program's (the first instance that failed, 128 + N for a signal N).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Launch", "PoprunError", "launch_instances", "main", "parse"]
+
+# Read by popdist in the instances (optimum_ipu.poptorch.sdk_popdist); the names are the contract between them.
+TOTAL_REPLICAS_ENV = "POPDIST_NUM_TOTAL_REPLICAS"
+IPUS_PER_REPLICA_ENV = "POPDIST_NUM_IPUS_PER_REPLICA"
+
+# Folders the instances find a stand-in package in (`for_<package>/<package>/`), each put on their
+# `PYTHONPATH` only when that package is not installed: a real installation is never shadowed.
+STAND_INS = Path(__file__).with_name("poprun_stand_ins")
+STAND_IN_PACKAGES = ("horovod", "examples_utils")
+
+# poprun's options that shape the launch here: name -> the dataclass field it sets (each takes an integer).
+_READ = {
+    "--num-instances": "instances",
+    "--num-replicas": "replicas",
+    "--ipus-per-replica": "ipus_per_replica",
+    "--only-output-from-instance": "only_output_from",
+}
+_POD = (
+    "optimum-ipu runs the instances as processes of this machine, with no V-IPU partition, host list or MPI"
+)
+# Options of real poprun that take a value and only mean something on a pod (and any other --vipu-* one).
+_POD_VALUED = (
+    "--host", "--vipu-server-host", "--vipu-server-port", "--vipu-server-timeout", "--vipu-partition",
+    "--vipu-cluster", "--vipu-allocation", "--update-partition", "--reset-partition", "--remove-partition",
+    "--mpi-global-args", "--mpi-local-args", "--executable-cache-path", "--num-ilds", "--numa-aware",
+    "--print-topology", "--offline-mode",
+)  # fmt: skip
+# Switches (no value) that only mean something on a pod: poprun's verbosity.
+_POD_SWITCHES = ("-v", "-vv", "-vvv", "--vv", "--vvv", "--verbose")
+_LONG = (*_READ, *_POD_VALUED, "--verbose", "--vv", "--vvv", "--help", "--version")
+
+USAGE = """usage: poprun [--num-instances N] [--num-replicas R] [--ipus-per-replica K]
+              [--only-output-from-instance I] [pod options] PROGRAM [ARGS...]
+
+Launch N instances of PROGRAM on this machine (torchrun), each running R / N of the R replicas
+(optimum-ipu's simulated IPU-POD). Example: poprun --num-instances 2 --num-replicas 4 python train.py
+
+  --num-instances N             instances (processes) to launch (default 1)
+  --num-replicas R              replicas of the whole run, a multiple of N (default N)
+  --ipus-per-replica K          IPUs per replica, as popdist.getNumIpusPerReplica() reads it (default 1)
+  --only-output-from-instance I show only instance I's output; the others' goes to log files
+  pod options                   --vipu-*, --host, --mpi-global-args, --mpi-local-args,
+                                --executable-cache-path, --num-ilds, -v/-vv, ...: accepted, no effect here
+"""
+
+
+class PoprunError(Exception):
+    """A launch poprun cannot make, with what to change; printed as one line, exit status 2 (127: no program)."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Launch:
+    """What a poprun command line asks for."""
+
+    program: list[str]
+    instances: int = 1
+    replicas: int | None = None
+    ipus_per_replica: int | None = None
+    only_output_from: int | None = None
+    ignored: list[str] = field(default_factory=list)  # options given that change nothing here, each once
+
+
+def _expand(token: str) -> str:
+    """A long option as written, or the one known option it abbreviates (as poprun's parser allows)."""
+    if token in _LONG or token in _POD_SWITCHES:
+        return token
+    matches = [name for name in _LONG if name.startswith(token)]
+    if len(matches) > 1:
+        raise PoprunError(
+            f"{token} is ambiguous: it could be {', '.join(matches)}. Write the option in full."
+        )
+    return matches[0] if matches else token
+
+
+def _positive(option: str, value: str, allow_zero: bool = False) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0 or (number == 0 and not allow_zero):
+        kind = "an integer >= 0" if allow_zero else "a positive integer"
+        raise PoprunError(f"{option} takes {kind}, got {value!r}: e.g. {option} 2.")
+    return number
+
+
+def parse(argv: list[str]) -> Launch | None:
+    """Split `argv` into poprun's options and the program with its arguments; None for --help / --version.
+
+    The program starts at the first word that is not an option or an option's value; everything after
+    it is the program's, never read by poprun.
+    """
+    launch = Launch(program=[])
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if not token.startswith("-") or token == "-":
+            launch.program = argv[i:]
+            break
+        name, has_value, value = token.partition("=")
+        name = _expand(name) if name.startswith("--") else name
+        if name in ("-h", "--help"):
+            print(USAGE, end="")
+            return None
+        if name == "--version":
+            print(
+                "poprun (optimum-ipu's stand-in for the Poplar SDK's poprun, instances launched by torchrun)"
+            )
+            return None
+        if name in _POD_SWITCHES:
+            if has_value:
+                raise PoprunError(f"{name} takes no value (got {token!r}).")
+            launch.ignored.append(name)
+            i += 1
+            continue
+        if name not in _READ and name not in _POD_VALUED and not name.startswith("--vipu-"):
+            if (
+                has_value
+            ):  # an option this stand-in does not know, with its value attached: skip it, and say so
+                launch.ignored.append(f"{name} (not an option optimum-ipu's poprun knows)")
+                i += 1
+                continue
+            raise PoprunError(
+                f"unknown option {token}: optimum-ipu's poprun reads {', '.join(_READ)} and accepts the pod options "
+                f"(--vipu-*, --host, --mpi-global-args, ...). If {token} takes a value, write it as {token}=VALUE "
+                "(it will have no effect here); otherwise leave it out."
+            )
+        if not has_value:
+            if i + 1 >= len(argv):
+                raise PoprunError(f"{name} needs a value: e.g. {name}=VALUE, before the program.")
+            value = argv[i + 1]
+            i += 1
+        i += 1
+        if name in _READ:
+            setattr(
+                launch, _READ[name], _positive(name, value, allow_zero=name == "--only-output-from-instance")
+            )
+        else:
+            launch.ignored.append(name)
+    launch.ignored = list(dict.fromkeys(launch.ignored))
+    if launch.replicas is None:
+        launch.replicas = launch.instances
+    _check(launch)
+    return launch
+
+
+def _check(launch: Launch) -> None:
+    """The rules a launch must keep, each broken one named with the fix."""
+    if not launch.program:
+        raise PoprunError(
+            "no program to run: write it after poprun's options, e.g. "
+            "poprun --num-instances 2 --num-replicas 2 python train.py."
+        )
+    n, r = launch.instances, launch.replicas
+    if r % n:
+        multiples = f"{n * max(1, r // n)}" + (f" or {n * (r // n + 1)}" if r // n else "")
+        divisors = [d for d in range(1, r + 1) if r % d == 0]
+        raise PoprunError(
+            f"--num-replicas {r} is not a multiple of --num-instances {n}: every instance runs the same number of "
+            f"replicas (R / N). Use --num-replicas {multiples}, or --num-instances {' or '.join(map(str, divisors))}."
+        )
+    if launch.only_output_from is not None and launch.only_output_from >= n:
+        raise PoprunError(
+            f"--only-output-from-instance {launch.only_output_from} names no instance: the {n} instances are "
+            f"0 ... {n - 1}."
+        )
+    program = launch.program[0]
+    found = (
+        shutil.which(program) if os.sep not in program else (program if os.access(program, os.X_OK) else None)
+    )
+    if found is None:
+        hint = f" To run a Python file, write `python {program}`." if program.endswith(".py") else ""
+        raise PoprunError(f"program {program!r} not found (or not executable): poprun runs PROGRAM [ARGS...].{hint}",
+                          status=127)  # fmt: skip
+
+
+def _say(message: str) -> None:
+    sys.stdout.flush()
+    print(f"poprun: {message}", file=sys.stderr, flush=True)
+
+
+def _environment(launch: Launch) -> dict[str, str]:
+    """The variables the instances get on top of poprun's own environment (torchrun adds RANK and the rest)."""
+    env = {TOTAL_REPLICAS_ENV: str(launch.replicas)}
+    # torchrun would set 1 thread per instance (and say so in a banner); share this machine's cores instead.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(max(1, cores // launch.instances))
+    if launch.ipus_per_replica is not None:
+        env[IPUS_PER_REPLICA_ENV] = str(launch.ipus_per_replica)
+    served = [str(STAND_INS / f"for_{name}") for name in STAND_IN_PACKAGES if importlib.util.find_spec(name) is None]
+    if served:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (*served, os.environ.get("PYTHONPATH")) if p)
+    return env
+
+
+def _torchrun_args(launch: Launch) -> list[str]:
+    args = ["--standalone", "--nnodes=1", f"--nproc_per_node={launch.instances}", "--monitor_interval=0.1"]
+    others = [k for k in range(launch.instances) if k != launch.only_output_from]
+    if launch.only_output_from is not None and others:
+        logs = tempfile.mkdtemp(prefix="poprun-logs-")
+        _say(f"showing instance {launch.only_output_from}'s output only; the others' goes under {logs}")
+        args += [f"--log_dir={logs}", "--redirects=" + ",".join(f"{k}:3" for k in others)]
+    return [*args, "--no_python", *launch.program]
+
+
+def launch_instances(launch: Launch) -> int:
+    """Run the program's instances under torchrun; return the program's exit status."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    for name in launch.ignored:
+        _say(f"{name} has no effect here: {_POD}.")
+    os.environ.update(_environment(launch))
+    try:
+        run(get_args_parser().parse_args(_torchrun_args(launch)))
+    except ChildFailedError as failed:
+        rank, failure = failed.get_first_failure()
+        status = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
+        _say(f"instance {rank} exited with status {status}.")
+        return status or 1
+    except SignalException as stopped:
+        return 128 + int(stopped.sigval)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `poprun` console command."""
+    try:
+        launch = parse(sys.argv[1:] if argv is None else list(argv))
+    except PoprunError as error:
+        _say(f"error: {error}")
+        return error.status
+    return 0 if launch is None else launch_instances(launch)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

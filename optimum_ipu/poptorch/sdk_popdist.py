@@ -1,0 +1,158 @@
+"""`popdist` and `popdist.poptorch`: what a PopTorch program launched by `poprun` asks about its launch.
+
+On an IPU-POD, `poprun --num-instances N --num-replicas R program` starts N instances (host
+processes) of the program, each running R / N of the replicas, and PopDist tells each instance who
+it is. Here `poprun` (`optimum_ipu/launcher/poprun.py`) starts the N instances with torchrun, so
+the instance index and count are torchrun's `RANK` and `WORLD_SIZE`; poprun adds the two numbers
+torchrun has no word for, in `POPDIST_NUM_TOTAL_REPLICAS` and `POPDIST_NUM_IPUS_PER_REPLICA`. Outside
+poprun `isPopdistEnvSet()` is False and the counts describe one instance with one replica (under a
+plain torchrun: one replica per process).
+
+`popdist.poptorch.Options()` is a plain `poptorch.Options` laid out for the optimum-ipu runtime's
+processes (`_distributed`): `replicationFactor` is the *whole run's* replica count R and
+`opts.Distributed` names this instance among N, so each instance runs replicas k*R/N ... (k+1)*R/N - 1
+on its share of every combined batch, the gradient sums are all-reduced over the instances, and the
+run equals the one-process run with R replicas. (PopTorch on a pod sets the instance's R / N there;
+its DataLoader and all-reduce then do the same split. A program that reads `opts.replication_factor`
+sees R here; `popdist.getNumLocalReplicas()` is R / N in both.)
+
+The top-level `popdist` package re-exports this module's functions; `popdist.poptorch` its `Options`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+from optimum_ipu.poptorch import _distributed
+from optimum_ipu.poptorch.options import Options as _PoptorchOptions
+
+__all__ = [
+    "Options",
+    "execute_on_instances",
+    "getInstanceIndex",
+    "getNumInstances",
+    "getNumIpusPerReplica",
+    "getNumLocalReplicas",
+    "getNumTotalReplicas",
+    "init",
+    "isPopdistEnvSet",
+]
+
+# Written by poprun for the instances it launches, read here: the names are the contract between them.
+TOTAL_REPLICAS_ENV = "POPDIST_NUM_TOTAL_REPLICAS"
+IPUS_PER_REPLICA_ENV = "POPDIST_NUM_IPUS_PER_REPLICA"
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"{name}={value!r} is not an integer: launch the program with poprun, which sets it."
+        ) from None
+
+
+def isPopdistEnvSet() -> bool:
+    """True in an instance launched by `poprun`; False otherwise (a plain `python` or `torchrun` launch)."""
+    return TOTAL_REPLICAS_ENV in os.environ
+
+
+def getInstanceIndex() -> int:
+    """This instance's index, 0 ... N-1 (torchrun's `RANK`; 0 outside a launch)."""
+    return _env_int("RANK", 0)
+
+
+def getNumInstances() -> int:
+    """How many instances the launch runs (torchrun's `WORLD_SIZE`; 1 outside a launch)."""
+    return _env_int("WORLD_SIZE", 1)
+
+
+def getNumTotalReplicas() -> int:
+    """The replicas of the whole run (`poprun --num-replicas`; one per instance outside poprun)."""
+    return _env_int(TOTAL_REPLICAS_ENV, getNumInstances())
+
+
+def getNumLocalReplicas() -> int:
+    """The replicas this instance runs: total replicas / instances (poprun checks that it divides)."""
+    total, instances = getNumTotalReplicas(), getNumInstances()
+    if total % instances:
+        raise ValueError(
+            f"{TOTAL_REPLICAS_ENV}={total} is not a multiple of the {instances} instances: each instance runs "
+            f"the same number of replicas. Launch with poprun --num-replicas set to a multiple of {instances}."
+        )
+    return total // instances
+
+
+def getNumIpusPerReplica() -> int:
+    """The IPUs each replica uses (`poprun --ipus-per-replica`; 1 when not given)."""
+    return _env_int(IPUS_PER_REPLICA_ENV, 1)
+
+
+def init() -> None:
+    """Join the instances' process group (torch.distributed, the one PopTorch's models use); idempotent.
+
+    On a pod, PopDist's `init()` sets up the instances' communication; here that is torchrun's process
+    group, which `poptorch.trainingModel` and `horovod.torch` then share. Alone, it does nothing.
+    """
+    if getNumInstances() > 1:
+        _distributed.join_process_group()
+
+
+def execute_on_instances(instances: set[int], fn: Callable[..., Any], *args: Any) -> Any:
+    """Run `fn(*args)` on the instances in `instances` only, then wait for every instance (a barrier).
+
+    The usual use: save a checkpoint on instance 0 while the others wait for it. Returns `fn`'s result
+    on the instances that ran it, None on the others.
+    """
+    result = fn(*args) if getInstanceIndex() in set(instances) else None
+    if getNumInstances() > 1:
+        _distributed.join_process_group()
+        dist.barrier()
+    return result
+
+
+def Options(ipus_per_replica: int | None = None, **kwargs: Any) -> _PoptorchOptions:
+    """A `poptorch.Options` laid out for this instance of a poprun launch; chain other setters on it.
+
+    Sets `replicationFactor(getNumTotalReplicas())` (the whole run's replicas, of which this instance
+    runs `getNumLocalReplicas()`) and `Distributed.configureProcessId(getInstanceIndex(),
+    getNumInstances())`. `ipus_per_replica` is the model's IPUs per replica, as the program passes it;
+    when poprun was given `--ipus-per-replica` too, the two must agree (on a pod, each instance's
+    replicas are laid out with poprun's). Other keyword arguments go to `poptorch.Options`.
+    """
+    if ipus_per_replica is not None and IPUS_PER_REPLICA_ENV in os.environ:
+        launched = getNumIpusPerReplica()
+        if int(ipus_per_replica) != launched:
+            raise ValueError(
+                f"popdist.poptorch.Options(ipus_per_replica={ipus_per_replica}) does not match poprun's "
+                f"--ipus-per-replica {launched}: each replica of the model uses {ipus_per_replica} IPUs. Launch "
+                f"with poprun --ipus-per-replica {ipus_per_replica} (or leave the flag out)."
+            )
+    try:
+        options = _PoptorchOptions(**kwargs)
+    except TypeError:
+        raise TypeError(
+            f"popdist.poptorch.Options() got keyword arguments {sorted(kwargs)} that poptorch.Options() does not "
+            "take: call the setters on the options it returns instead (e.g. .deviceIterations(4))."
+        ) from None
+    options.replicationFactor(getNumTotalReplicas())
+    options.Distributed.configureProcessId(getInstanceIndex(), getNumInstances())
+    return options
+
+
+def __getattr__(name: str):
+    """Any other PopDist name: an `AttributeError` naming what this stand-in provides."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise AttributeError(
+        f"popdist.{name} is not provided by optimum-ipu's popdist, which has "
+        f"{', '.join(n for n in __all__ if n != 'Options')} and popdist.poptorch.Options (the PopTorch calls "
+        "of Graphcore's applications)."
+    )
