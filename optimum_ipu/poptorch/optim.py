@@ -216,8 +216,8 @@ class _BiasCorrection:
         return loss
 
 
-class Adam(_IPUMixin, _BiasCorrection, torch.optim.Adam):
-    """torch Adam plus `loss_scaling`, `max_grad_norm`, `bias_correction`, accumulation types."""
+class _AdamFamily(_IPUMixin, _BiasCorrection):
+    """Adam and AdamW's arguments: torch's (None: torch's default), PopTorch's, and `bias_correction`."""
 
     def __init__(self, params, lr: float | None = None, betas=None, eps: float | None = None,
                  weight_decay: float | None = None, amsgrad: bool | None = None, foreach=None,
@@ -236,26 +236,14 @@ class Adam(_IPUMixin, _BiasCorrection, torch.optim.Adam):
                        second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
 
 
-class AdamW(_IPUMixin, _BiasCorrection, torch.optim.AdamW):
+class Adam(_AdamFamily, torch.optim.Adam):
+    """torch Adam plus `loss_scaling`, `max_grad_norm`, `bias_correction`, accumulation types."""
+
+
+class AdamW(_AdamFamily, torch.optim.AdamW):
     """torch AdamW plus `loss_scaling`, `max_grad_norm`, `bias_correction`, accumulation types."""
 
     decoupled_weight_decay = True
-
-    def __init__(self, params, lr: float | None = None, betas=None, eps: float | None = None,
-                 weight_decay: float | None = None, amsgrad: bool | None = None, foreach=None,
-                 maximize: bool | None = None, capturable: bool | None = None, differentiable: bool | None = None,
-                 fused=None, loss_scaling: float | None = None, bias_correction: bool | None = None,
-                 accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
-                 second_order_momentum_accum_type: torch.dtype | None = None,
-                 max_grad_norm: float | None = None):  # fmt: skip
-        if amsgrad:
-            raise ValueError(AMSGRAD)
-        super().__init__(params, **_given(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
-                         maximize=maximize))  # fmt: skip
-        self.bias_correction = bias_correction is not False
-        self._ipu_init(loss_scaling, max_grad_norm, accum_type,
-                       first_order_momentum_accum_type=first_order_momentum_accum_type,
-                       second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
 
 
 class _TensorFlowVariant:
