@@ -42,7 +42,7 @@ from optimum_ipu.poptorch.optim import AMSGRAD, _IPUMixin
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.batches import move_to
 from optimum_ipu.runtime.call_layout import CallLayout
-from optimum_ipu.runtime.checks import min_gradient_accumulation
+from optimum_ipu.runtime.checks import MAX_IPUS_PER_PROCESS, ipus_to_reserve, min_gradient_accumulation
 from optimum_ipu.runtime.distributed import build_process_replicas
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
@@ -373,11 +373,11 @@ class PoplarExecutor:
             stages = len(set(merged))
         self.num_ipus, self.num_stages = used, stages
         total = used * self._options.replication_factor
-        if total > 64:
+        if total > MAX_IPUS_PER_PROCESS:  # the runtime's rules, in PopTorch's words
             raise Error(
                 f"Too many IPUs requested ({total}). Experiments that need more than 64 IPUs require distributed execution."
             )
-        rounded = 1 << (total - 1).bit_length()
+        rounded = ipus_to_reserve(total)
         if rounded != total:
             common = ", because PopTorch must reserve a power of 2 or maximum of 64 IPUs per process"
             if not self._options.auto_round_num_ipus:

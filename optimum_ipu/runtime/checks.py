@@ -46,6 +46,12 @@ def check_pipelined_training(
         )
 
 
+def ipus_to_reserve(requested: int) -> int:
+    """The IPUs a process reserves for `requested`: the next power of two (the rule both front ends use;
+    above `MAX_IPUS_PER_PROCESS` a process cannot attach them at all)."""
+    return 1 << (requested - 1).bit_length()
+
+
 def check_num_ipus(ipus_per_replica: int, replication_factor: int, auto_round: bool = False) -> int:
     """The IPUs a process attaches to must be a power of two, at most 64; return how many it gets."""
     requested = ipus_per_replica * replication_factor
@@ -55,7 +61,7 @@ def check_num_ipus(ipus_per_replica: int, replication_factor: int, auto_round: b
             f"process can use at most {MAX_IPUS_PER_PROCESS}. Lower replication_factor, or launch several "
             "processes (one per group of replicas)."
         )
-    power = 1 << (requested - 1).bit_length()
+    power = ipus_to_reserve(requested)
     if power != requested:
         if not auto_round:
             # The power of two below, where one replica still fits in it; else only the one above.
