@@ -1,5 +1,6 @@
 """`run_notebook`: a notebook's code cells, in order, in one namespace; IPython-only lines skipped with a note."""
 
+import importlib.util
 import json
 
 import pytest
@@ -164,3 +165,18 @@ def test_python_source_changes_only_the_magic_lines_and_keeps_every_other_byte()
     )
     expected = '"""A docstring\r\n%d is text here\r\n"""\r\npass\r\n\r\ntotal = 1 + \\\r\n2\r\npass\r\npass'
     assert python_source(CodeCell(1, source)) == expected
+
+
+def test_without_ipython_a_plot_and_an_audio_cell_run_as_text(tmp_path, capsys, monkeypatch):
+    """whisper-example.ipynb: `import IPython`, a matplotlib figure (matplotlib asks any imported IPython for
+    `get_ipython()`), then `IPython.display.Audio(samples, rate=...)` as the cell's value."""
+    pytest.importorskip("matplotlib")
+    if importlib.util.find_spec("IPython") is not None:
+        pytest.skip("IPython is installed: the stand-in is not used")
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    notebook = write_notebook(tmp_path / "nb.ipynb", [
+        ("code", "import IPython\nimport matplotlib.pyplot as plt\nfrom IPython.display import clear_output"),
+        ("code", "plt.figure(figsize=(4, 2))\nclear_output()\nIPython.display.Audio([0.0] * 16000, rate=16000)"),
+    ])  # fmt: skip
+    assert run_notebook(notebook, []) == 0
+    assert "<IPython.display.Audio: 16000 samples at 16000 Hz>" in capsys.readouterr().out

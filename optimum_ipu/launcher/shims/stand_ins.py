@@ -1,8 +1,8 @@
 """Stand-ins for packages and interactive helpers a script or notebook expects but this environment lacks.
 
 - `torchvision.transforms` when torchvision is not installed (image examples and notebook).
-- In notebooks only: `IPython.display` (`display`, `HTML`, `Markdown`) when IPython is not installed,
-  printing as text; and `huggingface_hub.notebook_login()`, which would wait for a login widget.
+- In notebooks only: `IPython.display` (`display`, `HTML`, `Markdown`, `Audio`, `clear_output`) and
+  `IPython.get_ipython()` (None, as outside an IPython shell) when IPython is not installed, printing as text; and `huggingface_hub.notebook_login()`, which would wait for a login widget.
 """
 
 from __future__ import annotations
@@ -65,6 +65,22 @@ class _Rich:
         return str(self.data)
 
 
+class _Audio:
+    """What `Audio(data, rate=...)` returns: shown as one line saying what would play."""
+
+    def __init__(self, data=None, filename=None, url=None, embed=None, rate=None, autoplay=False, **kwargs):
+        import numpy as np
+
+        self.samples = None if data is None else int(np.asarray(data).size)
+        self.source = filename or url
+        self.rate = rate
+
+    def __repr__(self) -> str:
+        if self.samples is None:
+            return f"<IPython.display.Audio: {self.source}>"
+        return f"<IPython.display.Audio: {self.samples} samples at {self.rate} Hz>"
+
+
 def _display(*objects, **kwargs) -> None:
     for item in objects:
         print(repr(item) if isinstance(item, _Rich) else item)
@@ -91,10 +107,18 @@ def _install_ipython_display(patches: Patches) -> Skip | None:
             return _display
         if name in ("HTML", "Markdown"):
             return _Rich
+        if name == "Audio":
+            return _Audio
+        if name == "clear_output":
+            return lambda wait=False: None  # a script's output is not cleared
         raise LauncherError(f"IPython.display.{name}: IPython is not installed and optimum-ipu's stand-in only has "
-                            "display, HTML and Markdown; pip install ipython")  # fmt: skip
+                            "display, HTML, Markdown, Audio and clear_output; pip install ipython")  # fmt: skip
 
     display.__getattr__ = display_getattr
+    # Outside an IPython shell IPython's get_ipython() is None; matplotlib asks it of any imported IPython.
+    package.get_ipython = lambda: None
+    # matplotlib patches IPython's backend table for IPython < 8.24; there is no IPython to patch.
+    package.version_info = (8, 24, 0, "")
     patches.set_item(sys.modules, "IPython", package)
     patches.set_item(sys.modules, "IPython.display", display)
     return None
@@ -103,7 +127,8 @@ def _install_ipython_display(patches: Patches) -> Skip | None:
 IPYTHON_DISPLAY = Shim(
     name="IPython.display",
     replaces="`from IPython.display import display, HTML` in a notebook, when IPython is not installed",
-    by="`display` printing its arguments and `HTML`/`Markdown` shown as their text",
+    by="`display` printing its arguments, `HTML`/`Markdown` shown as their text, `Audio` as one line, "
+    "`get_ipython()` None (as outside an IPython shell)",
     install=_install_ipython_display,
     notebooks_only=True,
 )
