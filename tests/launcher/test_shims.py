@@ -237,3 +237,19 @@ def test_hub_metrics_turns_the_offline_copies_off(tmp_path):
         LauncherError, match=r"--hub-metrics turned off optimum-ipu's offline copy of 'accuracy'"
     ):
         run_script(script, [], serve_metrics=False)
+
+
+def test_encode_plus_and_batch_encode_plus_are_the_tokenizers_own_call(tmp_path):
+    """mt5_xnli.ipynb calls `tokenizer.batch_encode_plus(list(zip(premises, hypotheses)), ...)`, which
+    transformers v5 removed: the same encoding as `tokenizer(premises, hypotheses, ...)`."""
+    tokenizer = tiny_tokenizer(tmp_path / "tok")
+    premises, hypotheses = ["alice lives in paris", "bob works at rome"], ["where is alice", "who works"]
+    options = dict(padding="max_length", max_length=12, truncation=True)
+    with compatibility_shims():
+        batch = tokenizer.batch_encode_plus(list(zip(premises, hypotheses)), **options)
+        single = tokenizer.batch_encode_plus(premises, **options)
+        one = tokenizer.encode_plus(premises[0], hypotheses[0], **options)
+    assert batch["input_ids"] == tokenizer(premises, hypotheses, **options)["input_ids"]
+    assert single["input_ids"] == tokenizer(premises, **options)["input_ids"]
+    assert one["input_ids"] == tokenizer(premises[0], hypotheses[0], **options)["input_ids"]
+    assert not hasattr(type(tokenizer), "batch_encode_plus")  # removed again when the run ends

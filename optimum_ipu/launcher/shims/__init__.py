@@ -23,6 +23,7 @@ from optimum_ipu.launcher.shims.transformers_api import (
     CONFIG_DEFAULTS,
     IS_OFFLINE_MODE,
     SEND_EXAMPLE_TELEMETRY,
+    TOKENIZER_METHODS,
     USE_AUTH_TOKEN,
 )
 
@@ -35,6 +36,7 @@ SHIMS: tuple[Shim, ...] = (
     USE_AUTH_TOKEN,
     AUTO_FEATURE_EXTRACTOR,
     CONFIG_DEFAULTS,
+    TOKENIZER_METHODS,
     LOAD_DATASET,
     AUDIO_DECODING,
     LOAD_METRIC,

@@ -244,3 +244,43 @@ CONFIG_DEFAULTS = Shim(
     by="transformers 4's default, None, when the config does not hold a value; a config that sets it is unchanged",
     install=_install_config_defaults,
 )
+
+
+def _pairs(batch: list) -> tuple[list, list | None]:
+    """`batch_encode_plus`'s input: texts, or (text, text_pair) tuples split into two lists."""
+    if batch and all(isinstance(item, (tuple, list)) and len(item) == 2 for item in batch):
+        return [a for a, _ in batch], [b for _, b in batch]
+    return batch, None
+
+
+def _encode_plus(self, text, text_pair=None, **kwargs):
+    """transformers 4's `encode_plus`: one text (or pair), encoded as `tokenizer(text, text_pair)` does."""
+    return self(text, text_pair, **kwargs)
+
+
+def _batch_encode_plus(self, batch_text_or_text_pairs, **kwargs):
+    """transformers 4's `batch_encode_plus`: a list of texts or of (text, text_pair) tuples."""
+    texts, pairs = _pairs(list(batch_text_or_text_pairs))
+    return self(texts, pairs, **kwargs)
+
+
+def _install_tokenizer_methods(patches: Patches) -> Skip | None:
+    base = _owner("transformers.tokenization_utils_base:PreTrainedTokenizerBase")
+    if base is None:
+        return Skip("transformers has no PreTrainedTokenizerBase where transformers 5 defines it", problem=True)
+    missing = {name: f for name, f in (("encode_plus", _encode_plus), ("batch_encode_plus", _batch_encode_plus))
+               if not hasattr(base, name)}  # fmt: skip
+    if not missing:
+        return Skip("transformers still has encode_plus and batch_encode_plus")
+    for name, method in missing.items():
+        patches.set(base, name, method)
+    return None
+
+
+TOKENIZER_METHODS = Shim(
+    name="encode_plus",
+    replaces="`tokenizer.encode_plus(...)` / `tokenizer.batch_encode_plus(...)` (removed in transformers v5: "
+    "AttributeError)",
+    by="the tokenizer's own call, `tokenizer(text, text_pair, **kwargs)`, with a batch of pairs split in two lists",
+    install=_install_tokenizer_methods,
+)
