@@ -1,7 +1,7 @@
 """An encoder script in the style of 0.7's run_mlm.py, run_glue.py and run_qa.py, for the launcher's tests.
 
 `--task mlm`: sentences tokenized line by line to a fixed length, `AutoModelForMaskedLM`, and
-`DataCollatorForLanguageModeling` masking 15 % of the tokens (seeded, so two runs mask alike).
+`DataCollatorForLanguageModeling` masking `--mlm_probability` of the tokens (15 %) (seeded, so two runs mask alike).
 `--task classification`: sentence pairs padded to a fixed length, `AutoModelForSequenceClassification`,
 `default_data_collator`. `--task qa`: the pairs read as question and context, with answer start and end
 token positions as labels, `AutoModelForQuestionAnswering`. Each loads with `AutoConfig` /
@@ -46,6 +46,9 @@ class TaskArguments:
     train_file: str = field(default=None, metadata={"help": "CSV with sentence1, sentence2, label."})
     validation_file: str = field(default=None, metadata={"help": "CSV with sentence1, sentence2, label."})
     max_seq_length: int = field(default=16, metadata={"help": "Tokens per sample (padded)."})
+    mlm_probability: float = field(
+        default=0.15, metadata={"help": "Share of tokens masked (run_mlm.py's flag)."}
+    )
     plain_trainer: bool = field(
         default=False, metadata={"help": "transformers' Trainer instead of IPUTrainer."}
     )
@@ -80,7 +83,9 @@ def main():
     columns = raw["validation"].column_names
     data = raw.map(tokenize, batched=True, remove_columns=columns)
     if task_args.task == "mlm":
-        collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, seed=training_args.seed)
+        collator = DataCollatorForLanguageModeling(
+            tokenizer, mlm_probability=task_args.mlm_probability, seed=training_args.seed
+        )
     else:
         collator = default_data_collator
     common = dict(
