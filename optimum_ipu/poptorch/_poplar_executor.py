@@ -104,7 +104,7 @@ class PoplarExecutor:
         self._input_local = _distributed.local_replicas(self._options)
         self._local = self._input_local
         self._process_replicas = None
-        self._stage_plan: _stages.StagePlan | None = None
+        self._stage_plan: _stages.TracedStages | None = None
         self._stages: _stages.PopTorchStages | None = None
         self._user_model = model
         self._training = training

@@ -3,7 +3,8 @@
 `torchrun --nproc_per_node P` with a model split by `BeginBlock` / `Block` / `Stage` into N pipeline
 stages (`PipelinedExecution`) and `replicationFactor(R)` not a multiple of P runs P / N pipelines side
 by side (each runs R x N / P of the replicas), each pipeline over N consecutive ranks, through the
-runtime's `PipelineStages` (`torch.distributed.pipelining`, GPipe over the GA micro-batches).
+runtime's `StageRunner` (`torch.distributed.pipelining`, GPipe over the GA micro-batches), the runner
+`IPUTrainer`'s stage processes use.
 
 How a stage runs an arbitrary user module (the technique of `runtime.stages`, without its
 transformers-specific module swaps): every process holds the whole model and every micro-batch; a
@@ -30,23 +31,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._logging import Error
 from optimum_ipu.poptorch._report import nearest_ancestor_run
 from optimum_ipu.poptorch.enums import AutoStage
-from optimum_ipu.runtime.distributed import hold_process_groups
-from optimum_ipu.runtime.stages import PipelineStages, _StageOutput
+from optimum_ipu.runtime.stages import StageRunner, _StageOutput
 
-__all__ = ["StagePlan", "PopTorchStages", "plan_stages"]
+__all__ = ["TracedStages", "PopTorchStages", "plan_stages"]
 
 RUN_IN_ONE_PROCESS = (
     "Run the program in one process (pipelined execution is simulated there too), or place the block boundary "
@@ -55,7 +53,7 @@ RUN_IN_ONE_PROCESS = (
 
 
 @dataclass
-class StagePlan:
+class TracedStages:
     """Which stage each module of the model runs in, from one traced micro-batch.
 
     Attributes:
@@ -100,7 +98,7 @@ def _stage_keys(entries: list[tuple[str | None, int]], strategy) -> list[Any]:
     return keys
 
 
-def plan_stages(model: nn.Module, args: tuple, kwargs: dict, strategy, num_stages: int) -> StagePlan:
+def plan_stages(model: nn.Module, args: tuple, kwargs: dict, strategy, num_stages: int) -> TracedStages:
     """Trace one micro-batch (in eval mode, no grad) and lay the model out as `num_stages` stage processes.
 
     Raises `poptorch.Error` when the forward does not visit the stages once each in order, when a
@@ -190,7 +188,7 @@ def plan_stages(model: nn.Module, args: tuple, kwargs: dict, strategy, num_stage
         for path, span in spans.items()
         if path in called and path and len(span) == 1 and len(spans[caller(path)]) > 1
     }
-    plan = StagePlan(num_stages, boundaries, placeholders, {}, sent)
+    plan = TracedStages(num_stages, boundaries, placeholders, {}, sent)
     reached = _check_only_boundaries_cross(model, args, kwargs, plan, plain)
     plan.owners = _owners(model, spans, reached)
     return plan
@@ -248,7 +246,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _check_only_boundaries_cross(
-    model: nn.Module, args: tuple, kwargs: dict, plan: StagePlan, plain: Any
+    model: nn.Module, args: tuple, kwargs: dict, plan: TracedStages, plain: Any
 ) -> dict[int, set[int]]:
     """Each stage, run alone on the traced tensor it receives, sends what the one-process forward had there.
 
@@ -286,7 +284,7 @@ def _check_only_boundaries_cross(
 
 @contextlib.contextmanager
 def running_stage(
-    model: nn.Module, plan: StagePlan, stage: int, received: torch.Tensor | None
+    model: nn.Module, plan: TracedStages, stage: int, received: torch.Tensor | None
 ) -> Iterator[None]:
     """While active, `model`'s forward is stage `stage`'s part (see the module docstring)."""
     replaced: list[nn.Module] = []
@@ -334,7 +332,7 @@ class _StageForward(nn.Module):
     stage's parameters are the user's, updated in place.
     """
 
-    def __init__(self, wrapper, plan: StagePlan, stage: int):
+    def __init__(self, wrapper, plan: TracedStages, stage: int):
         super().__init__()
         self.__dict__["wrapper"] = wrapper
         self.plan = plan
@@ -358,55 +356,34 @@ class _StageForward(nn.Module):
             f"Pipeline stage {self.stage} of {type(model).__name__} never reached the next stage's module."
         )
 
+    def message_examples(self, first: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(what this stage receives, what it sends), shaped as the traced boundary inputs (static shapes)."""
+        device = next(self.wrapper._user_model.parameters()).device
+
+        def example(tensor: torch.Tensor) -> torch.Tensor:
+            return torch.empty_like(tensor, device=device).requires_grad_(tensor.is_floating_point())
+
+        received = example(self.plan.sent[self.stage - 1]) if self.stage else None
+        return received, torch.empty(1, requires_grad=True) if self.is_last else example(
+            self.plan.sent[self.stage]
+        )
+
     def scaled_loss(self, output: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
         """What the last stage backpropagates for one micro-batch: its loss x the loss scale, in fp32."""
         return output.sum() * self.loss_scale
 
 
-class PopTorchStages(PipelineStages):
-    """This process's stage of a PopTorch model's pipeline: `runtime.stages.PipelineStages` on a `StagePlan`.
+class PopTorchStages(StageRunner):
+    """This process's stage of a PopTorch model's pipeline: the runtime's `StageRunner` (the runner
+    `IPUTrainer`'s stage processes use) on the stages a trace found (`TracedStages`), GPipe over the GA
+    micro-batches. The stage module replays earlier stages' modules as placeholders (`_StageForward`);
+    each weight belongs to the stage whose forward reads it."""
 
-    `run` (the GA micro-batches of one replica through the pipeline, GPipe) and `broadcast_weights`
-    (each stage's weights and buffers from their owner to the whole group) are the runtime's; the
-    stage module and the ownership come from the plan instead of a transformers stage plan.
-    """
-
-    def __init__(self, wrapper, plan: StagePlan, stage: int, group: dist.ProcessGroup, n_microbatches: int):
-        if dist.get_world_size(group) != plan.num_stages or dist.get_rank(group) != stage:
-            raise ValueError(
-                f"stage {stage} of {plan.num_stages} must be rank {stage} of a group of {plan.num_stages} "
-                f"processes, got rank {dist.get_rank(group)} of {dist.get_world_size(group)}."
-            )
-        model = wrapper._user_model
-        self.pipelined = SimpleNamespace(module=model)  # what the runtime's methods read
-        self.stage = stage
-        self.num_stages = plan.num_stages
-        self.group = group
-        self.n_microbatches = n_microbatches
-        self.schedule_name = "gpipe"
+    def __init__(
+        self, wrapper, plan: TracedStages, stage: int, group: dist.ProcessGroup, n_microbatches: int
+    ):
         self.plan = plan
-        self.module = _StageForward(wrapper, plan, stage)
-        self._owner = plan.owners
-        self._params = [p for p in model.parameters() if self._owner.get(id(p)) == stage]
-        first = next(model.parameters())
-        self.device = first.device
-        self._signature: tuple | None = None
-        self._schedule = None
-        hold_process_groups(self)
-
-    def _build(self, first: dict[str, torch.Tensor]) -> None:
-        """A `PipelineStage` whose messages are shaped as the traced boundary inputs (static shapes)."""
-
-        def example(tensor: torch.Tensor) -> torch.Tensor:
-            return torch.empty_like(tensor, device=self.device).requires_grad_(tensor.is_floating_point())
-
-        inputs = () if self.stage == 0 else (example(self.plan.sent[self.stage - 1]),)
-        last = self.stage == self.num_stages - 1
-        outputs = torch.empty(1, requires_grad=True) if last else example(self.plan.sent[self.stage])
-        pipeline_stage = PipelineStage(
-            self.module, self.stage, self.num_stages, self.device, input_args=inputs, output_args=outputs,
-            group=self.group,
+        super().__init__(
+            wrapper._user_model, _StageForward(wrapper, plan, stage), plan.owners, stage, plan.num_stages, group,
+            n_microbatches, schedule="gpipe",
         )  # fmt: skip
-        self._schedule = ScheduleGPipe(
-            pipeline_stage, self.n_microbatches, loss_fn=self.module.scaled_loss, scale_grads=False
-        )

@@ -186,6 +186,14 @@ class _StageModule(nn.Module):
                 hook.remove()
         raise RuntimeError(f"{type(self.model).__name__} never called its embeddings {self.embeddings_path}.")
 
+    def message_examples(self, first: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what this stage receives, what it sends) for micro-batches like `first`: the hidden state, and
+        the one-element loss on the last stage."""
+        hidden = self.hidden_like(first)
+        self.hidden_dtype = hidden.dtype
+        example = hidden.requires_grad_(True)
+        return example, torch.empty(1, requires_grad=True) if self.is_last else example
+
     def forward(self, *received: torch.Tensor, **micro_batch: Any) -> torch.Tensor:
         micro_batch = {**micro_batch, **self.shared}
         with self._as_stage(received[0] if received else None):
@@ -203,41 +211,43 @@ class _StageModule(nn.Module):
         return output.sum() * self.loss_scale
 
 
-class PipelineStages:
-    """This process's stage of a replica's pipeline, run with `torch.distributed.pipelining`.
+class StageRunner:
+    """This process's stage of a replica's pipeline, run with `torch.distributed.pipelining`: the one
+    runner both front ends use, whatever cuts the model's forward into stages.
 
-    Every process of the stage group holds the whole model (its `PipelinedModel`) and is given every
-    micro-batch; it computes, and accumulates gradients for, its own stage's parameters only.
+    Every process of the stage group holds the whole model and is given every micro-batch; it computes,
+    and accumulates gradients for, its own stage's parameters only. How the forward is cut is the
+    stage module's: `_StageModule` here (a transformers encoder's layer list, for `IPUTrainer`), or
+    PopTorch's traced blocks (`poptorch._stages`). A stage module is an `nn.Module` called by
+    `PipelineStage` with the received tensor (none on the first stage) and the micro-batch as keyword
+    arguments, returning what it sends (the one-element loss on the last stage), with the attributes
+    `is_last`, `loss_scale` and `shared` (micro-batch values without a batch dimension), and the
+    methods `message_examples(first)` (what it receives and sends, shaped for micro-batches like
+    `first`) and `scaled_loss`.
 
     Args:
-        pipelined: the model's `PipelinedModel`, already parallelized (or never): its `StagePlan` gives
-            the stages, and the parameters are read here, so build the stages after `parallelize()`.
-        stage: this process's stage, its rank in `group` (layers on IPU k run on stage k).
-        num_stages: stages in the pipeline; must equal the plan's `ipus_per_replica`.
+        model: the whole model; its parameters are updated in place, and each process keeps all of them.
+        module: this stage's stage module.
+        owners: id(parameter or buffer) -> the stage that computes (and updates) it.
+        stage: this process's stage, its rank in `group`.
+        num_stages: stages in the pipeline.
         group: the process group of this replica's stages (None: the default group).
         n_microbatches: micro-batches per run (the gradient accumulation steps).
-        loss_fn: `(model, micro_batch) -> loss` run on the last stage (the model is already reduced to
-            that stage); defaults to the model's own loss from the micro-batch's labels.
         schedule: "gpipe" (all forwards, then all backwards) or "1f1b" (needs n_microbatches >=
             num_stages); both give the same gradients.
     """
 
     def __init__(
         self,
-        pipelined,
+        model: nn.Module,
+        module: nn.Module,
+        owners: dict[int, int],
         stage: int,
         num_stages: int,
         group: dist.ProcessGroup | None,
         n_microbatches: int,
-        loss_fn: LossFn | None = None,
         schedule: str = "gpipe",
     ):
-        check_supported(pipelined)
-        plan = pipelined.plan
-        if num_stages != plan.ipus_per_replica:
-            raise ValueError(
-                f"num_stages={num_stages} but the stage plan has {plan.ipus_per_replica} IPUs per replica."
-            )
         if dist.get_world_size(group) != num_stages or dist.get_rank(group) != stage:
             raise ValueError(
                 f"stage {stage} of {num_stages} must be rank {stage} of a group of {num_stages} processes, "
@@ -249,17 +259,17 @@ class PipelineStages:
             raise ValueError(
                 f"the 1F1B schedule needs n_microbatches >= {num_stages} stages, got {n_microbatches}."
             )
-        self.pipelined = pipelined
+        self.model = model
+        self.module = module
         self.stage = stage
         self.num_stages = num_stages
         self.group = group
         self.n_microbatches = n_microbatches
         self.schedule_name = schedule
-        self.module = _StageModule(pipelined, stage, loss_fn or model_loss)
-        self._owner = self._owners()
-        self._params = [p for p in pipelined.module.parameters() if self._owner[id(p)] == stage]
-        device = self._params[0].device if self._params else torch.device("cpu")
-        self.device = device
+        self._owner = owners
+        self._params = [p for p in model.parameters() if owners.get(id(p)) == stage]
+        first = next(model.parameters(), None)
+        self.device = first.device if first is not None else torch.device("cpu")
         self._signature: tuple | None = None
         self._schedule = None
         hold_process_groups(self)
@@ -270,16 +280,6 @@ class PipelineStages:
         self._schedule, self._signature = None, None
 
     # -- ownership ----------------------------------------------------------------------------
-
-    def _owners(self) -> dict[int, int]:
-        """id(tensor) -> the stage that computes it, for every parameter and buffer of the model."""
-        plan = self.pipelined.plan
-        owners: dict[int, int] = {}
-        named = list(self.pipelined.module.named_parameters()) + list(self.pipelined.module.named_buffers())
-        for name, tensor in named:
-            ipu = plan.ipu_of_module(name.rpartition(".")[0])
-            owners.setdefault(id(tensor), 0 if ipu is None else ipu)
-        return owners
 
     def owns(self, param: torch.Tensor) -> bool:
         """Whether this stage computes `param`'s gradient and updates it."""
@@ -293,18 +293,14 @@ class PipelineStages:
 
     def _build(self, first: dict[str, torch.Tensor]) -> None:
         """A `PipelineStage` and a schedule for micro-batches shaped like `first` (static shapes)."""
-        hidden = self.module.hidden_like(first)
-        self.module.hidden_dtype = hidden.dtype
-        example = hidden.requires_grad_(True)
-        inputs = () if self.stage == 0 else (example,)
-        outputs = torch.empty(1, requires_grad=True) if self.module.is_last else example
+        received, sent = self.module.message_examples(first)
         pipeline_stage = PipelineStage(
             self.module,
             self.stage,
             self.num_stages,
             self.device,
-            input_args=inputs,
-            output_args=outputs,
+            input_args=() if self.stage == 0 else (received,),
+            output_args=sent,
             group=self.group,
         )
         self._schedule = SCHEDULES[self.schedule_name](
@@ -338,13 +334,13 @@ class PipelineStages:
         # The schedule splits its inputs back into micro-batches along dim 0, in order.
         inputs = {k: torch.cat([mb[k] for mb in micro_batches]).to(self.device) for k in batched}
         self.module.loss_scale = float(loss_scale)
-        self.pipelined.module.train()
+        self.model.train()
         target = torch.zeros(self.n_microbatches, device=self.device)
         try:
             output = self._schedule.step(target=target, **inputs)
         finally:
             self.module.shared = {}
-        losses = output.detach().float().reshape(-1) if self.module.is_last else None
+        losses = output.detach().float().reshape(-1) if self.stage == self.num_stages - 1 else None
         if losses is None:
             losses = torch.empty(self.n_microbatches, device=self.device)
         dist.broadcast(losses, group_src=self.num_stages - 1, group=self.group)
@@ -359,7 +355,7 @@ class PipelineStages:
         After it, each process holds the whole up-to-date model (to save it or evaluate with it).
         Tensors are sent flattened, one collective per owning stage, dtype and device.
         """
-        model = self.pipelined.module
+        model = self.model
         tensors = list(dict.fromkeys([*model.parameters(), *model.buffers()]))
         groups: dict[tuple[int, torch.dtype, torch.device], list[torch.Tensor]] = {}
         for t in tensors:
@@ -382,7 +378,7 @@ class PipelineStages:
         (pickling hundreds of MB of moments would cost seconds at every save).
         """
         optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper -> the optimizer
-        params = list(dict.fromkeys(self.pipelined.module.parameters()))
+        params = list(dict.fromkeys(self.model.parameters()))
         for owner in range(self.num_stages):
             mine = owner == self.stage
             layout: list[dict | None] = [None]
@@ -405,6 +401,53 @@ class PipelineStages:
             if not mine:
                 for i, state in states.items():  # keys in the owner's order
                     optimizer.state[params[i]] = state
+
+
+class PipelineStages(StageRunner):
+    """`IPUTrainer`'s stage processes: the runner on a `PipelinedModel`, whose stage plan (layers on IPU k
+    run on stage k) cuts the model's own forward (`_StageModule`).
+
+    Args:
+        pipelined: the model's `PipelinedModel`, already parallelized (or never): its `StagePlan` gives
+            the stages, and the parameters are read here, so build the stages after `parallelize()`.
+        stage, num_stages, group, n_microbatches, schedule: as `StageRunner`'s; `num_stages` must equal
+            the plan's `ipus_per_replica`.
+        loss_fn: `(model, micro_batch) -> loss` run on the last stage (the model is already reduced to
+            that stage); defaults to the model's own loss from the micro-batch's labels.
+    """
+
+    def __init__(
+        self,
+        pipelined,
+        stage: int,
+        num_stages: int,
+        group: dist.ProcessGroup | None,
+        n_microbatches: int,
+        loss_fn: LossFn | None = None,
+        schedule: str = "gpipe",
+    ):
+        check_supported(pipelined)
+        plan = pipelined.plan
+        if num_stages != plan.ipus_per_replica:
+            raise ValueError(
+                f"num_stages={num_stages} but the stage plan has {plan.ipus_per_replica} IPUs per replica."
+            )
+        self.pipelined = pipelined
+        super().__init__(
+            pipelined.module, _StageModule(pipelined, stage, loss_fn or model_loss), _owners(pipelined), stage,
+            num_stages, group, n_microbatches, schedule,
+        )  # fmt: skip
+
+
+def _owners(pipelined) -> dict[int, int]:
+    """id(tensor) -> the stage that computes it, for every parameter and buffer of the model."""
+    plan = pipelined.plan
+    owners: dict[int, int] = {}
+    named = list(pipelined.module.named_parameters()) + list(pipelined.module.named_buffers())
+    for name, tensor in named:
+        ipu = plan.ipu_of_module(name.rpartition(".")[0])
+        owners.setdefault(id(tensor), 0 if ipu is None else ipu)
+    return owners
 
 
 class _TensorSpec(NamedTuple):
