@@ -63,17 +63,27 @@ def _first_micro_batch(batch: Mapping[str, Any], micro_batch_size: int) -> dict[
 _WARNED: set[str] = set()
 
 
-def _analyse(pipelined, ipu_config, micro_batch: dict, *, training: bool, hardware: str, optimizer: str, fp32: bool,
-             pipelined_inference: bool = False, state_types=None, memory_check: str = "auto"):  # fmt: skip
-    from optimum_ipu.costmodel.analysis import analyse
+def _workload(ipu_config, micro_batch: dict, *, training: bool, optimizer: str, fp32: bool, ipus_per_replica: int,
+              state_types=None):  # fmt: skip
+    """The cost model's workload of `ipu_config` in its current mode, for micro-batches like `micro_batch`."""
+    from optimum_ipu.costmodel.workload import Workload
+
+    return Workload.from_ipu_config(
+        ipu_config, micro_batch_size=batch_size_of(micro_batch), training=training, optimizer=optimizer, fp32=fp32,
+        ipus_per_replica=ipus_per_replica, state_types=state_types,
+    )  # fmt: skip
+
+
+def _analyse(model, plan, workload, micro_batch: dict, *, hardware: str, cache_dir: str | None = None,
+             memory_check: str = "auto"):  # fmt: skip
+    """Price `workload` for `model` placed by `plan`; an out-of-memory estimate is raised or warned of."""
+    from optimum_ipu.costmodel.analysis import analyse_workload
     from optimum_ipu.costmodel.memory import memory_check_from_environment
 
-    report = analyse(
-        pipelined.module, pipelined.plan, ipu_config, micro_batch_size=batch_size_of(micro_batch),
-        sample_inputs=micro_batch, hardware=hardware, training=training, optimizer=optimizer, fp32=fp32,
-        cache_dir=ipu_config.executable_cache_dir or None, pipelined_inference=pipelined_inference,
-        state_types=state_types,
-    )  # fmt: skip
+    training = workload.training
+    report = analyse_workload(
+        model, plan, workload, micro_batch, hardware=hardware, cache_dir=cache_dir or None
+    )
     check = memory_check_from_environment() if memory_check in (None, "auto") else memory_check
     memory = report.memory
     memory.raise_if_out_of_memory(check)
@@ -139,17 +149,12 @@ def compile_training(
         report = None
         if analyse_hardware:
             micro_batch = _first_micro_batch(sample_batch, micro_batch_size)
+            workload = _workload(ipu_config, micro_batch, training=True, optimizer=optimizer_name, fp32=fp32,
+                                 ipus_per_replica=pipelined.plan.ipus_per_replica, state_types=state_types)  # fmt: skip
             report = _analyse(
-                pipelined,
-                ipu_config,
-                micro_batch,
-                training=True,
-                hardware=hardware,
-                optimizer=optimizer_name,
-                fp32=fp32,
-                state_types=state_types,
-                memory_check=memory_check,
-            )
+                pipelined.module, pipelined.plan, workload, micro_batch, hardware=hardware,
+                cache_dir=ipu_config.executable_cache_dir, memory_check=memory_check,
+            )  # fmt: skip
         bar.update()
     return _finish(report, start, num_ipus, fp16_compute)
 
@@ -176,44 +181,34 @@ def compile_inference(
     report = None
     if analyse_hardware:
         micro_batch = _first_micro_batch(sample_batch, micro_batch_size)
+        workload = _workload(ipu_config, micro_batch, training=False, optimizer="adamw", fp32=fp32,
+                             ipus_per_replica=pipelined.plan.ipus_per_replica)  # fmt: skip
         report = _analyse(
-            pipelined,
-            ipu_config,
-            micro_batch,
-            training=False,
-            hardware=hardware,
-            optimizer="adamw",
-            fp32=fp32,
-            memory_check=memory_check,
-        )
+            pipelined.module, pipelined.plan, workload, micro_batch, hardware=hardware,
+            cache_dir=ipu_config.executable_cache_dir, memory_check=memory_check,
+        )  # fmt: skip
     return _finish(report, start, num_ipus, fp16_compute)
 
 
 def report_layout(
-    pipelined,
-    ipu_config,
+    model,
+    plan,
+    workload,
     *,
     micro_batch: Mapping[str, Any],
-    training: bool,
     num_ipus: int,
     hardware: str = "mk2",
-    optimizer_name: str = "adamw",
-    fp32: bool = False,
     fp16_compute: str | None = None,
-    pipelined_inference: bool = False,
-    state_types=None,
     memory_check: str = "auto",
 ) -> CompileResult:
     """The memory table and throughput estimate of a layout whose compile checks the caller ran itself.
 
     PopTorch's wrappers check with PopTorch's own rules and wording (sharded training, for one, has
-    no gradient-accumulation rule), then report through here: the same cost model and log lines as
-    `compile_training` / `compile_inference`, and the same out-of-memory error.
+    no gradient-accumulation rule), build the cost model's `Workload` from their options, then report
+    through here: the same cost model and log lines as `compile_training` / `compile_inference`, and
+    the same out-of-memory error.
     """
     start = time.perf_counter()
     logger.info("Compiling Model...")
-    report = _analyse(
-        pipelined, ipu_config, dict(micro_batch), training=training, hardware=hardware, optimizer=optimizer_name,
-        fp32=fp32, pipelined_inference=pipelined_inference, state_types=state_types, memory_check=memory_check,
-    )  # fmt: skip
+    report = _analyse(model, plan, workload, dict(micro_batch), hardware=hardware, memory_check=memory_check)
     return _finish(report, start, num_ipus, fp16_compute)

@@ -50,7 +50,7 @@ def analyse(
     Args:
         model: the model, real or on the meta device; it is copied to meta, never changed or run.
         plan: its stage plan (which block runs on which IPU).
-        ipu_config: an `IPUConfig` (read in its current mode) or any object with its attribute names.
+        ipu_config: an `IPUConfig` (read in its current mode).
         micro_batch_size: samples per micro-batch.
         sample_inputs: one micro-batch; built from the model's config when omitted.
         seq_len: sequence length of the built inputs of a text model.
@@ -68,16 +68,31 @@ def analyse(
         A `CompileReport` (`report.from_cache` tells whether the trace was reused);
         `report.memory.raise_if_out_of_memory()` fails like Poplar.
     """
-    spec = chip(hardware)
     workload = Workload.from_ipu_config(
         ipu_config, micro_batch_size=micro_batch_size, training=training, optimizer=optimizer, fp32=fp32,
         ipus_per_replica=plan.ipus_per_replica, pipelined_inference=pipelined_inference, state_types=state_types,
     )  # fmt: skip
     if sample_inputs is None:
         sample_inputs = sample_inputs_for(model, micro_batch_size, seq_len, image_size)
-    profile, from_cache = _profile(model, plan, sample_inputs, training, workload.float_bytes, cache_dir)
+    return analyse_workload(model, plan, workload, sample_inputs, hardware=hardware, cache_dir=cache_dir)
+
+
+def analyse_workload(
+    model: nn.Module,
+    plan: StagePlan,
+    workload: Workload,
+    sample_inputs: Mapping[str, Any],
+    *,
+    hardware: str | ChipSpec = "mk2",
+    cache_dir: str | None = None,
+) -> CompileReport:
+    """`analyse` for a `Workload` built by the caller: PopTorch's wrappers build theirs from
+    `poptorch.Options`, `analyse` from an `IPUConfig`. `sample_inputs` is one micro-batch."""
+    profile, from_cache = _profile(
+        model, plan, sample_inputs, workload.training, workload.float_bytes, cache_dir
+    )
     ipu_of = {block.name: block.ipu for block in plan.blocks}
-    report = report_for(profile, ipu_of, workload, spec, model_name=model_name_of(model))
+    report = report_for(profile, ipu_of, workload, chip(hardware), model_name=model_name_of(model))
     return dataclasses.replace(report, from_cache=from_cache)
 
 

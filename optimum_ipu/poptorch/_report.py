@@ -11,7 +11,6 @@ overflows fails the compile with Poplar's out-of-memory message and the table.
 from __future__ import annotations
 
 import contextlib
-import types
 from collections.abc import Container, Iterator
 from typing import Any
 
@@ -21,9 +20,10 @@ from torch.utils import _pytree as pytree
 
 from optimum_ipu.compiling import CompileResult, report_layout
 from optimum_ipu.costmodel.memory import IPUOutOfMemoryError
-from optimum_ipu.costmodel.workload import StateTypes
+from optimum_ipu.costmodel.workload import StateTypes, Workload
 from optimum_ipu.pipelining.stage_plan import Block, StagePlan
 from optimum_ipu.poptorch._logging import Error
+from optimum_ipu.runtime.batches import batch_size_of
 
 __all__ = ["PopTorchOutOfMemoryError", "compile_report", "recording_module_blocks", "stage_plan_from_blocks"]
 
@@ -134,7 +134,10 @@ def _state_types(optimizer) -> StateTypes:
     groups = getattr(optimizer, "param_groups", None) or [{}]
     types = getattr(optimizer, "accum_types", None)  # poptorch.optim's SGD, Adam, AdamW, RMSprop
     if types is None:  # poptorch.optim.LAMB and the runtime's optimizers keep the types per group
-        types = {k: groups[0].get(k) for k in ("first_order_momentum_accum_type", "second_order_momentum_accum_type")}
+        types = {
+            k: groups[0].get(k)
+            for k in ("first_order_momentum_accum_type", "second_order_momentum_accum_type")
+        }
     return StateTypes(
         size.get(getattr(optimizer, "accum_type", None) or torch.float32, 4),
         size.get(types.get("first_order_momentum_accum_type") or torch.float32, 4),
@@ -158,32 +161,38 @@ def compile_report(
     """Price `plan` under `options` with the cost model (logged like IPUTrainer's); overflow is an Error."""
     proportions = options.available_memory_proportion
     location = options.TensorLocations._values.get("location_optimizer", {})
-    config = types.SimpleNamespace(
-        replication_factor=options.replication_factor,
-        gradient_accumulation_steps=options.Training.gradient_accumulation if training else 1,
-        device_iterations=options.device_iterations,
-        ipus_per_replica=plan.ipus_per_replica,
-        matmul_proportion=[
-            float(proportions.get(f"IPU{i}", DEFAULT_AVAILABLE_MEMORY_PROPORTION))
-            for i in range(plan.ipus_per_replica)
-        ],
-        optimizer_state_offchip=not location.get("onChip", True),
-        replicated_tensor_sharding=bool(location.get("useReplicatedTensorSharding", False)),
-        recompute_checkpoint_every_layer=recomputed,
-        executable_cache_dir="",
-    )
     first = next(model.parameters())
     micro = {  # floating inputs in the model's precision, as the executable feeds them
         str(i): leaf.to(first.dtype) if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() else leaf
         for i, leaf in enumerate(micro_leaves)
     }
+    workload = Workload(
+        micro_batch_size=batch_size_of(micro),
+        gradient_accumulation_steps=options.Training.gradient_accumulation if training else 1,
+        replication_factor=options.replication_factor,
+        device_iterations=options.device_iterations,
+        ipus_per_replica=plan.ipus_per_replica,
+        matmul_proportion=tuple(
+            float(proportions.get(f"IPU{i}", DEFAULT_AVAILABLE_MEMORY_PROPORTION))
+            for i in range(plan.ipus_per_replica)
+        ),
+        optimizer_state_offchip=not location.get("onChip", True),
+        replicated_tensor_sharding=bool(location.get("useReplicatedTensorSharding", False)),
+        recompute_checkpoint_every_layer=recomputed,
+        training=training,
+        pipelined_inference=not training and not options._is_sharded(),
+        optimizer=_optimizer_name(optimizer),
+        fp32=first.dtype != torch.float16,
+        state_types=_state_types(optimizer),
+    )
     try:
         return report_layout(
-            types.SimpleNamespace(module=_adapter(model, spec), plan=plan), config,
-            micro_batch=micro, training=training, num_ipus=num_ipus, optimizer_name=_optimizer_name(optimizer),
-            fp32=first.dtype != torch.float16, fp16_compute=None,
-            pipelined_inference=not training and not options._is_sharded(), state_types=_state_types(optimizer),
+            _adapter(model, spec),
+            plan,
+            workload,
+            micro_batch=micro,
+            num_ipus=num_ipus,
             memory_check=memory_check,
-        )  # fmt: skip
+        )
     except IPUOutOfMemoryError as error:
         raise PopTorchOutOfMemoryError(str(error), type="popart_memory_allocation_err") from None
