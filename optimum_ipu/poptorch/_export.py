@@ -19,11 +19,10 @@ file the user wrote whose model has hooks of its own.
 from __future__ import annotations
 
 import collections
-import contextlib
 import pickle
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +30,6 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch._logging import Error
-from optimum_ipu.poptorch.optim import _IPUMixin
 
 __all__ = ["example_inputs", "example_of", "export", "load", "read"]
 
@@ -44,21 +42,6 @@ class _ExampleTensor:
 
     shape: tuple[int, ...]
     dtype: torch.dtype
-
-
-@contextlib.contextmanager
-def _importable(optimizer) -> Iterator[None]:
-    """An optimizer optimum-ipu subclassed on the fly (fp16 update of a torch optimizer) pickles as its torch class."""
-    cls = type(optimizer)
-    named = getattr(sys.modules.get(cls.__module__), cls.__qualname__, None)
-    dynamic = issubclass(cls, _IPUMixin) and named is not cls and cls.__bases__[:1] == (_IPUMixin,)
-    if dynamic:
-        optimizer.__class__ = cls.__bases__[1]
-    try:
-        yield
-    finally:
-        if dynamic:
-            optimizer.__class__ = cls
 
 
 def _rebuild_defaultdict(default_factory, items: dict) -> collections.defaultdict:
@@ -105,15 +88,14 @@ def export(wrapper, filename: str, example, export_model: bool = True) -> None:
         "hyperparameters": wrapper._hyperparameters if export_model else None,
         "example": example,
     }
-    with _importable(wrapper._optimizer):
-        try:
-            torch.save(content, filename, pickle_module=_PICKLE_MODULE)
-        except (pickle.PicklingError, AttributeError, TypeError) as error:
-            raise Error(
-                f"compileAndExport({filename!r}) cannot save the model: {error}. The file holds the module as "
-                "torch.save(model) does, so its class and forward hooks must be defined at a module's top level "
-                "(no lambdas or local functions)."
-            ) from error
+    try:
+        torch.save(content, filename, pickle_module=_PICKLE_MODULE)
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        raise Error(
+            f"compileAndExport({filename!r}) cannot save the model: {error}. The file holds the module as "
+            "torch.save(model) does, so its class and forward hooks must be defined at a module's top level "
+            "(no lambdas or local functions)."
+        ) from error
 
 
 def load(filename: str, edit_opts_fn: Callable | None = None, trust_file: bool = False):

@@ -135,6 +135,10 @@ class PoplarExecutor:
                 raise Error(GA_INFERENCE)
         self._optimizer = optimizer
         self._hyperparameters = _hyperparameters(optimizer) if optimizer is not None else None
+        self._rounding: tuple[Any, torch.Generator | None] = (
+            None,
+            None,
+        )  # (optimizer, its rounding generator)
         self._executable: TrainingExecutable | InferenceExecutable | None = None
         self._attached = False
         self._recorded: list[Any] = []
@@ -278,12 +282,6 @@ class PoplarExecutor:
         seed = self._options._values.get("random_seed", torch.initial_seed())
         self._streams = self._streams or ReplicaStreams(seed, r)
         opt = self._optimizer
-        if any(p.dtype == torch.float16 for p in self._user_model.parameters()) and not hasattr(
-            opt, "rounding_seed"
-        ):
-            if not isinstance(opt, _IPUMixin):  # PopTorch runs its own optimizer: fp32 update of fp16 weights
-                opt.__class__ = type(type(opt).__name__, (_IPUMixin, type(opt)), {})
-                opt._ipu_init(None, None)
         rounding = bool(self._options._Popart._values.get("enableStochasticRounding", False))
         if isinstance(opt, _IPUMixin):
             opt.stochastic_rounding = rounding
@@ -323,7 +321,16 @@ class PoplarExecutor:
             stages=self._stages,
             # PopTorch's gradient accumulator type: fp16 sums the loss-scaled gradients in fp16 at the scale in use.
             accumulator_dtype=torch.float16 if getattr(opt, "accum_type", None) == torch.float16 else torch.float32,
+            # A torch optimizer updates fp16 weights on fp32 copies, rounded back as the options say.
+            stochastic_rounding=rounding, rounding_generator=self._rounding_generator(opt),
         )  # fmt: skip
+
+    def _rounding_generator(self, optimizer) -> torch.Generator:
+        """The stochastic-rounding generator of a torch optimizer's fp16 updates: one per optimizer, seeded
+        0 as `poptorch.optim`'s own, kept across compiles."""
+        if self._rounding[0] is not optimizer:
+            self._rounding = (optimizer, torch.Generator().manual_seed(0))
+        return self._rounding[1]
 
     # -- PopTorch's API ------------------------------------------------------------------------------
     def _trace_ipus(self, leaves: list[Any], spec) -> list[int]:
@@ -396,7 +403,9 @@ class PoplarExecutor:
         if not pipelined or stages < 2:
             return
         if self._training:
-            pipeline = min_gradient_accumulation(stages)  # the rule IPUTrainer's check uses, in PopTorch's words
+            pipeline = min_gradient_accumulation(
+                stages
+            )  # the rule IPUTrainer's check uses, in PopTorch's words
             if self._options.Training.gradient_accumulation < pipeline:
                 raise Error(
                     "poptorch.Options().Training.gradientAccumulation must be greater than or equal to the number of "
@@ -599,6 +608,7 @@ class PoplarExecutor:
         if isinstance(self._executable, TrainingExecutable):
             self._executable.optimizer = optimizer
             self._executable.max_grad_norm = _max_norm(optimizer)
+            self._executable.rounding_generator = self._rounding_generator(optimizer)
 
     def getOptimizer(self) -> torch.optim.Optimizer | None:
         return self._optimizer
@@ -642,7 +652,11 @@ class PoplarExecutor:
     def _run(self, batch: dict[str, Any], leaves: list[Any], anchors: _anchors.AnchorRecorder) -> list[Any]:
         """One host call: every micro-batch's outputs, in PopTorch's [DI][GA][R] order."""
         if self._training:
-            with self._optimizer_as_set(), recomputing(self._recomputed), anchors.around_updates(self._optimizer):
+            with (
+                self._optimizer_as_set(),
+                recomputing(self._recomputed),
+                anchors.around_updates(self._optimizer),
+            ):
                 self._executable(batch)
             runtime_order = self._recorded  # this process's replicas, [DI][R][GA]
             if self._stages is not None:

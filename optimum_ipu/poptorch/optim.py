@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from optimum_ipu.runtime.optimizers import LAMB as _RuntimeLAMB
-from optimum_ipu.runtime.rounding import write_back
+from optimum_ipu.runtime.optimizers import fp32_working_copies
 
 __all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "RMSprop", "VariableAttributes"]
 
@@ -114,25 +114,9 @@ class _IPUMixin(Optimizer):
         (stored back in fp16). The gradients are what the runtime's accumulator holds (of its
         `accum_type`), unscaled.
         """
-        gradients = gradients or {}
-        halves = [p for g in self.param_groups for p in g["params"] if p in gradients]
-        stored = [p.data for p in halves]
-        for p in halves:  # the update runs on fp32 working copies
-            p.data = p.data.float()
-            p.grad = gradients[p]
-        self._store_state(fp16=False)
-        try:
+        with fp32_working_copies(self, gradients or {}, self.stochastic_rounding, self._rounding):
+            self._store_state(fp16=False)
             loss = _unhooked(super().step)(closure)
-        finally:
-            values = [p.data for p in halves]
-            for p, data in zip(halves, stored):
-                p.grad = None
-                p.data = data
-            if self.stochastic_rounding:
-                for p, value in zip(halves, values):
-                    write_back(p, value, True, self._rounding if p.device.type == "cpu" else None)
-            elif halves:
-                torch._foreach_copy_(halves, values)  # round to nearest, in one pass for all weights
         self._store_state(fp16=True)
         return loss
 

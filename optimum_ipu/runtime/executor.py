@@ -33,6 +33,7 @@ from optimum_ipu.runtime.checks import micro_batch_size_of
 from optimum_ipu.runtime.fp16_compute import fp16_compute_context
 from optimum_ipu.runtime.gradients import GradientAccumulator, clip_
 from optimum_ipu.runtime.loss_scaling import LossScaler
+from optimum_ipu.runtime.optimizers import fp32_working_copies, takes_fp32_gradients
 from optimum_ipu.runtime.replicas import LocalReplicas, Replicas, ReplicaStreams
 
 
@@ -59,6 +60,10 @@ class TrainingExecutable:
             fused pass.
         accumulator_dtype: the gradient accumulator's type (`gradients.GradientAccumulator`): fp32, or
             fp16 as Optimum Graphcore's fp16 training sums the loss-scaled micro-batch gradients.
+        stochastic_rounding: write fp16 weights back with stochastic rounding (from
+            `rounding_generator`) when the optimizer is a torch optimizer updating them through fp32
+            working copies (`optimizers.fp32_working_copies`); an IPU optimizer
+            (`step(gradients=...)`) rounds by its own setting.
     """
 
     def __init__(
@@ -77,6 +82,8 @@ class TrainingExecutable:
         reduction: str = "mean",
         measure_grad_norm: bool = True,
         accumulator_dtype: torch.dtype = torch.float32,
+        stochastic_rounding: bool = False,
+        rounding_generator: torch.Generator | None = None,
     ):
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
@@ -104,6 +111,8 @@ class TrainingExecutable:
         self.last_losses = torch.empty(0)
         self.last_grad_norm: float | None = None
         self.last_update_applied = True
+        self.stochastic_rounding = stochastic_rounding
+        self.rounding_generator = rounding_generator
 
     def _losses_to_return(self, losses: torch.Tensor) -> torch.Tensor:
         """losses[d, r, g] -> what PopTorch returns for the output mode."""
@@ -168,8 +177,13 @@ class TrainingExecutable:
             if clipping:
                 clip_(grads, self.max_grad_norm, torch.tensor(norm))
             fp32_gradients = {p: g for p, g in zip(params, grads) if p.dtype != g.dtype}
-            if fp32_gradients:
+            if fp32_gradients and takes_fp32_gradients(self.optimizer):
                 self.optimizer.step(gradients=fp32_gradients)
+            elif fp32_gradients:  # a torch optimizer: its own step on fp32 copies of the fp16 weights
+                with fp32_working_copies(
+                    self.optimizer, fp32_gradients, self.stochastic_rounding, self.rounding_generator
+                ):
+                    self.optimizer.step()
             else:
                 self.optimizer.step()
         self.gradients.clear()

@@ -28,8 +28,9 @@ of fp16 weights into fp16 and flush most of `exp_avg_sq` to zero.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch.optim.adamw import adamw
@@ -47,6 +48,46 @@ def _state_types(accum: torch.dtype, first: torch.dtype, second: torch.dtype) ->
         if dtype not in STATE_TYPES:
             raise ValueError(f"{name}={dtype}: an optimizer state type is torch.float32 or torch.float16.")
     return types
+
+
+@contextlib.contextmanager
+def fp32_working_copies(
+    optimizer: torch.optim.Optimizer,
+    gradients: Mapping[torch.Tensor, torch.Tensor],
+    stochastic_rounding: bool,
+    generator: torch.Generator | None,
+) -> Iterator[None]:
+    """While active, each fp16 parameter of `optimizer` that `gradients` holds is an fp32 working copy
+    with its fp32 gradient as `.grad`, so a torch optimizer's own `step()` updates it in fp32; on exit
+    the new values are written back to fp16, stochastically rounded (from `generator`, in the order of
+    the optimizer's parameters, on CPU) when `stochastic_rounding` is on, to nearest otherwise.
+
+    The fp16 update of any optimizer written for fp32 weights: PopTorch's (`poptorch.optim`) and a
+    plain torch optimizer given to a PopTorch model or to `IPUTrainer` alike (`TrainingExecutable`).
+    """
+    halves = [p for group in optimizer.param_groups for p in group["params"] if p in gradients]
+    stored = [p.data for p in halves]
+    for p in halves:
+        p.data = p.data.float()
+        p.grad = gradients[p]
+    try:
+        yield
+    finally:
+        values = [p.data for p in halves]
+        for p, data in zip(halves, stored):
+            p.grad = None
+            p.data = data
+        with torch.no_grad():
+            if stochastic_rounding:
+                for p, value in zip(halves, values):
+                    write_back(p, value, True, generator if p.device.type == "cpu" else None)
+            elif halves:
+                torch._foreach_copy_(halves, values)  # round to nearest, in one pass for all weights
+
+
+def takes_fp32_gradients(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer.step` takes the fp32 gradients of fp16 weights itself (`step(gradients=...)`)."""
+    return "gradients" in inspect.signature(optimizer.step).parameters
 
 
 class IPUOptimizer(torch.optim.Optimizer):

@@ -319,3 +319,28 @@ def test_a_users_step_hook_runs_once_per_step(make):
     weight.grad = torch.ones(2)
     optimizer.step()
     assert calls == ["pre", "post"]
+
+
+def test_set_optimizer_takes_a_torch_optimizer_on_half_weights():
+    """A plain torch optimizer given by `setOptimizer` to a half model updates through fp32 copies, as the
+    one given at wrapping does (it raised on `step(gradients=...)` before). Hand-worked: the weight of
+    `sum(w * x)` has gradient sum(x), so SGD writes fp16(w - lr * sum(x)) to nearest."""
+
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.tensor([1.0, -2.0, 0.5]).half())
+
+        def forward(self, x):
+            return (self.w * x).sum().float()
+
+    model = Scale()
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.25))
+    x = torch.tensor([[1.0, 2.0, 4.0]]).half()
+    training(x)
+    expected = torch.tensor([1.0, -2.0, 0.5]) - 0.25 * torch.tensor([1.0, 2.0, 4.0])
+    assert torch.equal(model.w.detach(), expected.half())
+    training.setOptimizer(torch.optim.SGD(model.parameters(), lr=0.125))
+    training(x)
+    expected = expected - 0.125 * torch.tensor([1.0, 2.0, 4.0])
+    assert model.w.dtype == torch.float16 and torch.equal(model.w.detach(), expected.half())
