@@ -52,6 +52,7 @@ from optimum_ipu.compat.audio_pipelines import (
     IPUAudioClassificationPipeline,
     IPUAutomaticSpeechRecognitionPipeline,
 )
+from optimum_ipu.compat.pipeline_tasks import infer_task
 from optimum_ipu.compat.question_answering import IPUQuestionAnsweringPipeline, RunsOnIPU
 from optimum_ipu.compat.seq2seq_pipelines import (
     IPUSummarizationPipeline,
@@ -381,7 +382,9 @@ def pipeline(
             (alias "sentiment-analysis"), "token-classification" ("ner"), "fill-mask",
             "zero-shot-classification", "text-generation", "summarization", "translation" (or
             "translation_xx_to_yy"), "text2text-generation", "audio-classification",
-            "automatic-speech-recognition" (CTC models and Whisper).
+            "automatic-speech-recognition" (CTC models and Whisper). None: the Hub's task for the model, as
+            in the original; offline, for a local directory or a model object, the task its architecture
+            names (e.g. a ...ForSequenceClassification model: "text-classification"; see `pipeline_tasks`).
         model: a model name or path, or a loaded transformers model (then pass its `tokenizer` or
             `feature_extractor` too). None loads the original's default model from the Hub.
         ipu_config: an `IPUConfig`, a config name or path, or a dict; None takes the original's default
@@ -399,13 +402,18 @@ def pipeline(
             Optimum Graphcore; for text generation `max_length` defaults to 50 (unless `max_new_tokens`).
 
     Raises:
-        ValueError: for a task with no IPU pipeline here (the message lists those that have one).
+        ValueError: for a task with no IPU pipeline here (the message lists those that have one), or
+            no task given and none found for the model.
         IPUConfigError: when the IPU config's layout does not fit the model.
     """
     if task is None:
-        raise ValueError(
-            f"Pass the task: one of {list_tasks()} (the task cannot be looked up on the Hub offline)."
-        )
+        if model is None:
+            raise ValueError(
+                f"Pass a task, a model, or both: pipeline(task, model=...), task one of {list_tasks()}."
+            )
+        # As the original: the Hub's pipeline tag; offline or for a local model, the model's architecture.
+        model_classes = {name: spec["class"] for name, spec in SUPPORTED_TASKS.items()}
+        task = infer_task(model, model_classes, revision=revision, token=use_auth_token)
     targeted = TASK_ALIASES.get(task, task)
     if task.startswith("translation_"):  # translation_en_to_fr: the languages pick the model's prefix
         targeted = "translation"

@@ -5,12 +5,14 @@ and magics (`%pip ...`, `%%capture` cells) are skipped, each with one note sayin
 line that starts a statement can be one of those (Python's tokenizer tells, as in IPython): a `%` or
 `!` line inside a string literal or in brackets is the user's Python and runs byte for byte. The
 value of a cell's last expression is printed, as Jupyter shows it. The first cell that raises stops
-the run with its traceback (status 1).
+the run with its traceback (status 1). While the cells run, the interpreter looks interactive, as in
+Jupyter's kernel (`sys.ps1` is set), so that libraries behave as in a notebook (see `_kernel_prompts`).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
 import json
 import linecache
@@ -19,6 +21,7 @@ import re
 import reprlib
 import sys
 import tokenize
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,6 +205,33 @@ def _run_cell(code: str, filename: str, namespace: dict) -> None:
             print(repr(value))
 
 
+# The prompts IPython's shell, and so Jupyter's kernel, sets on start.
+_KERNEL_PROMPTS = {"ps1": "In : ", "ps2": "...: ", "ps3": "Out: "}
+
+
+@contextlib.contextmanager
+def _kernel_prompts() -> Iterator[None]:
+    """`sys.ps1`, `ps2` and `ps3` as Jupyter's kernel sets them, while the cells run; as they were after.
+
+    Python defines `sys.ps1` only in an interactive interpreter, and IPython sets it so that code can
+    tell that it runs interactively; libraries ask it. gradio's `Blocks.launch()`, for one, blocks the
+    main thread in a script (else the script would end and the app with it) but returns at once in a
+    notebook, its server serving in the background: without the prompts the cells after a `launch()`
+    would never run.
+    """
+    saved = {name: getattr(sys, name) for name in _KERNEL_PROMPTS if hasattr(sys, name)}
+    for name, prompt in _KERNEL_PROMPTS.items():
+        setattr(sys, name, prompt)
+    try:
+        yield
+    finally:
+        for name in _KERNEL_PROMPTS:
+            if name in saved:
+                setattr(sys, name, saved[name])
+            elif hasattr(sys, name):
+                delattr(sys, name)
+
+
 def run_notebook(path: str | os.PathLike, args: list[str], serve_metrics: bool = True) -> int:
     """Run the code cells of the notebook at `path` in order in one namespace; return the exit status.
 
@@ -221,7 +251,11 @@ def run_notebook(path: str | os.PathLike, args: list[str], serve_metrics: bool =
     filenames = {cell.number: f"<{notebook.name} cell {cell.number}>" for cell in cells}
     user_files = tuple(filenames.values())
     namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
-    with program_environment(context, [str(path), *args]), compatibility_shims(notebook=True):
+    with (
+        program_environment(context, [str(path), *args]),
+        compatibility_shims(notebook=True),
+        _kernel_prompts(),
+    ):
         for cell in cells:
             code = python_source(cell)
             if code is None or not code.strip():
