@@ -116,3 +116,42 @@ def test_a_malformed_layer_list_is_left_for_validation_to_name():
     # Deriving must not crash on a value validation will refuse with the attribute's name.
     assert derive(layers_per_ipu=4)["ipus_per_replica"] == 1
     assert derive(inference_layers_per_ipu=4)["inference_ipus_per_replica"] == 1
+
+
+# -- one list of fields: schema.FIELDS ----------------------------------------------------------------
+
+
+def test_every_schema_field_is_an_ipu_config_attribute_with_its_default_and_the_class_adds_none():
+    """`schema.FIELDS` is the one list of `IPUConfig` fields: adding one there is the whole change.
+
+    Each field is a keyword of `IPUConfig(...)` with the schema's default and type, an attribute of a
+    new config holding that default (derivable ones: derived), a key of `to_dict()` and of the checks;
+    and the class keeps no field of its own beside them (only the bookkeeping `source`/`source_path`).
+    """
+    import inspect
+
+    from optimum_ipu import IPUConfig
+    from optimum_ipu.configuration.schema import FIELDS, MODE_MANAGED
+
+    parameters = inspect.signature(IPUConfig).parameters
+    assert list(parameters) == list(FIELDS), "IPUConfig(...)'s keywords differ from schema.FIELDS"
+    config = IPUConfig()
+    for name, field in FIELDS.items():
+        parameter = parameters[name]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, name
+        assert (parameter.default, parameter.annotation) == (field.init_default, field.annotation), name
+        if not field.derivable:
+            assert getattr(config, name) == field.default, name
+            assert IPUConfig(**{name: field.default}) == config, name
+        validate_value(name, config.to_dict()[name])  # every field has its check
+    stored = {name for name in vars(config) if not name.startswith("_")} - {"source", "source_path"}
+    assert stored == set(FIELDS), (
+        f"IPUConfig stores fields schema.FIELDS lacks: {sorted(stored - set(FIELDS))}"
+    )
+    assert list(config.to_dict()) == list(FIELDS)
+    own = {
+        name
+        for name, value in vars(IPUConfig).items()
+        if not name.startswith("_") and not callable(value) and not isinstance(value, (property, classmethod))
+    }
+    assert own - {"modes"} == set(MODE_MANAGED), "IPUConfig declares attributes schema.FIELDS lacks"

@@ -12,6 +12,7 @@ sequence every entry point loads a run's config with in `loading.py`.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from optimum_ipu.configuration.schema import (
     DERIVABLE,
     FIELD_DEFAULTS,
     FIELD_NAMES,
+    FIELDS,
     MODE_MANAGED,
     MODES,
     PLACEMENT_MANAGED,
@@ -68,9 +70,10 @@ class _ModeManaged:
 class IPUConfig:
     """An Optimum Graphcore IPU configuration: pipelining, replication, batching and memory settings.
 
-    Attributes are those of `ipu_config.json` (see `FIELD_DEFAULTS` in `schema.py` and the
-    project's semantics reference). A config has a mode, one of `IPUConfig.modes` ("training",
-    "inference"; `train()` / `eval()` or `config.mode = ...`). The attributes with an `inference_` twin
+    Attributes are those of `ipu_config.json`, declared once in `schema.FIELDS` (name, default, type,
+    check), from which the constructor's signature, the attributes and `to_dict()` are made. A config
+    has a mode, one of `IPUConfig.modes` ("training", "inference"; `train()` / `eval()` or
+    `config.mode = ...`). The attributes with an `inference_` twin
     (`layers_per_ipu`, `ipus_per_replica`, `matmul_proportion`, `replication_factor`,
     `device_iterations`, the serialization settings, `parallelize_kwargs`) read as the twin in
     inference mode, under the plain name and, for the placement settings, under Optimum Graphcore's
@@ -87,56 +90,33 @@ class IPUConfig:
 
     modes: ClassVar[tuple[str, ...]] = MODES
 
-    def __init__(
-        self,
-        *,
-        replication_factor: int = 1,
-        inference_replication_factor: int = 1,
-        gradient_accumulation_steps: int = 1,
-        layers_per_ipu: list[int] | None = None,
-        inference_layers_per_ipu: list[int] | None = None,
-        ipus_per_replica: int | None = None,
-        inference_ipus_per_replica: int | None = None,
-        optimizer_state_offchip: bool = False,
-        replicated_tensor_sharding: bool = False,
-        matmul_proportion: float | list[float] = 0.2,
-        inference_matmul_proportion: float | list[float] | None = None,
-        enable_half_partials: bool = True,
-        embedding_serialization_factor: int | None = 1,
-        inference_embedding_serialization_factor: int | None = None,
-        serialized_embedding_splits_per_ipu: list[int] | None = None,
-        inference_serialized_embedding_splits_per_ipu: list[int] | None = None,
-        projection_serialization_factor: int | None = 1,
-        inference_projection_serialization_factor: int | None = None,
-        serialized_projection_splits_per_ipu: list[int] | None = None,
-        inference_serialized_projection_splits_per_ipu: list[int] | None = None,
-        recompute_checkpoint_every_layer: bool = False,
-        device_iterations: int = 1,
-        inference_device_iterations: int = 1,
-        output_mode: str = "final",
-        seed: int | None = None,
-        auto_loss_scaling: bool = False,
-        executable_cache_dir: str = "",
-        parallelize_kwargs: dict[str, Any] | None = None,
-        inference_parallelize_kwargs: dict[str, Any] | None = None,
-        explicit_ir_inference: bool = False,
-    ) -> None:
-        """Build a config; `None` on a derivable attribute derives it. Raises `IPUConfigError` if invalid."""
-        given = dict(locals())
-        for name in UNSET_MEANS_ONE:  # Optimum Graphcore 0.7's `None` = not set (its mt5-small-ipu has one)
-            given[name] = 1 if given[name] is None else given[name]
-        given["layers_per_ipu"] = [-1] if layers_per_ipu is None else layers_per_ipu
-        given["parallelize_kwargs"] = {} if parallelize_kwargs is None else parallelize_kwargs
-        given["inference_parallelize_kwargs"] = (
-            {} if inference_parallelize_kwargs is None else inference_parallelize_kwargs
-        )
-        for name in FIELD_NAMES:
-            validate_value(name, given[name])
+    def __init__(self, **values: Any) -> None:
+        """Build a config from keyword values (the fields of `schema.FIELDS`, whose defaults apply to
+        the others); `None` on a derivable attribute derives it. Raises `IPUConfigError` if invalid.
+
+        The signature (`inspect.signature(IPUConfig)`, `help(IPUConfig)`) is made from `schema.FIELDS`
+        below the class, so a field is declared in one place.
+        """
+        unknown = next((name for name in values if name not in FIELDS), None)
+        if unknown is not None:  # the error Python gives for a keyword a signature lacks
+            raise TypeError(
+                f"{type(self).__name__}.__init__() got an unexpected keyword argument {unknown!r}"
+            )
+        given = {}
+        for name, field in FIELDS.items():
+            value = values.get(name, field.init_default)
+            # `None` for a list or dict default, or Optimum Graphcore 0.7's "not set": the default
+            if value is None and (
+                field.none_is_default or field.init_default is None and not field.accepts_none
+            ):
+                value = copy.deepcopy(field.default)
+            validate_value(name, value)
+            given[name] = value
         object.__setattr__(self, "_mode", "training")
         object.__setattr__(self, "_explicit", {name for name in DERIVABLE if given[name] is not None})
         object.__setattr__(self, "source", None)
         object.__setattr__(self, "source_path", None)
-        self.__dict__.update({name: copy.deepcopy(given[name]) for name in FIELD_NAMES})
+        self.__dict__.update(copy.deepcopy(given))
         self._refresh()
 
     # ----- modes ---------------------------------------------------------------------------------
@@ -496,10 +476,23 @@ def _read_text(path: Path, origin: str) -> str:
             ) from None
         raise IPUConfigError(
             f"IPU config {origin} is not text in UTF-8 ({error.reason} at byte {error.start}): give the "
-            "ipu_config.json of an IPU config (a JSON object such as {\"layers_per_ipu\": [0, 4, 4, 4]})."
+            'ipu_config.json of an IPU config (a JSON object such as {"layers_per_ipu": [0, 4, 4, 4]}).'
         ) from None
 
 
+def _init_signature() -> inspect.Signature:
+    """`IPUConfig.__init__`'s signature from `schema.FIELDS`: keyword-only, with their defaults and types."""
+    fields = [
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=f.init_default, annotation=f.annotation
+        )
+        for name, f in FIELDS.items()
+    ]
+    self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return inspect.Signature([self, *fields], return_annotation="None")
+
+
+IPUConfig.__init__.__signature__ = _init_signature()
 for _name in MODE_MANAGED:
     setattr(IPUConfig, _name, _ModeManaged(_name))
 for _name in PLACEMENT_MANAGED:

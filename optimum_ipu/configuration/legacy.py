@@ -13,7 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from optimum_ipu.configuration.schema import FIELD_NAMES, UNSET_MEANS_ONE, IPUConfigError, close_matches
+from optimum_ipu.configuration.schema import (
+    FIELD_NAMES,
+    FIELDS,
+    UNSET_MEANS_ONE,
+    IPUConfigError,
+    close_matches,
+)
 
 # Keys older releases wrote that no longer mean anything; dropped with a note saying why.
 DEPRECATED_KEYS: dict[str, str] = {
@@ -28,7 +34,7 @@ DEPRECATED_KEYS: dict[str, str] = {
 # Bookkeeping some writers add; silently ignored.
 METADATA_KEYS = frozenset({"optimum_version", "transformers_version", "optimum_ipu_version"})
 # Dict-valued attributes that are never pod-keyed.
-_DICT_FIELDS = frozenset({"parallelize_kwargs", "inference_parallelize_kwargs"})
+_DICT_FIELDS = frozenset(name for name, spec in FIELDS.items() if isinstance(spec.default, dict))
 _POD_KEY = re.compile(r"^(pod\d+|default)$")
 _POD_TYPE = re.compile(r"^pod(\d+)$")
 

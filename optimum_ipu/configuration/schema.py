@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import copy
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 CONFIG_NAME = "ipu_config.json"
@@ -33,168 +34,7 @@ class IPUConfigTypeError(IPUConfigError, TypeError):
     """
 
 
-# Every attribute of `ipu_config.json` with its default, in the order `to_dict()` writes them.
-# `None` on a derivable field means "derive it" (see `derive_defaults`).
-FIELD_DEFAULTS: dict[str, Any] = {
-    "replication_factor": 1,
-    "inference_replication_factor": 1,
-    "gradient_accumulation_steps": 1,
-    "layers_per_ipu": [-1],
-    "inference_layers_per_ipu": None,
-    "ipus_per_replica": None,
-    "inference_ipus_per_replica": None,
-    "optimizer_state_offchip": False,
-    "replicated_tensor_sharding": False,
-    "matmul_proportion": 0.2,
-    "inference_matmul_proportion": None,
-    "enable_half_partials": True,
-    "embedding_serialization_factor": 1,
-    "inference_embedding_serialization_factor": None,
-    "serialized_embedding_splits_per_ipu": None,
-    "inference_serialized_embedding_splits_per_ipu": None,
-    "projection_serialization_factor": 1,
-    "inference_projection_serialization_factor": None,
-    "serialized_projection_splits_per_ipu": None,
-    "inference_serialized_projection_splits_per_ipu": None,
-    "recompute_checkpoint_every_layer": False,
-    "device_iterations": 1,
-    "inference_device_iterations": 1,
-    "output_mode": "final",
-    "seed": None,
-    "auto_loss_scaling": False,
-    "executable_cache_dir": "",
-    "parallelize_kwargs": {},
-    "inference_parallelize_kwargs": {},
-    "explicit_ir_inference": False,
-}
-FIELD_NAMES: tuple[str, ...] = tuple(FIELD_DEFAULTS)
-
-# The modes of a config, in Optimum Graphcore's words: `train()` selects the first, `eval()` the second.
-MODES: tuple[str, ...] = ("training", "inference")
-
-# Attributes with an `inference_` twin: in inference mode, reading the plain name gives the twin.
-MODE_MANAGED: tuple[str, ...] = tuple(
-    name
-    for name in FIELD_NAMES
-    if not name.startswith("inference_") and f"inference_{name}" in FIELD_DEFAULTS
-)
-
-# The mode-managed attributes that decide placement. Optimum Graphcore's model code reads them as
-# `ipu_config._<name>` (e.g. `_layers_per_ipu`), which follows the mode; exactly these eight have the
-# underscore spelling there (not `replication_factor` or `device_iterations`, read per mode explicitly).
-PLACEMENT_MANAGED: tuple[str, ...] = (
-    "layers_per_ipu",
-    "ipus_per_replica",
-    "matmul_proportion",
-    "embedding_serialization_factor",
-    "serialized_embedding_splits_per_ipu",
-    "projection_serialization_factor",
-    "serialized_projection_splits_per_ipu",
-    "parallelize_kwargs",
-)
-
-# Attributes whose value is derived from others unless the user gave one.
-DERIVABLE: frozenset[str] = frozenset(
-    {
-        "ipus_per_replica",
-        "inference_layers_per_ipu",
-        "inference_ipus_per_replica",
-        "inference_matmul_proportion",
-        "inference_embedding_serialization_factor",
-        "inference_serialized_embedding_splits_per_ipu",
-        "inference_projection_serialization_factor",
-        "inference_serialized_projection_splits_per_ipu",
-    }
-)
-
-# Serialization factors Optimum Graphcore 0.7 let be `None` ("not set": no serialization unless the
-# splits per IPU say otherwise; `Graphcore/mt5-small-ipu` has `"embedding_serialization_factor": null`).
-# `None` given for one of these is stored as 1.
-UNSET_MEANS_ONE: frozenset[str] = frozenset({"embedding_serialization_factor", "projection_serialization_factor"})
-
-# Attributes that may be `None`: the derivable ones ("derive it") and these.
-NULLABLE: frozenset[str] = DERIVABLE | {
-    "seed",
-    "serialized_embedding_splits_per_ipu",
-    "serialized_projection_splits_per_ipu",
-}
-
 OUTPUT_MODES = ("all", "sum", "final", "default")
-DEFAULT_MATMUL_PROPORTION = 0.2
-_SERIALIZED = ("embedding", "projection")
-
-
-def attribute_for_mode(name: str, mode: str) -> str:
-    """The attribute `name` stands for in `mode`: its `inference_` twin in inference mode, else `name`."""
-    return f"inference_{name}" if mode == "inference" and name in MODE_MANAGED else name
-
-
-def close_matches(name: str, candidates: Iterable[str] = FIELD_NAMES) -> str:
-    """ " (did you mean `x`?)" for a mistyped attribute name, or "" when nothing is close."""
-    found = difflib.get_close_matches(name, list(candidates), n=2, cutoff=0.75)
-    return f" (did you mean {' or '.join(f'`{m}`' for m in found)}?)" if found else ""
-
-
-def derive_defaults(values: Mapping[str, Any], explicit: Iterable[str]) -> dict[str, Any]:
-    """Return `values` with every derivable attribute the user did not set filled in.
-
-    The rules follow Optimum Graphcore: `ipus_per_replica` is `len(layers_per_ipu)`; the inference
-    layers copy the training ones; `inference_ipus_per_replica` is `len(inference_layers_per_ipu)` when
-    that list was given or when `ipus_per_replica == len(layers_per_ipu)`, else `ipus_per_replica`;
-    `inference_matmul_proportion` copies `matmul_proportion` unless that is a list of the wrong length
-    for inference, then 0.2. Two additions of ours, in the same spirit: copied inference layers of the
-    wrong length for an explicit `inference_ipus_per_replica` become `[-1]` (split evenly), and the
-    inference serialization settings copy the training ones (a split list of the wrong length for
-    inference is dropped, leaving factor 1).
-    """
-    explicit = set(explicit)
-    v = copy.deepcopy(dict(values))
-    layers = v["layers_per_ipu"]
-    n_layers = len(layers) if isinstance(layers, list) else 1
-
-    if "inference_layers_per_ipu" not in explicit:
-        v["inference_layers_per_ipu"] = copy.deepcopy(layers)
-    if "ipus_per_replica" not in explicit:
-        v["ipus_per_replica"] = n_layers
-    if "inference_ipus_per_replica" not in explicit:
-        inference_layers = v["inference_layers_per_ipu"]
-        if "inference_layers_per_ipu" in explicit or v["ipus_per_replica"] == n_layers:
-            v["inference_ipus_per_replica"] = (
-                len(inference_layers) if isinstance(inference_layers, list) else 1
-            )
-        else:
-            v["inference_ipus_per_replica"] = v["ipus_per_replica"]
-    elif "inference_layers_per_ipu" not in explicit:
-        copied = v["inference_layers_per_ipu"]
-        if (
-            isinstance(copied, list)
-            and not _all_wildcards(copied)
-            and len(copied) != v["inference_ipus_per_replica"]
-        ):
-            v["inference_layers_per_ipu"] = [-1]
-
-    if "inference_matmul_proportion" not in explicit:
-        proportion = v["matmul_proportion"]
-        wrong_length = isinstance(proportion, list) and len(proportion) != v["inference_ipus_per_replica"]
-        v["inference_matmul_proportion"] = (
-            DEFAULT_MATMUL_PROPORTION if wrong_length else copy.deepcopy(proportion)
-        )
-
-    for kind in _SERIALIZED:
-        factor, splits = f"{kind}_serialization_factor", f"serialized_{kind}_splits_per_ipu"
-        inf_factor, inf_splits = f"inference_{factor}", f"inference_{splits}"
-        if inf_factor not in explicit and inf_splits not in explicit:
-            train_splits = v[splits]
-            if isinstance(train_splits, list) and len(train_splits) != v["inference_ipus_per_replica"]:
-                train_splits = None
-            v[inf_splits] = copy.deepcopy(train_splits)
-            v[inf_factor] = v[factor]
-        else:
-            if inf_factor not in explicit:
-                v[inf_factor] = 1
-            if inf_splits not in explicit:
-                v[inf_splits] = None
-    return v
 
 
 def _all_wildcards(layers: list) -> bool:
@@ -296,28 +136,197 @@ def _check_kwargs(name: str, value: Any) -> None:
         raise _fail(name, value, "must be a dict of keyword arguments for parallelize()", wrong_type=True)
 
 
-_CHECKS_BY_BASE_NAME = {
-    "layers_per_ipu": _check_layers_per_ipu,
-    "matmul_proportion": _check_proportion,
-    "serialized_embedding_splits_per_ipu": _check_splits,
-    "serialized_projection_splits_per_ipu": _check_splits,
-    "output_mode": _check_output_mode,
-    "seed": _check_seed,
-    "executable_cache_dir": _check_cache_dir,
-    "parallelize_kwargs": _check_kwargs,
-    **{
-        name: _check_count
-        for name in (
-            "replication_factor",
-            "gradient_accumulation_steps",
-            "ipus_per_replica",
-            "device_iterations",
-            "embedding_serialization_factor",
-            "projection_serialization_factor",
-        )
-    },
-    **{name: _check_flag for name in FIELD_NAMES if isinstance(FIELD_DEFAULTS[name], bool)},
+# ----- the fields --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Field:
+    """One attribute of `ipu_config.json`, described once: `IPUConfig`'s constructor, attributes,
+    assignment checks, `to_dict()` and the legacy reader all read these.
+
+    Attributes:
+        default: the value when none is given (`None` on a derivable field: derived).
+        type: the type of a set value, as an annotation (`"int"`, `"list[int]"`).
+        check: checks one set value's type and range: `check(name, value)` raises `IPUConfigError`.
+        derivable: `None` means "derive it from the others" (see `derive_defaults`).
+        nullable: `None` is a value of its own ("not set").
+        none_is_default: `None` given is stored as the default (Optimum Graphcore 0.7 wrote `null`
+            for "not set": `Graphcore/mt5-small-ipu` has `"embedding_serialization_factor": null`).
+        placement: Optimum Graphcore's model code also reads it as `ipu_config._<name>`, following the
+            mode (for a field with an `inference_` twin).
+    """
+
+    default: Any
+    type: str
+    check: Callable[[str, Any], None]
+    derivable: bool = False
+    nullable: bool = False
+    none_is_default: bool = False
+    placement: bool = False
+
+    @property
+    def accepts_none(self) -> bool:
+        """Whether `None` is a valid value (derive it, or not set)."""
+        return self.derivable or self.nullable
+
+    @property
+    def init_default(self) -> Any:
+        """The default `IPUConfig(...)`'s signature shows: `None` for a list or dict (a fresh copy of
+        the default is made per config), else the default."""
+        return None if isinstance(self.default, (list, dict)) else self.default
+
+    @property
+    def annotation(self) -> str:
+        """The type `IPUConfig(...)`'s signature shows for the field."""
+        takes_none = self.accepts_none or self.none_is_default or self.init_default is None
+        return f"{self.type} | None" if takes_none else self.type
+
+
+_LAYERS, _PROPORTION, _SPLITS = "list[int]", "float | list[float]", "list[int]"
+_KWARGS = "dict[str, Any]"
+
+# Every attribute of `ipu_config.json`, in the order `to_dict()` writes them: the one list of fields.
+# A training value is under its plain name, an inference value under its `inference_` twin.
+FIELDS: dict[str, Field] = {
+    "replication_factor": Field(1, "int", _check_count),
+    "inference_replication_factor": Field(1, "int", _check_count),
+    "gradient_accumulation_steps": Field(1, "int", _check_count),
+    "layers_per_ipu": Field([-1], _LAYERS, _check_layers_per_ipu, placement=True),
+    "inference_layers_per_ipu": Field(None, _LAYERS, _check_layers_per_ipu, derivable=True),
+    "ipus_per_replica": Field(None, "int", _check_count, derivable=True, placement=True),
+    "inference_ipus_per_replica": Field(None, "int", _check_count, derivable=True),
+    "optimizer_state_offchip": Field(False, "bool", _check_flag),
+    "replicated_tensor_sharding": Field(False, "bool", _check_flag),
+    "matmul_proportion": Field(0.2, _PROPORTION, _check_proportion, placement=True),
+    "inference_matmul_proportion": Field(None, _PROPORTION, _check_proportion, derivable=True),
+    "enable_half_partials": Field(True, "bool", _check_flag),
+    "embedding_serialization_factor": Field(1, "int", _check_count, none_is_default=True, placement=True),
+    "inference_embedding_serialization_factor": Field(None, "int", _check_count, derivable=True),
+    "serialized_embedding_splits_per_ipu": Field(None, _SPLITS, _check_splits, nullable=True, placement=True),
+    "inference_serialized_embedding_splits_per_ipu": Field(None, _SPLITS, _check_splits, derivable=True),
+    "projection_serialization_factor": Field(1, "int", _check_count, none_is_default=True, placement=True),
+    "inference_projection_serialization_factor": Field(None, "int", _check_count, derivable=True),
+    "serialized_projection_splits_per_ipu": Field(
+        None, _SPLITS, _check_splits, nullable=True, placement=True
+    ),
+    "inference_serialized_projection_splits_per_ipu": Field(None, _SPLITS, _check_splits, derivable=True),
+    "recompute_checkpoint_every_layer": Field(False, "bool", _check_flag),
+    "device_iterations": Field(1, "int", _check_count),
+    "inference_device_iterations": Field(1, "int", _check_count),
+    "output_mode": Field("final", "str", _check_output_mode),
+    "seed": Field(None, "int", _check_seed, nullable=True),
+    "auto_loss_scaling": Field(False, "bool", _check_flag),
+    "executable_cache_dir": Field("", "str", _check_cache_dir),
+    "parallelize_kwargs": Field({}, _KWARGS, _check_kwargs, placement=True),
+    "inference_parallelize_kwargs": Field({}, _KWARGS, _check_kwargs),
+    "explicit_ir_inference": Field(False, "bool", _check_flag),
 }
+
+# Views of FIELDS, for the code that needs one property of every field.
+FIELD_DEFAULTS: dict[str, Any] = {name: field.default for name, field in FIELDS.items()}
+FIELD_NAMES: tuple[str, ...] = tuple(FIELDS)
+
+# The modes of a config, in Optimum Graphcore's words: `train()` selects the first, `eval()` the second.
+MODES: tuple[str, ...] = ("training", "inference")
+
+# Attributes with an `inference_` twin: in inference mode, reading the plain name gives the twin.
+MODE_MANAGED: tuple[str, ...] = tuple(
+    name for name in FIELD_NAMES if not name.startswith("inference_") and f"inference_{name}" in FIELDS
+)
+
+# The mode-managed attributes that decide placement. Optimum Graphcore's model code reads them as
+# `ipu_config._<name>` (e.g. `_layers_per_ipu`), which follows the mode; exactly these eight have the
+# underscore spelling there (not `replication_factor` or `device_iterations`, read per mode explicitly).
+PLACEMENT_MANAGED: tuple[str, ...] = tuple(name for name, field in FIELDS.items() if field.placement)
+
+# Attributes whose value is derived from others unless the user gave one.
+DERIVABLE: frozenset[str] = frozenset(name for name, field in FIELDS.items() if field.derivable)
+
+# Serialization factors Optimum Graphcore 0.7 let be `None` ("not set": no serialization unless the
+# splits per IPU say otherwise). `None` given for one of these is stored as 1, their default.
+UNSET_MEANS_ONE: frozenset[str] = frozenset(name for name, field in FIELDS.items() if field.none_is_default)
+
+# Attributes that may be `None`: the derivable ones ("derive it") and the nullable ones ("not set").
+NULLABLE: frozenset[str] = frozenset(name for name, field in FIELDS.items() if field.accepts_none)
+
+DEFAULT_MATMUL_PROPORTION = FIELDS["matmul_proportion"].default
+_SERIALIZED = ("embedding", "projection")
+
+
+def attribute_for_mode(name: str, mode: str) -> str:
+    """The attribute `name` stands for in `mode`: its `inference_` twin in inference mode, else `name`."""
+    return f"inference_{name}" if mode == "inference" and name in MODE_MANAGED else name
+
+
+def close_matches(name: str, candidates: Iterable[str] = FIELD_NAMES) -> str:
+    """ " (did you mean `x`?)" for a mistyped attribute name, or "" when nothing is close."""
+    found = difflib.get_close_matches(name, list(candidates), n=2, cutoff=0.75)
+    return f" (did you mean {' or '.join(f'`{m}`' for m in found)}?)" if found else ""
+
+
+def derive_defaults(values: Mapping[str, Any], explicit: Iterable[str]) -> dict[str, Any]:
+    """Return `values` with every derivable attribute the user did not set filled in.
+
+    The rules follow Optimum Graphcore: `ipus_per_replica` is `len(layers_per_ipu)`; the inference
+    layers copy the training ones; `inference_ipus_per_replica` is `len(inference_layers_per_ipu)` when
+    that list was given or when `ipus_per_replica == len(layers_per_ipu)`, else `ipus_per_replica`;
+    `inference_matmul_proportion` copies `matmul_proportion` unless that is a list of the wrong length
+    for inference, then 0.2. Two additions of ours, in the same spirit: copied inference layers of the
+    wrong length for an explicit `inference_ipus_per_replica` become `[-1]` (split evenly), and the
+    inference serialization settings copy the training ones (a split list of the wrong length for
+    inference is dropped, leaving factor 1).
+    """
+    explicit = set(explicit)
+    v = copy.deepcopy(dict(values))
+    layers = v["layers_per_ipu"]
+    n_layers = len(layers) if isinstance(layers, list) else 1
+
+    if "inference_layers_per_ipu" not in explicit:
+        v["inference_layers_per_ipu"] = copy.deepcopy(layers)
+    if "ipus_per_replica" not in explicit:
+        v["ipus_per_replica"] = n_layers
+    if "inference_ipus_per_replica" not in explicit:
+        inference_layers = v["inference_layers_per_ipu"]
+        if "inference_layers_per_ipu" in explicit or v["ipus_per_replica"] == n_layers:
+            v["inference_ipus_per_replica"] = (
+                len(inference_layers) if isinstance(inference_layers, list) else 1
+            )
+        else:
+            v["inference_ipus_per_replica"] = v["ipus_per_replica"]
+    elif "inference_layers_per_ipu" not in explicit:
+        copied = v["inference_layers_per_ipu"]
+        if (
+            isinstance(copied, list)
+            and not _all_wildcards(copied)
+            and len(copied) != v["inference_ipus_per_replica"]
+        ):
+            v["inference_layers_per_ipu"] = [-1]
+
+    if "inference_matmul_proportion" not in explicit:
+        proportion = v["matmul_proportion"]
+        wrong_length = isinstance(proportion, list) and len(proportion) != v["inference_ipus_per_replica"]
+        v["inference_matmul_proportion"] = (
+            DEFAULT_MATMUL_PROPORTION if wrong_length else copy.deepcopy(proportion)
+        )
+
+    for kind in _SERIALIZED:
+        factor, splits = f"{kind}_serialization_factor", f"serialized_{kind}_splits_per_ipu"
+        inf_factor, inf_splits = f"inference_{factor}", f"inference_{splits}"
+        if inf_factor not in explicit and inf_splits not in explicit:
+            train_splits = v[splits]
+            if isinstance(train_splits, list) and len(train_splits) != v["inference_ipus_per_replica"]:
+                train_splits = None
+            v[inf_splits] = copy.deepcopy(train_splits)
+            v[inf_factor] = v[factor]
+        else:
+            if inf_factor not in explicit:
+                v[inf_factor] = 1
+            if inf_splits not in explicit:
+                v[inf_splits] = None
+    return v
+
+
+# ----- checking values --------------------------------------------------------------------------
 
 
 def validate_value(name: str, value: Any) -> None:
@@ -333,7 +342,7 @@ def validate_value(name: str, value: Any) -> None:
     """
     if value is None and name in NULLABLE:
         return
-    _CHECKS_BY_BASE_NAME[name.removeprefix("inference_")](name, value)
+    FIELDS[name].check(name, value)
 
 
 # ----- rules between attributes ------------------------------------------------------------------

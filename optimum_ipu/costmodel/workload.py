@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from optimum_ipu.configuration.schema import FIELD_DEFAULTS
+
 OPTIMIZERS = ("adamw", "adam", "lamb", "sgd")
 
 
@@ -42,9 +44,10 @@ class StateTypes:
         return cls(4, 4, 4)
 
 
-def _attr(config, name: str, default):
-    value = getattr(config, name, default)
-    return default if value is None else value
+def _attr(config, name: str):
+    """`config.<name>` in its current mode; the field's default (`schema.FIELDS`) where unset or absent."""
+    value = getattr(config, name, None)
+    return FIELD_DEFAULTS[name] if value is None else value
 
 
 def expand_matmul_proportion(value, ipus: int) -> tuple[float, ...]:
@@ -148,35 +151,33 @@ class Workload:
         optimizer's state types (default: Optimum Graphcore's for the precision; an older config's
         `enable_half_first_order_momentum`, where a run published one, sets the first moment's).
         """
-        ipus = int(ipus_per_replica or _attr(ipu_config, "ipus_per_replica", None) or 0)
+        ipus = int(ipus_per_replica or _attr(ipu_config, "ipus_per_replica") or 0)
         if ipus < 1:
-            ipus = len(_attr(ipu_config, "layers_per_ipu", [-1]))
-        splits = _attr(ipu_config, "serialized_embedding_splits_per_ipu", None)
+            ipus = len(_attr(ipu_config, "layers_per_ipu"))
+        splits = _attr(ipu_config, "serialized_embedding_splits_per_ipu")
         splits = tuple(int(s) for s in splits) if splits else None
-        factor = sum(splits) if splits else int(_attr(ipu_config, "embedding_serialization_factor", 1) or 1)
-        projection_splits = _attr(ipu_config, "serialized_projection_splits_per_ipu", None)
+        factor = sum(splits) if splits else int(_attr(ipu_config, "embedding_serialization_factor") or 1)
+        projection_splits = _attr(ipu_config, "serialized_projection_splits_per_ipu")
         projection = (
             sum(projection_splits)
             if projection_splits
-            else int(_attr(ipu_config, "projection_serialization_factor", 1) or 1)
+            else int(_attr(ipu_config, "projection_serialization_factor") or 1)
         )
         return cls(
             micro_batch_size=int(micro_batch_size),
-            gradient_accumulation_steps=int(_attr(ipu_config, "gradient_accumulation_steps", 1))
+            gradient_accumulation_steps=int(_attr(ipu_config, "gradient_accumulation_steps"))
             if training
             else 1,
-            replication_factor=int(_attr(ipu_config, "replication_factor", 1)),
-            device_iterations=int(_attr(ipu_config, "device_iterations", 1)),
+            replication_factor=int(_attr(ipu_config, "replication_factor")),
+            device_iterations=int(_attr(ipu_config, "device_iterations")),
             ipus_per_replica=ipus,
-            matmul_proportion=expand_matmul_proportion(_attr(ipu_config, "matmul_proportion", 0.2), ipus),
-            optimizer_state_offchip=bool(_attr(ipu_config, "optimizer_state_offchip", False)),
-            replicated_tensor_sharding=bool(_attr(ipu_config, "replicated_tensor_sharding", False)),
+            matmul_proportion=expand_matmul_proportion(_attr(ipu_config, "matmul_proportion"), ipus),
+            optimizer_state_offchip=bool(_attr(ipu_config, "optimizer_state_offchip")),
+            replicated_tensor_sharding=bool(_attr(ipu_config, "replicated_tensor_sharding")),
             embedding_factor=max(int(factor), 1),
             embedding_splits_per_ipu=splits,
             projection_factor=max(int(projection), 1),
-            recompute_checkpoint_every_layer=bool(
-                _attr(ipu_config, "recompute_checkpoint_every_layer", False)
-            ),
+            recompute_checkpoint_every_layer=bool(_attr(ipu_config, "recompute_checkpoint_every_layer")),
             training=training,
             optimizer=optimizer.lower(),
             fp32=fp32,
