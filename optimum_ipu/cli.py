@@ -11,6 +11,8 @@ import importlib
 import os
 import sys
 
+from optimum_ipu.commands.flags import FlagParser
+
 # subcommand -> module under optimum_ipu.commands
 _COMMANDS = {
     "config": "optimum_ipu.commands.config",
@@ -20,7 +22,7 @@ _COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog="optimum-ipu",
         description="Inspect IPU configs, plan IPU layouts, and run Optimum Graphcore scripts and notebooks on a "
         "simulated IPU.",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from optimum_ipu.commands.flags import spellings
 from optimum_ipu.configuration import IPUConfig, IPUConfigError, load_ipu_config
 
 _SOURCES = {
@@ -30,9 +31,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Print a resolved IPU config, its combined-batch arithmetic and where it came from.",
     )
     show.add_argument("name_or_path", help="Hub id (e.g. Graphcore/bert-base-ipu), folder or JSON file.")
-    show.add_argument("--micro-batch", type=int, default=1, help="Micro-batch size (default 1).")
-    show.add_argument("--n-ipu", type=int, default=None, help="Total IPUs: sets the replication factors.")
-    show.add_argument("--pod-type", default=None, help="Older spelling of --n-ipu: podN, e.g. pod16.")
+    show.add_argument(*spellings("--micro-batch"), type=int, default=1, help="Micro-batch size (default 1).")
+    show.add_argument(
+        *spellings("--n-ipu"), type=int, default=None, help="Total IPUs: sets the replication factors."
+    )
+    show.add_argument(
+        *spellings("--pod-type"), default=None, help="Older spelling of --n-ipu: podN, e.g. pod16."
+    )
     show.add_argument("--overrides", default=None, help='Like --ipu_config_overrides: "k1=v1,k2=[0.1 0.2]".')
     show.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit).")
     show.add_argument("--strict", action="store_true", help="Fail on unknown keys instead of warning.")

@@ -19,6 +19,7 @@ import json
 import sys
 from pathlib import Path
 
+from optimum_ipu.commands.flags import spellings
 from optimum_ipu.configuration import load_ipu_config
 from optimum_ipu.costmodel.presets import PRESETS, TASKS, resolve_model
 from optimum_ipu.costmodel.profiling import model_profile
@@ -207,31 +208,38 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("model", help=f"config folder, config.json, or a preset ({', '.join(PRESETS)}).")
     parser.add_argument(
-        "--ipu-config", required=True, help="IPU config: Hub id (Graphcore/bert-base-ipu) or path."
+        *spellings("--ipu-config"),
+        required=True,
+        help="IPU config: Hub id (Graphcore/bert-base-ipu) or path.",
     )
     pods = parser.add_mutually_exclusive_group()
     pods.add_argument(
-        "--pod",
-        "--pod-type",
+        *spellings("--pod", "--pod-type"),
         dest="pod",
         type=pod_size,
         default=None,
         help="Total IPUs as a pod size: 16, pod16, 64 ...",
     )
     pods.add_argument(
-        "--n-ipu", type=positive_int, default=None, help="Total IPUs (replicas = n_ipu / ipus_per_replica)."
+        *spellings("--n-ipu"),
+        type=positive_int,
+        default=None,
+        help="Total IPUs (replicas = n_ipu / ipus_per_replica).",
     )
     parser.add_argument(
-        "--micro-batch", type=positive_int, default=1, help="Samples per micro-batch (default 1)."
+        *spellings("--micro-batch"), type=positive_int, default=1, help="Samples per micro-batch (default 1)."
     )
     parser.add_argument(
-        "--seq-len",
+        *spellings("--seq-len"),
         type=positive_int,
         default=384,
         help="Sequence length of text models, or feature frames of speech models (20 ms each; default 384).",
     )
     parser.add_argument(
-        "--image-size", type=positive_int, default=None, help="Image side of vision models (default: config)."
+        *spellings("--image-size"),
+        type=positive_int,
+        default=None,
+        help="Image side of vision models (default: config).",
     )
     parser.add_argument(
         "--hardware", choices=("mk2", "bow"), default="mk2", help="IPU generation (default mk2)."
@@ -242,8 +250,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--optimizer", choices=("adamw", "adam", "lamb", "sgd"), default="adamw")
     parser.add_argument("--fp32", action="store_true", help="Compute in fp32 instead of fp16.")
     parser.add_argument(
-        "--fp32-optimizer-state",
-        "--fp32_optimizer_state",
+        *spellings("--fp32-optimizer-state"),
         action="store_true",
         help="Price fp32 optimizer state in an fp16 run (gradient accumulator and both moments: 4 + 4 + 4 "
         "bytes per weight, PopTorch's defaults) instead of Optimum Graphcore's fp16 accumulator and first "
@@ -259,31 +266,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "the stages overlap across device iterations) instead of sharded (Optimum Graphcore's).",
     )
     parser.add_argument(
-        "--generation_max_length",
-        "--generation-max-length",
+        *spellings("--generation-max-length"),
         type=positive_int,
         default=None,
         help="With --inference on an encoder-decoder task: price a generation of up to this many tokens (the "
         "decoder's start token included; the KV cache's length). Default: the config's max_length, else 20.",
     )
     parser.add_argument(
+        # The spellings 0.x accepted, in that order: argparse names the flag by all of them in its errors.
+        # `--num-beams` is the documented one (FlagHelpFormatter shows it); `--generation_num_beams` is
+        # the training argument's name.
         "--num_beams",
         "--num-beams",
         "--generation_num_beams",
+        dest="num_beams",
         type=positive_int,
         default=None,
         help="Beams of the generation (default 1, greedy): the decoder runs on micro-batch x beams rows.",
     )
     parser.add_argument(
-        "--use_cross_cache",
-        "--use-cross-cache",
+        *spellings("--use-cross-cache"),
         action="store_true",
         help="Generation: compute the cross-attention keys/values once per batch (Optimum Graphcore's "
         "use_cross_cache, T5 and Whisper) instead of every step.",
     )
     parser.add_argument(
-        "--on_device_generation_steps",
-        "--on-device-generation-steps",
+        *spellings("--on-device-generation-steps"),
         type=positive_int,
         default=None,
         help="Generation: tokens the decoder makes on the IPUs per host call, choosing them there (Optimum "
@@ -298,6 +306,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", default=None, help="Write the report (or the proposal) as JSON here.")
     parser.add_argument("--png", default=None, help="Draw memory bars and the pipeline timeline here.")
     parser.add_argument(
-        "--no-cache", action="store_true", help="Trace again instead of using a cached profile."
+        *spellings("--no-cache"), action="store_true", help="Trace again instead of using a cached profile."
     )
     parser.set_defaults(run=run)

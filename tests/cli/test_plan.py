@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -238,3 +239,47 @@ def test_pipelined_is_refused_for_training_with_the_reason(capsys):
         capsys, "plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--pipelined"
     )
     assert code == 2 and "--pipelined is for --inference" in err
+
+
+# -- one spelling per flag ---------------------------------------------------------------------------
+
+# Every hyphenated flag of `plan` with a value (the two IPU-count flags exclude each other).
+_HYPHENATED = [
+    ["model", "--ipu-config", "Graphcore/bert-base-ipu", "--n-ipu", "8", "--micro-batch", "2", "--seq-len", "128",
+     "--image-size", "224", "--fp32-optimizer-state", "--inference", "--generation-max-length", "16",
+     "--num-beams", "2", "--use-cross-cache", "--on-device-generation-steps", "4", "--no-cache"],
+    ["model", "--ipu-config", "Graphcore/bert-base-ipu", "--pod-type", "pod16", "--num-beams", "3"],
+]  # fmt: skip
+
+
+def _underscored(argv: list[str]) -> list[str]:
+    return [arg[:2] + arg[2:].replace("-", "_") if arg.startswith("--") else arg for arg in argv]
+
+
+def test_every_plan_flag_parses_the_same_with_hyphens_or_underscores(capsys):
+    """`--micro-batch` is the documented spelling and `--micro_batch` (Optimum Graphcore's style) an alias:
+    both give the same arguments, for every flag; --help shows the hyphens only."""
+    parser = cli.build_parser()
+    for argv in _HYPHENATED:
+        assert _underscored(argv) != argv
+        assert parser.parse_args(["plan", *_underscored(argv)]) == parser.parse_args(["plan", *argv])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["plan", "--help"])
+    help_text = capsys.readouterr().out
+    flags = set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9_-]*", help_text))
+    assert not {flag for flag in flags if "_" in flag} - {"--ipu_config_overrides"}, (
+        "help shows an underscore flag"
+    )
+    old = parser.parse_args(["plan", "model", "--ipu-config", "x", "--generation_num_beams", "3"])
+    assert old.num_beams == 3  # the training argument's name, accepted since 0.x
+    exercised = {arg for argv in _HYPHENATED for arg in argv if arg.startswith("--")}
+    assert {flag for flag in flags if "-" in flag[2:]} <= exercised | {"--ipu-config"}, (
+        "a flag not checked here"
+    )
+
+
+def test_an_abbreviated_flag_still_parses_next_to_its_underscore_spelling():
+    args = cli.build_parser().parse_args(
+        ["plan", "model", "--ipu-config", "x", "--seq", "128", "--micro", "2"]
+    )
+    assert (args.seq_len, args.micro_batch) == (128, 2)
