@@ -32,6 +32,7 @@ from transformers.trainer_utils import TrainOutput
 
 from optimum_ipu.checkpoints import AtomicCheckpoints
 from optimum_ipu.compiling import compile_inference, compile_training
+from optimum_ipu.configuration.schema import FIELD_DEFAULTS
 from optimum_ipu.pipelining import to_pipelined
 from optimum_ipu.pipelining.pipeline import untied_output_projection
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, move_to, pad_by_repeating
@@ -91,10 +92,8 @@ def settings_without_effect(
                 "arguments (the layout comes from layers_per_ipu and the serialization settings)."
             )
     untied = model is not None and untied_output_projection(model) is not None
-    for name, default in (
-        ("projection_serialization_factor", 1),
-        ("serialized_projection_splits_per_ipu", None),
-    ):
+    for name in ("projection_serialization_factor", "serialized_projection_splits_per_ipu"):
+        default = FIELD_DEFAULTS[name]
         if untied:
             break  # MT5's own LM head: serialized by these settings
         training_value = vars(ipu_config).get(name)
@@ -188,8 +187,11 @@ class _ShardedModel(nn.Module):
 
 
 # AtomicCheckpoints (optimum_ipu/checkpoints/trainer_hooks.py) owns checkpoint saving and resuming: atomic folders,
-# the newest complete checkpoint, the setup comparison. It is the only place that touches private
-# Trainer methods; keep it first in the bases so its hooks wrap transformers' own.
+# the newest complete checkpoint, the setup comparison. It is the only class that overrides private Trainer
+# methods (tests/test_trainer.py checks it); this class joins them through its hooks `_gather_process_state`
+# and `_model_as_saved`. Keep it first in the bases so its overrides wrap transformers' own. Two private
+# attributes are read elsewhere: Seq2SeqTrainer's `_gen_kwargs` (trainer_seq2seq.py, as its `evaluate()` sets
+# them) and accelerate's `Accelerator._models` (`release_process_groups`).
 class IPUTrainer(AtomicCheckpoints, Trainer):
     """A transformers `Trainer` whose training and evaluation run on a simulated IPU system.
 
@@ -531,10 +533,6 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
                 self._stages.broadcast_optimizer_state(self.optimizer)
         self._process_state_stale = False
 
-    def _save_checkpoint(self, model, trial) -> None:
-        self._gather_process_state()
-        super()._save_checkpoint(model, trial)
-
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         self._gather_process_state()
         super().save_model(output_dir, _internal_call)
@@ -572,7 +570,8 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             )  # fmt: skip
             self.inference_report = compiled.report
         executable = _ShardedModel(
-            InferenceExecutable(model, self.args.per_device_eval_batch_size, self.fp16_compute), real_samples=size
+            InferenceExecutable(model, self.args.per_device_eval_batch_size, self.fp16_compute),
+            real_samples=size,
         )
         # Each process's call is its own: no count of loss items gathered over the processes, and no
         # rescaling of the call's loss for them (the evaluation loop averages the calls).
@@ -590,13 +589,14 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
 
     # -- saving and logging ----------------------------------------------------------------------
 
-    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """Save plain transformers modules (serialization undone) and the effective `ipu_config.json`."""
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
+    @contextlib.contextmanager
+    def _model_as_saved(self, output_dir: str):
+        """Save plain transformers modules (serialization undone), then the effective `ipu_config.json`
+        (AtomicCheckpoints' `_save` runs transformers' inside this)."""
         was_parallelized = self._pipelined.is_parallelized
         self._pipelined.deparallelize()
         try:
-            super()._save(output_dir, state_dict)
+            yield
         finally:
             if was_parallelized:
                 self._pipelined.parallelize(self._ipu_devices)

@@ -321,6 +321,12 @@ def test_an_accepted_batch_change_continues_from_the_same_samples(saved_at_step_
 # -- the transformers contract this relies on -------------------------------------------------------
 
 
+def test_the_private_trainer_save_wrapped_keeps_its_contract():
+    """If this fails, transformers changed `Trainer._save`, which AtomicCheckpoints wraps: update it."""
+    assert list(inspect.signature(Trainer._save).parameters) == ["self", "output_dir", "state_dict"]
+    assert inspect.signature(Trainer._save).parameters["output_dir"].default is None
+
+
 def test_the_private_trainer_methods_wrapped_keep_their_contract():
     """If this fails, transformers changed a private method optimum_ipu/checkpoints/trainer_hooks.py wraps: update it."""
     expected = {

@@ -475,3 +475,25 @@ def test_settings_without_effect_are_named_once(tmp_path, caplog):
     for setting in ("dataloader_mode='async'", "parallelize_kwargs", "projection_serialization_factor=2",
                     "enable_half_partials=True", "--optim sgd"):  # fmt: skip
         assert sum(setting in m for m in messages) == 1, (setting, messages)
+
+
+def test_only_atomic_checkpoints_overrides_private_trainer_methods():
+    """One class of ours overrides transformers' private Trainer methods (`AtomicCheckpoints`, whose
+    contract tests/test_checkpoints.py pins); the trainers join them through its hooks, so a
+    transformers release that changes one breaks one file."""
+    from transformers import Seq2SeqTrainer
+
+    from optimum_ipu import IPUSeq2SeqTrainer
+    from optimum_ipu.checkpoints.trainer_hooks import AtomicCheckpoints
+
+    private = {name for name in dir(Seq2SeqTrainer) if name.startswith("_") and not name.startswith("__")}
+    elsewhere = {
+        f"{owner.__qualname__}.{name}"
+        for trainer in (IPUTrainer, IPUSeq2SeqTrainer)
+        for name in private
+        for owner in trainer.__mro__[: trainer.__mro__.index(Trainer)]
+        if name in vars(owner)
+        and owner is not AtomicCheckpoints
+        and not owner.__module__.startswith("transformers")
+    }
+    assert not elsewhere, f"private Trainer methods overridden outside AtomicCheckpoints: {sorted(elsewhere)}"

@@ -21,7 +21,7 @@ script resumes from the newest folder with that name and dies on the missing fil
   layout); a change of the batch arithmetic is an error naming each field and the flag that accepts
   it (`--allow_batch_change_on_resume`), with which the run continues from the same number of samples.
 
-Only `trainer_hooks.py` touches private `Trainer` methods (`_save_checkpoint`, `_get_output_dir`,
+Only `trainer_hooks.py` touches private `Trainer` methods (`_save_checkpoint`, `_save`, `_get_output_dir`,
 `_init_training_state`, `_load_optimizer_and_scheduler`); `tests/test_checkpoints.py` pins the
 transformers contract they rely on, and the code raises instead of guessing when it changes.
 """

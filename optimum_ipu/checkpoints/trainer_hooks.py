@@ -1,11 +1,14 @@
 """The Trainer side of checkpoints: the private `Trainer` methods this package overrides, in one place.
 
 `AtomicCheckpoints` (a mixin before `transformers.Trainer` in IPUTrainer's bases) overrides
-`_save_checkpoint` (write into a staging folder, publish by rename, rotate after), `train` (resolve
+`_save_checkpoint` (write into a staging folder, publish by rename, rotate after), `_save` (the model's
+save, inside the trainer's `_model_as_saved`), `train` (resolve
 `resume_from_checkpoint=True` to the newest complete checkpoint and compare its setup),
 `_init_training_state` (count the resumed step in samples after a batch change) and
 `_load_optimizer_and_scheduler` (move the schedule to that step). `tests/test_checkpoints.py` pins
 the transformers contract each relies on, and the code raises instead of guessing when it changes.
+The trainer adds its own behaviour through two methods of ours, `_gather_process_state` and
+`_model_as_saved`, so that no other class overrides a private `Trainer` method.
 """
 
 from __future__ import annotations
@@ -67,10 +70,28 @@ class AtomicCheckpoints:
 
     _resume_change: SetupChange | None = None
 
+    # -- the trainer's hooks (ours, not transformers'): nothing to do by default ------------------
+
+    def _gather_process_state(self) -> None:
+        """Run first by every checkpoint save: a trainer whose processes each hold part of the state (a
+        pipeline stage's weights, some replicas' random streams) gives every process all of it here."""
+
+    def _model_as_saved(self, output_dir: str) -> contextlib.AbstractContextManager[None]:
+        """Entered around transformers' save of the model into `output_dir`: a trainer that changes the
+        model's form (pipelining) puts it back in its plain form here, and may write files beside it."""
+        return contextlib.nullcontext()
+
     # -- saving ---------------------------------------------------------------------------------
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """transformers' save of the model (a checkpoint's, or `save_model`'s), inside `_model_as_saved`."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        with self._model_as_saved(output_dir):
+            super()._save(output_dir, state_dict)
 
     def _save_checkpoint(self, model, trial) -> None:
         """transformers' checkpoint, written into a staging folder and renamed into place last."""
+        self._gather_process_state()
         args = self.args
         step = self.state.global_step
         run_dir = Path(self._get_output_dir(trial=trial))
