@@ -49,6 +49,13 @@ def _room(path: Path) -> str:
     return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
 
 
+def _room_of_name(name: str) -> str:
+    """The room `from optimum_ipu import <name>` (or `from .. import <name>` at the top) takes `name` from:
+    the room of that name (`trainer`), else the package's `__init__`, which holds every other name
+    (`IPUTrainer`, `__file__`, `__version__`): importing one of them needs the whole package."""
+    return name if (PACKAGE / name).is_dir() or (PACKAGE / f"{name}.py").is_file() else "__init__"
+
+
 def _imports_inside_functions(tree: ast.AST) -> set[int]:
     inside = set()
     for func in ast.walk(tree):
@@ -71,10 +78,10 @@ def _imported_rooms(path: Path, bridges_allowed: bool = False):
             if node.level:
                 parts = list(package_parts[: len(package_parts) - node.level + 1])
                 parts += node.module.split(".") if node.module else []
-                rooms = [parts[0]] if parts else [alias.name for alias in node.names]
+                rooms = [parts[0]] if parts else [_room_of_name(alias.name) for alias in node.names]
             elif node.module and node.module.split(".")[0] == "optimum_ipu":
                 parts = node.module.split(".")[1:]
-                rooms = [parts[0]] if parts else [alias.name for alias in node.names]
+                rooms = [parts[0]] if parts else [_room_of_name(alias.name) for alias in node.names]
             else:
                 continue
         elif isinstance(node, ast.Import):
