@@ -84,6 +84,28 @@ class _YieldsAtLeastOne:
         return item
 
 
+_SAID_MODES: set[str] = set()
+
+
+def _mode_as_poptorch_reads_it(mode: Any) -> DataLoaderMode:
+    """`mode` as PopTorch's DataLoader acts on it: it compares `mode` with `DataLoaderMode.Async` and
+    `AsyncRebatched`, so a value equal to neither (a string such as "async_rebatched", which Graphcore's
+    packed-BERT notebooks pass) loads synchronously there. So it does here, said once per value."""
+    try:
+        return DataLoaderMode(mode)
+    except ValueError:
+        pass
+    if repr(mode) not in _SAID_MODES:
+        _SAID_MODES.add(repr(mode))
+        names = ", ".join(f"DataLoaderMode.{m.name}" for m in DataLoaderMode)
+        logger.warning(
+            "poptorch.DataLoader(mode=%r): not a poptorch.DataLoaderMode, so, as on PopTorch (which compares the "
+            "mode with the enum's members), the batches load synchronously in the calling process. Pass one of "
+            "%s for another mode.", mode, names,
+        )  # fmt: skip
+    return DataLoaderMode.Sync
+
+
 class DataLoader(torch.utils.data.DataLoader):
     """PopTorch's DataLoader: `batch_size` is the micro-batch; each item is a combined batch.
 
@@ -121,7 +143,7 @@ class DataLoader(torch.utils.data.DataLoader):
                 "call poptorch.DataLoader(options, dataset, batch_size=...)."
             )
         self._options = options
-        self._mode = DataLoaderMode(mode)
+        self._mode = _mode_as_poptorch_reads_it(mode)
         factor = combined_batch_factor(options)
         self._combined_batch_size = None if batch_size is None else batch_size * factor
         if self._combined_batch_size is not None and drop_last is False and hasattr(dataset, "__len__"):

@@ -46,3 +46,17 @@ def test_async_loader_gives_the_same_batches():
     ]
     assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(sync, asynchronous, accessor))
     assert len(sync) == len(asynchronous) == len(accessor) == 5
+
+
+def test_a_mode_that_is_not_a_dataloader_mode_loads_synchronously_as_on_poptorch(caplog):
+    """PopTorch compares `mode` with the enum's members, so a string ("async_rebatched", as Graphcore's
+    packed-BERT notebooks pass) loads synchronously there; here too, said once per value."""
+    opts = poptorch.Options().deviceIterations(2)
+    data = mnist_poptorch.synthetic_mnist(40, seed=0)
+    sync = [y for _, y in poptorch.DataLoader(opts, data, batch_size=4)]
+    with caplog.at_level("WARNING"):
+        loaders = [poptorch.DataLoader(opts, data, batch_size=4, mode="async_rebatched") for _ in range(2)]
+    assert all(loader._mode == poptorch.DataLoaderMode.Sync for loader in loaders)
+    assert all(torch.equal(a, b) for a, b in zip(sync, [y for _, y in loaders[0]], strict=True))
+    said = [r.getMessage() for r in caplog.records if "mode='async_rebatched'" in r.getMessage()]
+    assert len(said) == 1 and "DataLoaderMode.AsyncRebatched" in said[0]
