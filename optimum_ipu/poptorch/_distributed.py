@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from optimum_ipu.poptorch._logging import Error
+from optimum_ipu.runtime.distributed import process_layout, valid_process_counts
 
 __all__ = ["data_processes", "join_process_group", "local_replicas", "processes"]
 
@@ -49,7 +50,13 @@ def data_processes(options) -> int:
     The DataLoader is built before the model is traced, so this is decided from the options alone.
     """
     count = processes(options)
-    return count if count > 1 and options.replication_factor % count == 0 else 1
+    if count == 1:
+        return 1
+    try:  # the processes split the replicas when the layout rule gives them whole replicas
+        whole_replicas = process_layout(count, options.replication_factor, 1).stages == 1
+    except ValueError:
+        whole_replicas = False
+    return count if whole_replicas else 1
 
 
 def local_replicas(options) -> range:
@@ -60,15 +67,9 @@ def local_replicas(options) -> range:
     return range(index * per_process, (index + 1) * per_process)
 
 
-def valid_process_counts(replicas: int, stages: int) -> list[int]:
-    """Process counts a launch may use: divisors of the replicas, and pipelines of `stages` processes."""
-    divisors = [d for d in range(1, replicas + 1) if replicas % d == 0]
-    return sorted(set(divisors) | ({stages * d for d in divisors} if stages > 1 else set()))
-
-
 def layout_error(replicas: int, count: int, stages: int) -> Error:
     """The error for `count` processes that can run neither replica processes nor stage processes."""
-    valid = ", ".join(str(n) for n in valid_process_counts(replicas, stages) if n > 1)
+    valid = ", ".join(str(n) for n in valid_process_counts(replicas, stages) if n > 1)  # the runtime's rule
     if stages > 1:
         how = (
             f"as stage processes, {count} processes must be {stages} pipeline stages x a number of pipelines that "

@@ -27,6 +27,7 @@ from torch.utils import _pytree as pytree
 from optimum_ipu.costmodel.memory import memory_check_from_environment
 from optimum_ipu.poptorch import _anchors, _distributed, _export, _outputs, _stages, custom_args
 from optimum_ipu.poptorch._annotations import recording_ipus
+from optimum_ipu.poptorch._host_call import HostCall
 from optimum_ipu.poptorch._ipu_context import running_model
 from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch._recompute import finding_recomputed_modules, recomputing
@@ -37,13 +38,12 @@ from optimum_ipu.poptorch._report import (
     stage_plan_from_blocks,
 )
 from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
-from optimum_ipu.poptorch.enums import AutoStage, CommGroupType, OutputMode, ReductionType
+from optimum_ipu.poptorch.enums import AutoStage, ReductionType
 from optimum_ipu.poptorch.optim import AMSGRAD, _IPUMixin
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.batches import move_to
-from optimum_ipu.runtime.call_layout import CallLayout
 from optimum_ipu.runtime.checks import MAX_IPUS_PER_PROCESS, ipus_to_reserve, min_gradient_accumulation
-from optimum_ipu.runtime.distributed import build_process_replicas
+from optimum_ipu.runtime.distributed import build_process_replicas, process_layout
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
 from optimum_ipu.runtime.loss_scaling import LossScaler
@@ -99,10 +99,7 @@ class PoplarExecutor:
         options._freeze()
         self._options = options.clone()
         self._options._freeze()
-        # The replicas whose samples a call's inputs hold, and those this process runs: the same, except
-        # for stage processes, handed every replica's samples and running their pipeline's (`_stages`).
-        self._input_local = _distributed.local_replicas(self._options)
-        self._local = self._input_local
+        self._call = HostCall(self._options, training)  # the batch arithmetic of a call
         self._process_replicas = None
         self._stage_plan: _stages.TracedStages | None = None
         self._stages: _stages.PopTorchStages | None = None
@@ -176,75 +173,6 @@ class PoplarExecutor:
         kind = "trainingModel" if self._training else "inferenceModel"
         return f"poptorch.{kind}({self._user_model!r})"
 
-    # -- the batch arithmetic --------------------------------------------------------------------
-    def _counts(self) -> tuple[int, int, int, int]:
-        """(device iterations, accumulation steps, replicas, replicas fed distinct data)."""
-        o = self._options
-        ga = o.Training.gradient_accumulation if self._training else 1
-        return o.device_iterations, ga, o.replication_factor, o.replication_factor // o.input_group_size
-
-    def _local_count(self) -> int:
-        """Replicas this process runs: all of them, or replicas / processes under torchrun."""
-        return len(self._local)
-
-    def _input_count(self) -> int:
-        """Replicas whose samples a call's inputs hold (all of them for stage processes)."""
-        return len(self._input_local)
-
-    def _check_batch(self, leaves: list[Any]) -> None:
-        o = self._options
-        di, ga, r, fed = self._counts()
-        per_call = di * fed * ga * self._input_count() // r
-        replicas = f"Options.replicationFactor({o.replication_factor})"
-        if self._input_count() != r:
-            replicas = f"{replicas} / processes({r // self._input_count()})"
-        for leaf in leaves:
-            if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] % per_call:
-                raise AssertionError(
-                    f"Invalid batch dimension: In the input {list(leaf.shape)}, the batch dimension "
-                    f"({leaf.shape[0]}) must be a multiple of Options.deviceIterations({di}) * "
-                    f"({replicas} / "
-                    f"Options.inputReplicaGrouping.input_group_size({o.input_group_size})) * "
-                    f"Options.Training.gradientAccumulation({ga}) = {per_call} because it is used to calculate "
-                    "the batch size which will be executed on the device in any given iteration. For a full "
-                    "explanation see the batching semantics page of the documentation."
-                )
-
-    def _to_runtime_layout(self, leaf: Any) -> Any:
-        """PopTorch's [DI][GA][R/g][mb] -> the runtime's [DI][R][GA][mb], each group's data to each replica."""
-        if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
-            return leaf
-        di, ga, r, fed = self._counts()
-        local = self._local
-        if self._stage_plan is not None and len(local) != r:  # every replica's samples: keep this pipeline's
-            x = leaf.reshape(di, ga, r, -1, *leaf.shape[1:])[:, :, local.start : local.stop]
-            leaf = x.reshape(-1, *leaf.shape[1:])
-        if (
-            len(local) != r
-        ):  # under torchrun: this process's replicas, at their places in the runtime's layout
-            x = leaf.reshape(di, ga, len(local), -1, *leaf.shape[1:]).transpose(1, 2)
-            full = x.new_zeros((di, r, *x.shape[2:]))  # the other processes' replicas do not run here
-            full[:, local.start : local.stop] = x
-            return full.reshape(-1, *leaf.shape[1:])
-        if fed != r:
-            x = leaf.reshape(di, ga, fed, -1, *leaf.shape[1:])
-            group = self._options.input_group_size
-            if self._options.input_cgt == CommGroupType.Orthogonal:
-                index = torch.arange(r, device=leaf.device) % fed
-            else:
-                index = torch.arange(r, device=leaf.device) // group
-            leaf = x.index_select(2, index).reshape(-1, *leaf.shape[1:])
-        if ga > 1 and r > 1:
-            x = leaf.reshape(di, ga, r, -1, *leaf.shape[1:])
-            leaf = x.transpose(1, 2).reshape(-1, *leaf.shape[1:])
-        return leaf
-
-    def _output_mode(self) -> tuple[OutputMode, int]:
-        mode = self._options.output_mode
-        if mode == OutputMode.Default:
-            mode = OutputMode.Final if self._training else OutputMode.All
-        return mode, self._options.output_return_period
-
     # -- running the user's module ----------------------------------------------------------------
     def _run_user_model(self, micro: dict[str, Any]) -> Any:
         leaves = [micro[str(i)] for i in range(len(micro))]
@@ -275,7 +203,7 @@ class PoplarExecutor:
         return first if first is not None else next(self._user_model.buffers(), None)
 
     def _build(self) -> None:
-        di, ga, r, _ = self._counts()
+        di, ga, r, _ = self._call.counts()
         if not self._training:
             self._executable = InferenceExecutable(self._micro_model, 1, self._fp16_compute())
             return
@@ -289,8 +217,7 @@ class PoplarExecutor:
             if "stochastic_rounding" in group:
                 group["stochastic_rounding"] = rounding
         max_norm = getattr(opt, "max_grad_norm", float("inf"))
-        layout = CallLayout(device_iterations=di, replication_factor=r, gradient_accumulation_steps=ga,
-                            output_mode="all")  # fmt: skip
+        layout = self._call.runtime_layout()
         reduction = self._options.Training.accumulation_and_replication_reduction_type
         replicas = None
         self._stages = None
@@ -303,9 +230,9 @@ class PoplarExecutor:
                 r, plan.num_stages, device
             )
             replicas = self._process_replicas
-            self._local = replicas.local_replicas(r)
+            self._call.run_replicas(replicas.local_replicas(r))
             self._stages = _stages.PopTorchStages(self, plan, replicas.stage, replicas.pp_group, ga)
-        elif self._local_count() != r:  # under torchrun: gradient sums all-reduced over the processes
+        elif len(self._call.replicas) != r:  # under torchrun: gradient sums all-reduced over the processes
             _distributed.join_process_group()
             _distributed.broadcast_module(self._user_model)
             device = self._reference_tensor().device
@@ -336,13 +263,7 @@ class PoplarExecutor:
     def _trace_ipus(self, leaves: list[Any], spec) -> list[int]:
         """The IPUs the forward visits, in order: one micro-batch through the model, no grad, in the mode it
         will run in (a trainingModel's forward may take a branch, and blocks, that inference does not)."""
-        di, ga, r, fed = self._counts()
-        micro = [
-            leaf[: max(1, leaf.shape[0] // (di * ga * fed * self._input_count() // r))]
-            if isinstance(leaf, torch.Tensor) and leaf.dim()
-            else leaf
-            for leaf in leaves
-        ]
+        micro = self._call.micro_batch(leaves)
         args, kwargs = pytree.tree_unflatten(micro, spec)
         with _training_flags_kept(self._user_model), recording_ipus() as trace, \
                 recording_module_blocks(self._user_model, trace) as module_blocks, \
@@ -425,26 +346,32 @@ class PoplarExecutor:
         training model of N stages runs as P / N pipelines of N stage processes (`_stages`), and an inference
         model runs whole in every process. Decided, and the placement checked, before any collective.
         """
-        self._stage_plan, self._local = None, self._input_local
+        self._stage_plan = None
+        self._call.run_as_stage_processes(False)
         count, replicas = _distributed.processes(self._options), self._options.replication_factor
-        if count == 1 or replicas % count == 0 or not self._training:
-            return
         strategy = self._options.execution_strategy
         pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution)
         stages = self.num_stages if pipelined else 1
-        if stages < 2 or count % stages or replicas % (count // stages):
-            raise _distributed.layout_error(replicas, count, stages)
+        try:  # the runtime's layout rule (whole replicas first), in PopTorch's words when it refuses
+            layout = process_layout(count, replicas, stages if self._training else 1)
+        except ValueError:
+            if not self._training:  # inference: every process runs the whole model on the whole batch
+                return
+            raise _distributed.layout_error(replicas, count, stages) from None
+        if layout.stages == 1:
+            return
         args, kwargs = self._traced_call
         with _training_flags_kept(self._user_model), torch.no_grad(), torch.random.fork_rng(devices=[]):
             self._user_model.train()  # only a training model is planned as stage processes
             self._stage_plan = _stages.plan_stages(self._user_model, args, kwargs, strategy, stages)
+        self._call.run_as_stage_processes(True)
 
     @running_model(compiling=True)  # the helpers (for_loop, cond, CPU, ...) see a wrapper at work
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Compile for inputs shaped like `args`/`kwargs`: the batch and placement checks, then the executable."""
         custom_args.register_subclasses_in((args, kwargs))  # a registered parser's subclasses too
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        self._check_batch(leaves)
+        self._call.check_batch(leaves)
         constants = _constant_tensors(self._user_model)
         as_traced = [t.detach().clone() for t in constants]
         buffers = [(b, b.detach().clone()) for b in self._user_model.buffers()]
@@ -628,10 +555,10 @@ class PoplarExecutor:
             self.compile(*args, **kwargs)
         elif not self._attached:
             self._attached = True
-        self._check_batch(leaves)
+        self._call.check_batch(leaves)
         first = self._reference_tensor()
         batch = {
-            str(i): move_to(self._to_runtime_layout(leaf), first.device) if first is not None else leaf
+            str(i): move_to(self._call.to_runtime_layout(leaf), first.device) if first is not None else leaf
             for i, leaf in enumerate(leaves)
         }
         self._recorded = []
@@ -641,10 +568,10 @@ class PoplarExecutor:
                 recorded = self._run(batch, leaves, anchors)
         finally:
             self._recorded = []
-        self._anchor_memory = anchors.results(*self._output_mode())
+        self._anchor_memory = anchors.results(*self._call.output_mode())
         self._calls += 1
-        di, ga, _, _ = self._counts()
-        mode, period = self._output_mode()
+        di, ga, _, _ = self._call.counts()
+        mode, period = self._call.output_mode()
         outputs = _outputs.select_outputs(recorded, di, ga, self._output_count(), mode, period)
         _refuse_backward(outputs)
         return outputs
@@ -662,13 +589,9 @@ class PoplarExecutor:
             if self._stages is not None:
                 runtime_order = self._gather_stage_outputs(runtime_order)
                 self._stages.broadcast_weights()  # every process holds the whole updated model
-            di, ga, _, _ = self._counts()
-            r = self._output_count()
-            recorded = [
-                runtime_order[(d * r + k) * ga + g] for d in range(di) for g in range(ga) for k in range(r)
-            ]
+            recorded = self._call.to_poptorch_order(runtime_order, self._output_count())
         else:
-            di, r = self._counts()[0], self._local_count()
+            di, r = self._call.counts()[0], len(self._call.replicas)
             size = next(
                 (leaf.shape[0] for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.dim() > 0), None
             )
@@ -690,7 +613,7 @@ class PoplarExecutor:
     def _output_count(self) -> int:
         """Replicas whose outputs a call returns: this process's, or every replica's for stage processes
         (their inputs held every replica's samples: each process returns what the one-process run does)."""
-        return self._options.replication_factor if self._stages is not None else self._local_count()
+        return self._options.replication_factor if self._stages is not None else len(self._call.replicas)
 
     def _gather_stage_outputs(self, recorded: list[Any]) -> list[Any]:
         """Every replica's outputs in the runtime's [DI][R][GA] order, on every process, from the pipelines'
@@ -699,7 +622,7 @@ class PoplarExecutor:
         last = stages.module.is_last
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, recorded if last else None)
-        di, ga, r, _ = self._counts()
+        di, ga, r, _ = self._call.counts()
         pipelines = self._process_replicas.layout.data_parallel
         per = r // pipelines
         ends = [gathered[p * stages.num_stages + stages.num_stages - 1] for p in range(pipelines)]

@@ -49,37 +49,46 @@ class ProcessLayout:
 def process_layout(world_size: int, replication_factor: int, ipus_per_replica: int) -> ProcessLayout:
     """Lay `world_size` processes out as pipeline stages x data-parallel groups, or say why not.
 
-    When the world size is a multiple of the IPUs per replica, each process holds one pipeline
-    stage (`world_size / ipus_per_replica` pipelines side by side); otherwise each process runs whole
-    replicas. Either way the data-parallel size must divide the replication factor.
+    The one rule of both front ends (IPUTrainer here, PopTorch's wrappers in `poptorch._distributed`):
+    when the processes divide the replicas, each runs whole replicas (as a poprun instance does, and as
+    PopTorch's DataLoader, which shares the data out before any model is traced, assumes); otherwise,
+    when the world is whole pipelines of `ipus_per_replica` processes whose count divides the replicas,
+    each process holds one pipeline stage. Anything else is a `ValueError` naming the sizes that work.
     """
     if world_size <= 1:
         return ProcessLayout(1, 1, 1)
-    stages = ipus_per_replica if world_size % ipus_per_replica == 0 else 1  # 1 IPU per replica: stages of 1
+    if replication_factor % world_size == 0:
+        return ProcessLayout(world_size, 1, world_size)
+    stages = ipus_per_replica if ipus_per_replica > 1 and world_size % ipus_per_replica == 0 else 1
     data_parallel = world_size // stages
-    if replication_factor % data_parallel:
-        if stages > 1:
-            reason = (
-                f"{world_size} processes = {stages} pipeline stages x {data_parallel} data-parallel groups, "
-                f"and {data_parallel} does not divide replication_factor={replication_factor}"
-            )
-        else:
-            reason = (
-                f"replication_factor={replication_factor} is not a multiple of the world size {world_size}"
-            )
-        raise ValueError(
-            f"Cannot lay {world_size} processes out over the IPU system: {reason}. Launch "
-            f"torchrun --nproc_per_node with a number of processes that divides the replicas "
-            f"({_valid_sizes(replication_factor, ipus_per_replica)}), or change the replication "
-            "(--pod_type / --n_ipu / replication_factor)."
+    if stages > 1 and replication_factor % data_parallel == 0:
+        return ProcessLayout(world_size, stages, data_parallel)
+    if stages > 1:
+        reason = (
+            f"{world_size} processes = {stages} pipeline stages x {data_parallel} data-parallel groups, "
+            f"and {data_parallel} does not divide replication_factor={replication_factor}"
         )
-    return ProcessLayout(world_size, stages, data_parallel)
+    else:
+        reason = f"replication_factor={replication_factor} is not a multiple of the world size {world_size}"
+    raise ValueError(
+        f"Cannot lay {world_size} processes out over the IPU system: {reason}. Launch "
+        f"torchrun --nproc_per_node with a number of processes that divides the replicas "
+        f"({_valid_sizes(replication_factor, ipus_per_replica)}), or change the replication "
+        "(--pod_type / --n_ipu / replication_factor)."
+    )
+
+
+def valid_process_counts(replication_factor: int, ipus_per_replica: int) -> list[int]:
+    """The world sizes `process_layout` accepts: divisors of the replicas (whole replicas per process), and
+    as many whole pipelines of `ipus_per_replica` stage processes."""
+    replicas = [d for d in range(1, replication_factor + 1) if replication_factor % d == 0]
+    return sorted(
+        set(replicas) | ({ipus_per_replica * d for d in replicas} if ipus_per_replica > 1 else set())
+    )
 
 
 def _valid_sizes(replication_factor: int, ipus_per_replica: int) -> str:
-    replicas = [d for d in range(1, replication_factor + 1) if replication_factor % d == 0]
-    sizes = sorted(set(replicas) | {ipus_per_replica * d for d in replicas})  # whole replicas, whole pipelines
-    return ", ".join(str(s) for s in sizes)
+    return ", ".join(str(s) for s in valid_process_counts(replication_factor, ipus_per_replica))
 
 
 class ProcessReplicas:

@@ -397,9 +397,12 @@ def test_one_process_is_one_stage_and_one_data_parallel_rank():
 @pytest.mark.parametrize(
     "world, replicas, ipus, expected",
     [(2, 2, 1, (2, 1, 2)), (4, 2, 2, (4, 2, 2)), (2, 1, 2, (2, 2, 1)), (4, 4, 1, (4, 1, 4)),
-     (8, 2, 4, (8, 4, 2)), (2, 2, 4, (2, 1, 2)), (6, 3, 2, (6, 2, 3)), (3, 3, 2, (3, 1, 3))],
+     (8, 2, 4, (8, 4, 2)), (2, 2, 4, (2, 1, 2)), (6, 3, 2, (6, 2, 3)), (3, 3, 2, (3, 1, 3)),
+     (2, 2, 2, (2, 1, 2)), (4, 4, 2, (4, 1, 4))],
 )  # fmt: skip
-def test_stages_when_the_world_covers_whole_pipelines_else_whole_replicas(world, replicas, ipus, expected):
+def test_whole_replicas_when_the_processes_divide_them_else_whole_pipelines(world, replicas, ipus, expected):
+    """One rule for IPUTrainer and PopTorch (whose DataLoader shares out the replicas' data before any
+    model is traced): replica processes first, as poprun's instances; stage processes otherwise."""
     layout = process_layout(world, replicas, ipus)
     assert (layout.world_size, layout.stages, layout.data_parallel) == expected
 

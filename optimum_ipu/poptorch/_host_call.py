@@ -1,0 +1,140 @@
+"""The batch arithmetic of a PopTorch host call: what its inputs hold, and in which order the runtime runs them.
+
+A call's inputs hold, on dim 0, PopTorch's combined batch: [device iteration][accumulation step]
+[replica group][micro-batch] (`inputReplicaGrouping` feeds one group's samples to each of its replicas).
+The runtime's executables (`runtime.executor`, the ones IPUTrainer uses) take [device iteration]
+[replica][accumulation step][micro-batch] and a `CallLayout`; `HostCall` builds both from the
+`poptorch.Options`, checks the batch as PopTorch does, and gives the outputs back in PopTorch's order.
+
+Under torchrun a process is handed its own replicas' samples (`_distributed.local_replicas`), or every
+replica's when the processes run pipeline stages (`_stages`): then it keeps its pipeline's replicas.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from optimum_ipu.poptorch import _distributed
+from optimum_ipu.poptorch.enums import CommGroupType, OutputMode
+from optimum_ipu.runtime.call_layout import CallLayout
+
+__all__ = ["HostCall"]
+
+
+class HostCall:
+    """One host call of a `trainingModel` / `inferenceModel` under `options`.
+
+    Attributes:
+        input_replicas: the replicas whose samples a call's inputs hold (all of them in one process).
+        replicas: the replicas this process runs (those, or its pipeline's as a stage process).
+        stage_processes: whether the processes run pipeline stages (each handed every replica's samples).
+    """
+
+    def __init__(self, options, training: bool):
+        self.options = options
+        self.training = training
+        self.input_replicas = _distributed.local_replicas(options)
+        self.replicas = self.input_replicas
+        self.stage_processes = False
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """(device iterations, accumulation steps, replicas, replicas fed distinct data)."""
+        o = self.options
+        ga = o.Training.gradient_accumulation if self.training else 1
+        return o.device_iterations, ga, o.replication_factor, o.replication_factor // o.input_group_size
+
+    def runtime_layout(self) -> CallLayout:
+        """The runtime's layout of the call (every micro-batch's loss returned: PopTorch selects them)."""
+        di, ga, r, _ = self.counts()
+        return CallLayout(device_iterations=di, replication_factor=r, gradient_accumulation_steps=ga,
+                          output_mode="all")  # fmt: skip
+
+    def run_as_stage_processes(self, stage_processes: bool) -> None:
+        """Whether the processes run pipeline stages; either way this process runs its input replicas
+        until `run_replicas` says which replicas its pipeline runs."""
+        self.stage_processes = stage_processes
+        self.replicas = self.input_replicas
+
+    def run_replicas(self, replicas: range) -> None:
+        """The replicas this process's pipeline runs (stage processes)."""
+        self.replicas = replicas
+
+    def micro_batch(self, leaves: list[Any]) -> list[Any]:
+        """One micro-batch of each input (what a trace of the forward runs)."""
+        di, ga, r, fed = self.counts()
+        per_call = di * ga * fed * len(self.input_replicas) // r
+        return [
+            leaf[: max(1, leaf.shape[0] // per_call)]
+            if isinstance(leaf, torch.Tensor) and leaf.dim()
+            else leaf
+            for leaf in leaves
+        ]
+
+    def check_batch(self, leaves: list[Any]) -> None:
+        """PopTorch's error (its wording) for an input whose dim 0 is not a whole number of calls' samples."""
+        o = self.options
+        di, ga, r, fed = self.counts()
+        held = len(self.input_replicas)
+        per_call = di * fed * ga * held // r
+        replicas = f"Options.replicationFactor({o.replication_factor})"
+        if held != r:
+            replicas = f"{replicas} / processes({r // held})"
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] % per_call:
+                raise AssertionError(
+                    f"Invalid batch dimension: In the input {list(leaf.shape)}, the batch dimension "
+                    f"({leaf.shape[0]}) must be a multiple of Options.deviceIterations({di}) * "
+                    f"({replicas} / "
+                    f"Options.inputReplicaGrouping.input_group_size({o.input_group_size})) * "
+                    f"Options.Training.gradientAccumulation({ga}) = {per_call} because it is used to calculate "
+                    "the batch size which will be executed on the device in any given iteration. For a full "
+                    "explanation see the batching semantics page of the documentation."
+                )
+
+    def to_runtime_layout(self, leaf: Any) -> Any:
+        """PopTorch's [DI][GA][R/g][mb] -> the runtime's [DI][R][GA][mb], each group's data to each replica."""
+        if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
+            return leaf
+        di, ga, r, fed = self.counts()
+        local = self.replicas
+        if self.stage_processes and len(local) != r:  # every replica's samples: keep this pipeline's
+            x = leaf.reshape(di, ga, r, -1, *leaf.shape[1:])[:, :, local.start : local.stop]
+            leaf = x.reshape(-1, *leaf.shape[1:])
+        if (
+            len(local) != r
+        ):  # under torchrun: this process's replicas, at their places in the runtime's layout
+            x = leaf.reshape(di, ga, len(local), -1, *leaf.shape[1:]).transpose(1, 2)
+            full = x.new_zeros((di, r, *x.shape[2:]))  # the other processes' replicas do not run here
+            full[:, local.start : local.stop] = x
+            return full.reshape(-1, *leaf.shape[1:])
+        if fed != r:
+            x = leaf.reshape(di, ga, fed, -1, *leaf.shape[1:])
+            group = self.options.input_group_size
+            if self.options.input_cgt == CommGroupType.Orthogonal:
+                index = torch.arange(r, device=leaf.device) % fed
+            else:
+                index = torch.arange(r, device=leaf.device) // group
+            leaf = x.index_select(2, index).reshape(-1, *leaf.shape[1:])
+        if ga > 1 and r > 1:
+            x = leaf.reshape(di, ga, r, -1, *leaf.shape[1:])
+            leaf = x.transpose(1, 2).reshape(-1, *leaf.shape[1:])
+        return leaf
+
+    def to_poptorch_order(self, runtime_order: list[Any], replicas: int) -> list[Any]:
+        """Micro-batch results in the runtime's [DI][R][GA] order -> PopTorch's [DI][GA][R] (`replicas` of them)."""
+        di, ga, _, _ = self.counts()
+        return [
+            runtime_order[(d * replicas + k) * ga + g]
+            for d in range(di)
+            for g in range(ga)
+            for k in range(replicas)
+        ]
+
+    def output_mode(self) -> tuple[OutputMode, int]:
+        """PopTorch's output mode in effect (Default: Final in training, All in inference) and its period."""
+        mode = self.options.output_mode
+        if mode == OutputMode.Default:
+            mode = OutputMode.Final if self.training else OutputMode.All
+        return mode, self.options.output_return_period
