@@ -13,6 +13,7 @@ loss) becomes a vector, or stays 0-dim when one micro-batch is selected:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -119,3 +120,45 @@ def select_outputs(
     flat = [pytree.tree_flatten(o)[0] for o in chosen]
     spec = pytree.tree_flatten(chosen[0])[1]
     return pytree.tree_unflatten([_combine(list(column)) for column in zip(*flat)], spec)
+
+
+BACKWARD_ON_OUTPUT = (
+    "backward() cannot be called explicitly on outputs of a PopTorch model. If you're using a trainingModel, the "
+    "backwards pass is performed automatically when invoking the model. If you're using an inferenceModel, you "
+    "should use a trainingModel instead."
+)
+_REFUSAL = ("backward", "__getstate__")
+
+
+def _refused_backward(*_: Any, **__: Any) -> None:
+    raise Error(BACKWARD_ON_OUTPUT)
+
+
+def refuse_backward(outputs: Any) -> None:
+    """`backward()` on a returned tensor raises PopTorch's error (the call already ran backward and the update).
+
+    The refusal is an attribute of the tensor; pickling (`torch.save`) leaves it out, so a saved output
+    loads as a plain tensor, with `weights_only=True` too, without optimum-ipu installed.
+    """
+    if isinstance(outputs, (list, tuple)):
+        for element in outputs:
+            refuse_backward(element)
+    elif isinstance(outputs, torch.Tensor):
+        tensor = weakref.ref(outputs)  # a strong reference from its own attribute would be a cycle
+
+        def state_without_refusal() -> dict[str, Any]:
+            owner = tensor()
+            attributes = vars(owner) if owner is not None else {}
+            return {k: v for k, v in attributes.items() if k not in _REFUSAL}
+
+        outputs.backward = _refused_backward
+        outputs.__getstate__ = state_without_refusal  # what torch's Tensor.__reduce_ex__ saves
+
+
+def detached(output: Any) -> Any:
+    """`output` with every tensor detached (a tensor or a tuple of tensors directly: the common forwards)."""
+    if isinstance(output, torch.Tensor):
+        return output.detach()
+    if type(output) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in output):
+        return type(output)(t.detach() for t in output)
+    return pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, output)

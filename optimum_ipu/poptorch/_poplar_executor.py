@@ -11,11 +11,16 @@ every micro-batch are recorded on the way and returned as PopTorch's `OutputMode
 Weights are the user's own tensors, so a training model and an inference model of one module see each
 other's weights at once (PopTorch copies them lazily; the result is the same), and
 `copyWeightsToHost/ToDevice` have nothing to copy.
+
+`PoplarExecutor` holds PopTorch's API and runs compile and calls; each concern is its own file: the
+batch arithmetic of a call (`_host_call`), the trace of one micro-batch (`_trace`), the placement
+checks and the process layout (`_placement`), the optimizer as PopTorch uses it (`_optimizer_use`),
+what a call returns (`_outputs`), the compile report (`_report`), stage processes (`_stages`), saved
+executables (`_export`) and anchors (`_anchors`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from typing import Any
 
@@ -26,24 +31,34 @@ from torch.utils import _pytree as pytree
 
 from optimum_ipu.costmodel.memory import memory_check_from_environment
 from optimum_ipu.poptorch import _anchors, _distributed, _export, _outputs, _stages, custom_args
-from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._host_call import HostCall
 from optimum_ipu.poptorch._ipu_context import running_model
 from optimum_ipu.poptorch._logging import Error, logger
-from optimum_ipu.poptorch._recompute import finding_recomputed_modules, recomputing
+from optimum_ipu.poptorch._optimizer_use import (
+    check_optimizer_parameters,
+    hyperparameters,
+    hyperparameters_as_set,
+    max_norm,
+)
+from optimum_ipu.poptorch._placement import check_placement, plan_stage_processes
+from optimum_ipu.poptorch._recompute import recomputing
 from optimum_ipu.poptorch._report import (
     PopTorchOutOfMemoryError,
     compile_report,
-    recording_module_blocks,
     stage_plan_from_blocks,
 )
-from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
-from optimum_ipu.poptorch.enums import AutoStage, ReductionType
+from optimum_ipu.poptorch._trace import (
+    constant_tensors,
+    constants_as_traced,
+    reference_tensor,
+    trace_forward,
+    training_flags_kept,
+)
+from optimum_ipu.poptorch.enums import ReductionType
 from optimum_ipu.poptorch.optim import AMSGRAD, _IPUMixin
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.batches import move_to
-from optimum_ipu.runtime.checks import MAX_IPUS_PER_PROCESS, ipus_to_reserve, min_gradient_accumulation
-from optimum_ipu.runtime.distributed import build_process_replicas, process_layout
+from optimum_ipu.runtime.distributed import build_process_replicas
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
 from optimum_ipu.runtime.loss_scaling import LossScaler
@@ -58,17 +73,7 @@ GA_INFERENCE = (
     "number of batches each run for pipelined execution instead."
 )
 
-BACKWARD_ON_OUTPUT = (
-    "backward() cannot be called explicitly on outputs of a PopTorch model. If you're using a trainingModel, the "
-    "backwards pass is performed automatically when invoking the model. If you're using an inferenceModel, you "
-    "should use a trainingModel instead."
-)
-
 _training_wrappers: weakref.WeakKeyDictionary[nn.Module, PoplarExecutor] = weakref.WeakKeyDictionary()
-
-
-def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-    return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
 
 
 class _MicroBatchModel(nn.Module):
@@ -119,7 +124,7 @@ class PoplarExecutor:
             if optimizer is not None and any(group.get("amsgrad") for group in optimizer.param_groups):
                 raise ValueError(AMSGRAD)
             if optimizer is not None:
-                _check_optimizer_parameters(model, optimizer)
+                check_optimizer_parameters(model, optimizer)
             _training_wrappers[model] = self
             if optimizer is None:
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -131,7 +136,7 @@ class PoplarExecutor:
             if self._options.Training.gradient_accumulation != 1:
                 raise Error(GA_INFERENCE)
         self._optimizer = optimizer
-        self._hyperparameters = _hyperparameters(optimizer) if optimizer is not None else None
+        self._hyperparameters = hyperparameters(optimizer) if optimizer is not None else None
         self._rounding: tuple[Any, torch.Generator | None] = (
             None,
             None,
@@ -143,7 +148,6 @@ class PoplarExecutor:
         self._loss_index: int | None = None
         self._streams: ReplicaStreams | None = None
         self._micro_model = _MicroBatchModel(self)
-        self._checkpointed: list[nn.Module] = []  # modules whose outputs the forward checkpoints
         self._recomputed: list[nn.Module] = []  # those recomputed in backward (when recomputation is on)
         # (plain tensor attribute, its value when traced): constants of the compiled model
         self._constants: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -185,7 +189,7 @@ class PoplarExecutor:
         if self._loss_index is None:
             self._loss_index = _outputs.find_loss(output)
         loss = leaves[self._loss_index]
-        self._recorded.append(_detached(output))
+        self._recorded.append(_outputs.detached(output))
         return _outputs.loss_for_backward(loss)
 
     def _fp16_compute(self) -> str | None:
@@ -197,10 +201,8 @@ class PoplarExecutor:
         return resolve_fp16_compute(None, tensors[0].device)
 
     def _reference_tensor(self) -> torch.Tensor | None:
-        """The tensor whose device (and dtype, for floating inputs) inputs are fed in: the first weight,
-        else the first buffer; None for a module with neither (an adder), whose inputs stay as given."""
-        first = next(self._user_model.parameters(), None)
-        return first if first is not None else next(self._user_model.buffers(), None)
+        """The tensor whose device and dtype inputs are fed in (`_trace.reference_tensor`)."""
+        return reference_tensor(self._user_model)
 
     def _build(self) -> None:
         di, ga, r, _ = self._call.counts()
@@ -260,125 +262,26 @@ class PoplarExecutor:
         return self._rounding[1]
 
     # -- PopTorch's API ------------------------------------------------------------------------------
-    def _trace_ipus(self, leaves: list[Any], spec) -> list[int]:
-        """The IPUs the forward visits, in order: one micro-batch through the model, no grad, in the mode it
-        will run in (a trainingModel's forward may take a branch, and blocks, that inference does not)."""
-        micro = self._call.micro_batch(leaves)
-        args, kwargs = pytree.tree_unflatten(micro, spec)
-        with _training_flags_kept(self._user_model), recording_ipus() as trace, \
-                recording_module_blocks(self._user_model, trace) as module_blocks, \
-                finding_recomputed_modules(self._user_model) as checkpointed, \
-                torch.no_grad(), torch.random.fork_rng(devices=[]):  # fmt: skip
-            self._user_model.train(self._training)
-            first = self._reference_tensor()
-            args, kwargs = pytree.tree_map(  # as the executable feeds it: on the model's device and dtype
-                lambda t: t.to(first.device, first.dtype if t.is_floating_point() else t.dtype)
-                if isinstance(t, torch.Tensor) and first is not None and first.is_floating_point() else t,
-                (args, kwargs),
-            )  # fmt: skip
-            self._user_model(*args, **kwargs)
-        self._checkpointed = checkpointed
-        self._traced = (list(trace), module_blocks, micro, spec)
-        self._traced_call = (args, kwargs)
-        return [ipu for _, ipu in trace]
-
-    def _recomputation_on(self, pipelined_stages: int) -> bool:
-        """PopTorch recomputes in pipelined training over 2+ stages, or when `autoRecomputation` is set."""
-        auto = self._options._Popart._values.get("autoRecomputation")
-        return self._training and (pipelined_stages >= 2 or bool(auto))
-
-    def _check_placement(self, ipus: list[int]) -> None:
-        """PopTorch's compile checks on the blocks' IPUs (PopART's wording)."""
-        strategy = self._options.execution_strategy
-        merged = [ipu for i, ipu in enumerate(ipus) if i == 0 or ipu != ipus[i - 1]]
-        stage_ipus = [s._ipu for s in strategy.stages if s._ipu is not None]
-        used = max(ipus + stage_ipus) + 1
-        if strategy.stages:
-            stages = len(strategy.stages)
-        elif strategy.auto_stage == AutoStage.AutoIncrement:
-            stages = len(merged)
-        else:
-            stages = len(set(merged))
-        self.num_ipus, self.num_stages = used, stages
-        total = used * self._options.replication_factor
-        if total > MAX_IPUS_PER_PROCESS:  # the runtime's rules, in PopTorch's words
-            raise Error(
-                f"Too many IPUs requested ({total}). Experiments that need more than 64 IPUs require distributed execution."
-            )
-        rounded = ipus_to_reserve(total)
-        if rounded != total:
-            common = ", because PopTorch must reserve a power of 2 or maximum of 64 IPUs per process"
-            if not self._options.auto_round_num_ipus:
-                raise Error(
-                    f"The model specifies the use of {total} IPUs, however PopTorch must reserve a minimum of {rounded} "
-                    f"in order to allow the model to run{common}. Please reconfigure your model to use a different "
-                    "number of IPUs or set poptorch.Options().autoRoundNumIPUs(True)."
-                )
-            logger.warning("Reserving %d IPUs when the model specifices the use of only %d%s. %d will be reserved but "
-                           "not used.", rounded, total, common, rounded - total)  # fmt: skip
-        pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution)
-        self._recomputed = self._checkpointed if self._recomputation_on(stages if pipelined else 0) else []
-        if self._recomputed:
-            names = {m: name for name, m in self._user_model.named_modules()}
-            logger.info("Recomputed in backward: %s", ", ".join(names.get(m, "?") for m in self._recomputed))
-        if not pipelined or stages < 2:
-            return
-        if self._training:
-            pipeline = min_gradient_accumulation(
-                stages
-            )  # the rule IPUTrainer's check uses, in PopTorch's words
-            if self._options.Training.gradient_accumulation < pipeline:
-                raise Error(
-                    "poptorch.Options().Training.gradientAccumulation must be greater than or equal to the number of "
-                    f"pipeline stages ({pipeline}) when using poptorch.PipelinedExecution. Please note that a model "
-                    f"with {stages} pipeline stages in PopTorch will have an additional {stages - 1} stages when training."
-                )
-        elif self._options.device_iterations < stages:
-            raise Error(
-                "poptorch.Options().deviceIterations must be greater than or equal to the number of pipeline stages "
-                f"({stages}) when using PopTorch.PipelinedExecution."
-            )
-
-    def _plan_processes(self) -> None:
-        """Under torchrun, when the processes do not split the replicas: stage processes, or the layout error.
-
-        Replicas that P processes can share run as replica processes (`_distributed`); otherwise a pipelined
-        training model of N stages runs as P / N pipelines of N stage processes (`_stages`), and an inference
-        model runs whole in every process. Decided, and the placement checked, before any collective.
-        """
-        self._stage_plan = None
-        self._call.run_as_stage_processes(False)
-        count, replicas = _distributed.processes(self._options), self._options.replication_factor
-        strategy = self._options.execution_strategy
-        pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution)
-        stages = self.num_stages if pipelined else 1
-        try:  # the runtime's layout rule (whole replicas first), in PopTorch's words when it refuses
-            layout = process_layout(count, replicas, stages if self._training else 1)
-        except ValueError:
-            if not self._training:  # inference: every process runs the whole model on the whole batch
-                return
-            raise _distributed.layout_error(replicas, count, stages) from None
-        if layout.stages == 1:
-            return
-        args, kwargs = self._traced_call
-        with _training_flags_kept(self._user_model), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            self._user_model.train()  # only a training model is planned as stage processes
-            self._stage_plan = _stages.plan_stages(self._user_model, args, kwargs, strategy, stages)
-        self._call.run_as_stage_processes(True)
-
     @running_model(compiling=True)  # the helpers (for_loop, cond, CPU, ...) see a wrapper at work
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Compile for inputs shaped like `args`/`kwargs`: the batch and placement checks, then the executable."""
         custom_args.register_subclasses_in((args, kwargs))  # a registered parser's subclasses too
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._call.check_batch(leaves)
-        constants = _constant_tensors(self._user_model)
+        constants = constant_tensors(self._user_model)
         as_traced = [t.detach().clone() for t in constants]
         buffers = [(b, b.detach().clone()) for b in self._user_model.buffers()]
         _anchors.check_anchors(self._options.anchored_tensors, self._user_model, self._training)
+        self._stage_plan = None
         try:
-            self._check_placement(self._trace_ipus(leaves, spec))
-            self._plan_processes()
+            trace = trace_forward(self._user_model, self._call.micro_batch(leaves), spec, self._training)
+            placement = check_placement(self._user_model, trace, self._options, self._training)
+            self.num_ipus, self.num_stages = placement.num_ipus, placement.num_stages
+            self._recomputed, self._traced = placement.recomputed, trace
+            self._stage_plan = plan_stage_processes(
+                self._user_model, trace, self._options, self._training, placement
+            )
+            self._call.run_as_stage_processes(self._stage_plan is not None)
         finally:
             # the trace changes no buffer (a forward that updates one runs again on the IPU)
             with torch.no_grad():
@@ -393,15 +296,15 @@ class PoplarExecutor:
 
     def _report(self) -> None:
         """The cost model's memory table and throughput for the blocks as placed (logged; kept in `compile_result`)."""
-        entries, module_blocks, micro, spec = self._traced
+        trace = self._traced
         if next(self._user_model.parameters(), None) is None:
             self.compile_result = None  # no weights: nothing to place, no memory to report
             return
-        plan = stage_plan_from_blocks(self._user_model, module_blocks, entries, self.num_ipus)
+        plan = stage_plan_from_blocks(self._user_model, trace.module_blocks, trace.entries, self.num_ipus)
         check = memory_check_from_environment()  # a bad value is the user's error, not a failed estimate
         try:
             self.compile_result = compile_report(
-                self._user_model, plan, self._options, micro, spec, training=self._training,
+                self._user_model, plan, self._options, trace.micro, trace.spec, training=self._training,
                 optimizer=self._optimizer, num_ipus=self.num_ipus * self._options.replication_factor,
                 recomputed=bool(self._recomputed), memory_check=check,
             )  # fmt: skip
@@ -529,12 +432,12 @@ class PoplarExecutor:
         """Use `optimizer`'s current hyper-parameters from the next call on (PopTorch reads them only here)."""
         if not self._training:
             raise Error("setOptimizer is only for a poptorch.trainingModel.")
-        _check_optimizer_parameters(self._user_model, optimizer)
+        check_optimizer_parameters(self._user_model, optimizer)
         self._optimizer = optimizer
-        self._hyperparameters = _hyperparameters(optimizer)
+        self._hyperparameters = hyperparameters(optimizer)
         if isinstance(self._executable, TrainingExecutable):
             self._executable.optimizer = optimizer
-            self._executable.max_grad_norm = _max_norm(optimizer)
+            self._executable.max_grad_norm = max_norm(optimizer)
             self._executable.rounding_generator = self._rounding_generator(optimizer)
 
     def getOptimizer(self) -> torch.optim.Optimizer | None:
@@ -564,7 +467,7 @@ class PoplarExecutor:
         self._recorded = []
         anchors = _anchors.AnchorRecorder(self._user_model, self._options.anchored_tensors)
         try:
-            with _training_flags_kept(self._user_model), self._constants_as_traced():
+            with training_flags_kept(self._user_model), constants_as_traced(self._constants):
                 recorded = self._run(batch, leaves, anchors)
         finally:
             self._recorded = []
@@ -573,14 +476,14 @@ class PoplarExecutor:
         di, ga, _, _ = self._call.counts()
         mode, period = self._call.output_mode()
         outputs = _outputs.select_outputs(recorded, di, ga, self._output_count(), mode, period)
-        _refuse_backward(outputs)
+        _outputs.refuse_backward(outputs)
         return outputs
 
     def _run(self, batch: dict[str, Any], leaves: list[Any], anchors: _anchors.AnchorRecorder) -> list[Any]:
         """One host call: every micro-batch's outputs, in PopTorch's [DI][GA][R] order."""
         if self._training:
             with (
-                self._optimizer_as_set(),
+                hyperparameters_as_set(self._optimizer, self._hyperparameters),
                 recomputing(self._recomputed),
                 anchors.around_updates(self._optimizer),
             ):
@@ -629,133 +532,8 @@ class PoplarExecutor:
         return [ends[p][(d * per + k) * ga + g] for d in range(di) for p in range(pipelines) for k in range(per)
                 for g in range(ga)]  # fmt: skip
 
-    @contextlib.contextmanager
-    def _constants_as_traced(self):
-        """Tensors held as plain module attributes are constants of the traced graph, as on PopTorch: each
-        call sees the values they had when the model was compiled, and the host keeps its own values."""
-        with torch.no_grad():
-            host = [(t, t.detach().clone()) for t, _ in self._constants]
-            for t, traced in self._constants:
-                t.copy_(traced)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for t, value in host:
-                    t.copy_(value)
-
-    def _optimizer_as_set(self):
-        """PopTorch uses the hyper-parameters of the last `setOptimizer` (or wrap) until the next one."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def swapped():
-            groups = self._optimizer.param_groups
-            current = _hyperparameters(self._optimizer)
-            if current != self._hyperparameters:
-                logger.warning(
-                    "The optimizer's hyper-parameters changed since it was given to the model; as on PopTorch "
-                    "the model keeps the old ones until you call model.setOptimizer(optimizer)."
-                )
-            for group, values in zip(groups, self._hyperparameters):
-                group.update(values)
-            try:
-                yield
-            finally:
-                for group, values in zip(groups, current):
-                    group.update(values)
-
-        return swapped()
-
 
 _ESTIMATED: set[str] = set()  # calls that said once that they answer from the cost model
-
-
-@contextlib.contextmanager
-def _training_flags_kept(model: nn.Module):
-    """Every module of `model` leaves the block in the train/eval mode it entered in (a trace or a call
-    switches them; the user's own `model.train()` / `model.eval()` stands)."""
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        yield
-    finally:
-        for module, was_training in modes:
-            module.training = was_training
-
-
-def _refused_backward(*_: Any, **__: Any) -> None:
-    raise Error(BACKWARD_ON_OUTPUT)
-
-
-_REFUSAL = ("backward", "__getstate__")
-
-
-def _refuse_backward(outputs: Any) -> None:
-    """`backward()` on a returned tensor raises PopTorch's error (the call already ran backward and the update).
-
-    The refusal is an attribute of the tensor; pickling (`torch.save`) leaves it out, so a saved output
-    loads as a plain tensor, with `weights_only=True` too, without optimum-ipu installed.
-    """
-    if isinstance(outputs, (list, tuple)):
-        for element in outputs:
-            _refuse_backward(element)
-    elif isinstance(outputs, torch.Tensor):
-        tensor = weakref.ref(outputs)  # a strong reference from its own attribute would be a cycle
-
-        def state_without_refusal() -> dict[str, Any]:
-            owner = tensor()
-            attributes = vars(owner) if owner is not None else {}
-            return {k: v for k, v in attributes.items() if k not in _REFUSAL}
-
-        outputs.backward = _refused_backward
-        outputs.__getstate__ = state_without_refusal  # what torch's Tensor.__reduce_ex__ saves
-
-
-def _detached(output: Any) -> Any:
-    """`output` with every tensor detached (a tensor or a tuple of tensors directly: the common forwards)."""
-    if isinstance(output, torch.Tensor):
-        return output.detach()
-    if type(output) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in output):
-        return type(output)(t.detach() for t in output)
-    return pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, output)
-
-
-def _constant_tensors(model: nn.Module) -> list[torch.Tensor]:
-    """Tensors held as plain attributes of the model's modules (neither parameters nor buffers)."""
-    found: dict[int, torch.Tensor] = {}
-    for module in model.modules():
-        for value in vars(module).values():
-            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
-                found[id(value)] = value
-    return list(found.values())
-
-
-def _check_optimizer_parameters(model: nn.Module, optimizer) -> None:
-    """An `Error` if `optimizer` holds tensors that are not parameters of `model`.
-
-    The wrapper runs `model` and steps `optimizer`: a tensor the optimizer holds that the model does not
-    would get no gradient, and a model parameter it does not hold is never updated, so an optimizer
-    built on another module's parameters trains nothing, silently. A subset of the model's parameters
-    is fine (the others stay frozen).
-    """
-    own = {id(p) for p in model.parameters()}
-    held = {id(p): p for group in getattr(optimizer, "param_groups", []) for p in group["params"]}
-    foreign = [p for key, p in held.items() if key not in own]
-    if not foreign:
-        return
-    shapes = ", ".join(str(list(p.shape)) for p in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-    name = type(optimizer).__name__
-    raise Error(
-        f"{len(foreign)} of the optimizer's {len(held)} parameters are not parameters of the model "
-        f"({type(model).__name__}) (shapes {shapes}): the optimizer would update tensors the model does not use, "
-        "and the model's weights would never change. Build the optimizer from the wrapped model's parameters: "
-        f"optimizer = {name}(model.parameters(), ...), with `model` the module given to poptorch.trainingModel."
-    )
-
-
-def _max_norm(optimizer) -> float:
-    value = getattr(optimizer, "max_grad_norm", float("inf"))
-    return 0.0 if value == float("inf") else float(value)
 
 
 def trainingModel(model: nn.Module, options: Options | None = None, optimizer=None) -> PoplarExecutor:
