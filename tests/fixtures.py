@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 from transformers import (
     BartConfig,
@@ -576,3 +578,22 @@ def write_tiny_seq2seq_json(directory: str | os.PathLike, train: int = 32, evalu
             lines = "\n".join(json.dumps(record) for record in records)
             (directory / f"{name}_{split}.json").write_text(lines + "\n")
     return directory
+
+
+def assert_same_answers(got, expected):
+    """A pipeline's answers equal another's: lists and dicts alike, scores (floats, numpy scalars and
+    arrays) equal to float rounding."""
+    if isinstance(expected, list):
+        assert isinstance(got, list) and len(got) == len(expected)
+        for g, e in zip(got, expected):
+            assert_same_answers(g, e)
+    elif isinstance(expected, dict):
+        assert got.keys() == expected.keys()
+        for key in expected:
+            assert_same_answers(got[key], expected[key])
+    elif isinstance(expected, (float, np.floating, np.ndarray)):
+        # numpy float32 scores too: differently shaped matmuls (the placed model's blocks vs one model)
+        # may differ in the last bits on another CPU's kernels (AVX2 vs AVX-512).
+        assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    else:
+        assert got == expected

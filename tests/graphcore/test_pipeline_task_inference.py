@@ -5,10 +5,10 @@ named. Optimum Graphcore asked the Hub; the Hub is still asked first when it can
 
 import logging
 
-import numpy as np
 import pytest
 import transformers
 from fixtures import (
+    assert_same_answers,
     seeded,
     tiny_bert_config,
     tiny_t5_config,
@@ -76,23 +76,8 @@ def test_a_local_model_without_a_task_answers_as_transformers_with_the_task_name
     said = [r.getMessage() for r in caplog.records if r.name == "optimum_ipu.compat.pipeline_tasks"]
     assert len(said) == 1 and repr(task) in said[0] and cls.__name__ in said[0], said
     expected, got = plain(texts, **options), ipu(texts, **options)
-    assert_same(got, expected)
+    assert_same_answers(got, expected)
     ipu.model.detachFromDevice()  # the notebook frees the IPUs of each pipeline
-
-
-def assert_same(got, expected):
-    if isinstance(expected, list):
-        assert isinstance(got, list) and len(got) == len(expected)
-        for g, e in zip(got, expected):
-            assert_same(g, e)
-    elif isinstance(expected, dict):
-        assert got.keys() == expected.keys()
-        for key in expected:
-            assert_same(got[key], expected[key])
-    elif isinstance(expected, (float, np.floating)):
-        assert got == pytest.approx(expected, abs=1e-5)
-    else:
-        assert got == expected
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,10 @@ The IPU pipelines pad every input to 128 tokens by default (static shapes, as in
 plain pipelines do not pad, so equal answers also show that the padding changes nothing.
 """
 
-import numpy as np
 import pytest
 import torch
 import transformers
+from fixtures import assert_same_answers as assert_same
 from fixtures import seeded, tiny_bert_config, tiny_tokenizer
 from transformers import (
     BertForMaskedLM,
@@ -64,24 +64,6 @@ def both(task, cls, tokenizer, config=None, **options):
 
 def assert_from_ipu(ipu, calls):
     assert ipu.ipu.calls == calls, f"{ipu.ipu.calls} host calls, expected {calls}"
-
-
-def assert_same(got, expected):
-    """Equal answers; scores equal to float rounding."""
-    if isinstance(expected, list):
-        assert isinstance(got, list) and len(got) == len(expected)
-        for g, e in zip(got, expected):
-            assert_same(g, e)
-    elif isinstance(expected, dict):
-        assert got.keys() == expected.keys()
-        for key in expected:
-            assert_same(got[key], expected[key])
-    elif isinstance(expected, (float, np.floating, np.ndarray)):
-        # numpy float32 scores too: differently shaped matmuls (the placed model's blocks vs one model)
-        # may differ in the last bits on another CPU's kernels (AVX2 vs AVX-512).
-        assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
-    else:
-        assert got == expected
 
 
 def test_the_tasks_and_aliases_of_optimum_graphcore_are_listed():
