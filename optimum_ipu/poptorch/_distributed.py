@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from optimum_ipu.poptorch._logging import Error
-from optimum_ipu.runtime.distributed import process_layout, valid_process_counts
+from optimum_ipu.runtime.distributed import processes_share_replicas, valid_process_counts
 
 __all__ = ["data_processes", "join_process_group", "local_replicas", "processes"]
 
@@ -50,13 +50,7 @@ def data_processes(options) -> int:
     The DataLoader is built before the model is traced, so this is decided from the options alone.
     """
     count = processes(options)
-    if count == 1:
-        return 1
-    try:  # the processes split the replicas when the layout rule gives them whole replicas
-        whole_replicas = process_layout(count, options.replication_factor, 1).stages == 1
-    except ValueError:
-        whole_replicas = False
-    return count if whole_replicas else 1
+    return count if count > 1 and processes_share_replicas(count, options.replication_factor) else 1
 
 
 def local_replicas(options) -> range:

@@ -46,6 +46,11 @@ class ProcessLayout:
     data_parallel: int
 
 
+def processes_share_replicas(world_size: int, replication_factor: int) -> bool:
+    """Whether `world_size` processes each run whole replicas: the first branch of `process_layout`."""
+    return replication_factor % world_size == 0
+
+
 def process_layout(world_size: int, replication_factor: int, ipus_per_replica: int) -> ProcessLayout:
     """Lay `world_size` processes out as pipeline stages x data-parallel groups, or say why not.
 
@@ -57,7 +62,7 @@ def process_layout(world_size: int, replication_factor: int, ipus_per_replica: i
     """
     if world_size <= 1:
         return ProcessLayout(1, 1, 1)
-    if replication_factor % world_size == 0:
+    if processes_share_replicas(world_size, replication_factor):
         return ProcessLayout(world_size, 1, world_size)
     stages = ipus_per_replica if ipus_per_replica > 1 and world_size % ipus_per_replica == 0 else 1
     data_parallel = world_size // stages
