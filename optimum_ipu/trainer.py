@@ -30,18 +30,18 @@ from torch import nn
 from transformers import Trainer
 from transformers.trainer_utils import TrainOutput
 
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.checkpoints import AtomicCheckpoints
 from optimum_ipu.compiling import compile_inference, compile_training
 from optimum_ipu.configuration.schema import FIELD_DEFAULTS
 from optimum_ipu.pipelining import to_pipelined
 from optimum_ipu.pipelining.pipeline import untied_output_projection
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, move_to, pad_by_repeating
-from optimum_ipu.runtime.call_layout import CallLayout
 from optimum_ipu.runtime.distributed import build_process_replicas, hold_process_groups
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
 from optimum_ipu.runtime.loss_scaling import LossScaler
-from optimum_ipu.runtime.optimizers import LAMB, AdamW, IPUOptimizer
+from optimum_ipu.runtime.optimizers import LAMB, AdamW, IPUOptimizer, accumulator_dtype
 from optimum_ipu.runtime.replicas import ReplicaStreams
 from optimum_ipu.runtime.stages import PipelineStages, check_supported
 from optimum_ipu.training_args import IPUTrainingArguments, resolve_ipu_config
@@ -476,9 +476,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             replicas=self.process_replicas,
             stages=self._build_stages(),
             # The optimizer's gradient accumulator type (fp16 for fp16 training, see create_optimizer).
-            accumulator_dtype=getattr(
-                getattr(self.optimizer, "optimizer", self.optimizer), "accum_type", torch.float32
-            ),
+            accumulator_dtype=accumulator_dtype(self.optimizer),
         )
 
     def _build_stages(self) -> PipelineStages | None:
@@ -570,7 +568,8 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             )  # fmt: skip
             self.inference_report = compiled.report
         executable = _ShardedModel(
-            InferenceExecutable(model, self.args.per_device_eval_batch_size, self.fp16_compute),
+            InferenceExecutable(model, CallLayout.from_ipu_config(self.ipu_config, for_inference=True),
+                                self.args.per_device_eval_batch_size, self.fp16_compute),
             real_samples=size,
         )
         # Each process's call is its own: no count of loss items gathered over the processes, and no

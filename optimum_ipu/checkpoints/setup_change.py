@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.checkpoints.folders import (
     IPU_CONFIG,
     SAFE_WEIGHTS,
@@ -126,7 +127,8 @@ def compare_setup(checkpoint: str | os.PathLike, ipu_config, micro_batch_size: i
     given = {name for name, value in saved.items() if value is not None}
     saved = derive_defaults({name: saved.get(name, default) for name, default in FIELD_DEFAULTS.items()},
                             given)  # fmt: skip
-    factor = saved["gradient_accumulation_steps"] * saved["replication_factor"] * saved["device_iterations"]
+    factor = CallLayout(saved["device_iterations"], saved["replication_factor"],
+                        saved["gradient_accumulation_steps"]).micro_batches
     saved_combined = state.get("train_batch_size") or factor * micro_batch_size
     saved["per_device_train_batch_size"] = max(1, saved_combined // factor)
     current["per_device_train_batch_size"] = micro_batch_size

@@ -48,6 +48,7 @@ from transformers import (
 )
 from transformers.utils import ModelOutput
 
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.compat.audio_pipelines import (
     IPUAudioClassificationPipeline,
     IPUAutomaticSpeechRecognitionPipeline,
@@ -174,7 +175,7 @@ class IPUInference:
         self._lay_out()
         self.compile(inputs)
         executable = InferenceExecutable(
-            self.pipelined.module, micro_batch_size=size, fp16_compute=self.fp16_compute
+            self.pipelined.module, CallLayout(), micro_batch_size=size, fp16_compute=self.fp16_compute
         )
         return _to_host_float32(executable(inputs))
 

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.configuration.legacy import n_ipu_from_pod_type, normalize_config_dict
 from optimum_ipu.configuration.parsing import parse_overrides
 from optimum_ipu.configuration.schema import (
@@ -235,15 +236,9 @@ class IPUConfig:
         return self.update(**parse_overrides(update_str, FIELD_NAMES, lambda name: getattr(self, name)))
 
     def batch_size_factor(self, for_inference: bool = False) -> int:
-        """Samples per host call per micro-batch sample.
-
-        Training: replication × gradient accumulation × device iterations; inference: inference
-        replication × inference device iterations. Independent of the current mode.
-        """
-        v = self.__dict__
-        if for_inference:
-            return v["inference_replication_factor"] * v["inference_device_iterations"]
-        return v["replication_factor"] * v["gradient_accumulation_steps"] * v["device_iterations"]
+        """Samples per host call per micro-batch sample: the micro-batches of the call this config describes
+        (`CallLayout.from_ipu_config`). Independent of the current mode."""
+        return CallLayout.from_ipu_config(self, for_inference).micro_batches
 
     def describe_combined_batch(self, micro_batch: int = 1, for_inference: bool = False) -> str:
         """The combined-batch arithmetic as text, e.g. "micro-batch 2 × gradient accumulation 16 × ... = 128"."""

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.configuration.schema import FIELD_DEFAULTS
 
 OPTIMIZERS = ("adamw", "adam", "lamb", "sgd")
@@ -219,13 +220,9 @@ class Workload:
 
     @property
     def samples_per_call(self) -> int:
-        """The combined batch: micro-batch x GA x replicas x device iterations."""
-        return (
-            self.micro_batch_size
-            * self.gradient_accumulation_steps
-            * self.replication_factor
-            * self.device_iterations
-        )
+        """The combined batch: micro-batch x GA x replicas x device iterations (the call's `CallLayout`)."""
+        layout = CallLayout(self.device_iterations, self.replication_factor, self.gradient_accumulation_steps)
+        return layout.combined_batch(self.micro_batch_size)
 
     def stash_depth(self, stage: int, stages: int | None = None) -> int:
         """Micro-batches in flight at pipeline stage `stage` (of `stages`, one per IPU unless given)

@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.poptorch import _distributed
+from optimum_ipu.poptorch._host_call import input_layout
 from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch.enums import DataLoaderMode
 from optimum_ipu.poptorch.options import Options
@@ -25,13 +27,8 @@ __all__ = ["AsynchronousDataAccessor", "DataLoader"]
 
 def combined_batch_factor(options: Options) -> int:
     """Micro-batches per host call that read distinct data: DI x (replicas / input group size) x GA,
-    of this process's replicas under torchrun (`_distributed`)."""
-    options._check_input_grouping()
-    return (
-        options.device_iterations
-        * (options.replication_factor // options.input_group_size // _distributed.data_processes(options))
-        * options.Training.gradient_accumulation
-    )
+    of this process's replicas under torchrun (`_host_call.input_layout`)."""
+    return input_layout(options).micro_batches
 
 
 def _combined_batch(options: Options, batch_size: int, shared: bool) -> tuple[int, str]:
@@ -174,11 +171,11 @@ class DataLoader(torch.utils.data.DataLoader):
                     if shuffle
                     else torch.utils.data.SequentialSampler(dataset)
                 )
+            run = CallLayout(options.device_iterations, options.replication_factor,
+                             options.Training.gradient_accumulation)  # every process's replicas
             kwargs["batch_sampler"] = _distributed.LocalReplicaBatches(
-                torch.utils.data.BatchSampler(sampler, self._combined_batch_size * _distributed.data_processes(options),
-                                              drop_last),
-                batch_size, options.device_iterations, options.Training.gradient_accumulation,
-                options.replication_factor, _distributed.local_replicas(options),
+                torch.utils.data.BatchSampler(sampler, run.combined_batch(batch_size), drop_last),
+                batch_size, run, _distributed.local_replicas(options),
             )  # fmt: skip
             super().__init__(
                 dataset, num_workers=num_workers, persistent_workers=persistent_workers, **kwargs

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
+from optimum_ipu.call_layout import CallLayout, replicas_of_process
 from optimum_ipu.poptorch._logging import Error
 from optimum_ipu.runtime.distributed import processes_share_replicas, valid_process_counts
 
@@ -56,9 +57,7 @@ def data_processes(options) -> int:
 def local_replicas(options) -> range:
     """The replicas whose samples this process is handed (all of them unless the processes split them)."""
     count = data_processes(options)
-    per_process = options.replication_factor // count
-    index = options.Distributed.processId if count > 1 else 0
-    return range(index * per_process, (index + 1) * per_process)
+    return replicas_of_process(options.replication_factor, count, options.Distributed.processId if count > 1 else 0)
 
 
 def layout_error(replicas: int, count: int, stages: int) -> Error:
@@ -113,21 +112,21 @@ class SharedShuffle(torch.utils.data.RandomSampler):
 class LocalReplicaBatches(torch.utils.data.Sampler):
     """The indices of this process's replicas in each combined batch of `batches`.
 
-    A combined batch is laid out [device iteration][accumulation step][replica][micro-batch]; the
-    process keeps, in that order, the micro-batches of the replicas in `local`.
+    A combined batch of the whole run (`layout`: every replica) is laid out [device iteration]
+    [accumulation step][replica][micro-batch]; the process keeps, in that order, the micro-batches of
+    the replicas in `local`.
     """
 
-    def __init__(
-        self, batches, micro: int, device_iterations: int, accumulation: int, replicas: int, local: range
-    ):
-        self.batches, self.micro, self.local = batches, micro, local
-        self.di, self.ga, self.replicas = device_iterations, accumulation, replicas
+    def __init__(self, batches, micro: int, layout: CallLayout, local: range):
+        self.batches, self.micro, self.layout, self.local = batches, micro, layout, local
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __iter__(self) -> Iterator[list[int]]:
-        full = self.micro * self.di * self.ga * self.replicas
+        layout, micro = self.layout, self.micro
+        full = layout.combined_batch(micro)
+        ga, replicas = layout.gradient_accumulation_steps, layout.replication_factor
         for indices in self.batches:
             if len(indices) != full:
                 raise Error(
@@ -135,9 +134,9 @@ class LocalReplicaBatches(torch.utils.data.Sampler):
                     "takes its replicas' part of full combined batches. Use drop_last=True (PopTorch's default)."
                 )
             yield [
-                indices[((d * self.ga + g) * self.replicas + r) * self.micro + m]
-                for d in range(self.di)
-                for g in range(self.ga)
+                indices[((d * ga + g) * replicas + r) * micro + m]
+                for d in range(layout.device_iterations)
+                for g in range(ga)
                 for r in self.local
-                for m in range(self.micro)
+                for m in range(micro)
             ]

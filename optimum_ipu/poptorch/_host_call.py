@@ -16,17 +16,27 @@ from typing import Any
 
 import torch
 
+from optimum_ipu.call_layout import CallLayout, InvalidBatchError
 from optimum_ipu.poptorch import _distributed
 from optimum_ipu.poptorch.enums import CommGroupType, OutputMode
-from optimum_ipu.runtime.call_layout import CallLayout
 
-__all__ = ["HostCall"]
+__all__ = ["HostCall", "input_layout"]
+
+
+def input_layout(options, training: bool = True) -> CallLayout:
+    """The micro-batches of distinct data a call's inputs hold: DI x (this process's replicas / input
+    group size) x GA (GA is 1 in inference). A DataLoader's combined batch is `batch_size` times this."""
+    options._check_input_grouping()
+    ga = options.Training.gradient_accumulation if training else 1
+    fed = options.replication_factor // options.input_group_size // _distributed.data_processes(options)
+    return CallLayout(options.device_iterations, fed, ga)
 
 
 class HostCall:
     """One host call of a `trainingModel` / `inferenceModel` under `options`.
 
     Attributes:
+        inputs: the `input_layout` of a call (what its inputs hold).
         input_replicas: the replicas whose samples a call's inputs hold (all of them in one process).
         replicas: the replicas this process runs (those, or its pipeline's as a stage process).
         stage_processes: whether the processes run pipeline stages (each handed every replica's samples).
@@ -35,6 +45,7 @@ class HostCall:
     def __init__(self, options, training: bool):
         self.options = options
         self.training = training
+        self.inputs = input_layout(options, training)
         self.input_replicas = _distributed.local_replicas(options)
         self.replicas = self.input_replicas
         self.stage_processes = False
@@ -46,10 +57,11 @@ class HostCall:
         return o.device_iterations, ga, o.replication_factor, o.replication_factor // o.input_group_size
 
     def runtime_layout(self) -> CallLayout:
-        """The runtime's layout of the call (every micro-batch's loss returned: PopTorch selects them)."""
+        """The layout the runtime's executable runs: in training, every replica of the run (the executable
+        runs this process's share of them, `runtime.replicas`); in inference, the replicas whose samples
+        this process is handed (each process returns its own rows, as a poprun instance does)."""
         di, ga, r, _ = self.counts()
-        return CallLayout(device_iterations=di, replication_factor=r, gradient_accumulation_steps=ga,
-                          output_mode="all")  # fmt: skip
+        return CallLayout(di, r if self.training else len(self.input_replicas), ga)
 
     def run_as_stage_processes(self, stage_processes: bool) -> None:
         """Whether the processes run pipeline stages; either way this process runs its input replicas
@@ -63,8 +75,7 @@ class HostCall:
 
     def micro_batch(self, leaves: list[Any]) -> list[Any]:
         """One micro-batch of each input (what a trace of the forward runs)."""
-        di, ga, r, fed = self.counts()
-        per_call = di * ga * fed * len(self.input_replicas) // r
+        per_call = self.inputs.micro_batches
         return [
             leaf[: max(1, leaf.shape[0] // per_call)]
             if isinstance(leaf, torch.Tensor) and leaf.dim()
@@ -73,25 +84,29 @@ class HostCall:
         ]
 
     def check_batch(self, leaves: list[Any]) -> None:
-        """PopTorch's error (its wording) for an input whose dim 0 is not a whole number of calls' samples."""
-        o = self.options
-        di, ga, r, fed = self.counts()
-        held = len(self.input_replicas)
-        per_call = di * fed * ga * held // r
-        replicas = f"Options.replicationFactor({o.replication_factor})"
-        if held != r:
-            replicas = f"{replicas} / processes({r // held})"
+        """PopTorch's error (its wording) for an input whose dim 0 is not a whole number of calls' samples
+        (the rule is `CallLayout.micro_batch_size`'s; an empty input is left to the model)."""
         for leaf in leaves:
-            if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] % per_call:
-                raise AssertionError(
-                    f"Invalid batch dimension: In the input {list(leaf.shape)}, the batch dimension "
-                    f"({leaf.shape[0]}) must be a multiple of Options.deviceIterations({di}) * "
-                    f"({replicas} / "
-                    f"Options.inputReplicaGrouping.input_group_size({o.input_group_size})) * "
-                    f"Options.Training.gradientAccumulation({ga}) = {per_call} because it is used to calculate "
-                    "the batch size which will be executed on the device in any given iteration. For a full "
-                    "explanation see the batching semantics page of the documentation."
-                )
+            if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0 or leaf.shape[0] == 0:
+                continue
+            try:
+                self.inputs.micro_batch_size(leaf.shape[0])
+            except InvalidBatchError:
+                raise AssertionError(self._invalid_batch(list(leaf.shape))) from None
+
+    def _invalid_batch(self, shape: list[int]) -> str:
+        o, layout = self.options, self.inputs
+        replicas = f"Options.replicationFactor({o.replication_factor})"
+        if len(self.input_replicas) != o.replication_factor:
+            replicas = f"{replicas} / processes({o.replication_factor // len(self.input_replicas)})"
+        return (
+            f"Invalid batch dimension: In the input {shape}, the batch dimension "
+            f"({shape[0]}) must be a multiple of Options.deviceIterations({layout.device_iterations}) * "
+            f"({replicas} / Options.inputReplicaGrouping.input_group_size({o.input_group_size})) * "
+            f"Options.Training.gradientAccumulation({layout.gradient_accumulation_steps}) = {layout.micro_batches} "
+            "because it is used to calculate the batch size which will be executed on the device in any given "
+            "iteration. For a full explanation see the batching semantics page of the documentation."
+        )
 
     def to_runtime_layout(self, leaf: Any) -> Any:
         """PopTorch's [DI][GA][R/g][mb] -> the runtime's [DI][R][GA][mb], each group's data to each replica."""
@@ -102,9 +117,7 @@ class HostCall:
         if self.stage_processes and len(local) != r:  # every replica's samples: keep this pipeline's
             x = leaf.reshape(di, ga, r, -1, *leaf.shape[1:])[:, :, local.start : local.stop]
             leaf = x.reshape(-1, *leaf.shape[1:])
-        if (
-            len(local) != r
-        ):  # under torchrun: this process's replicas, at their places in the runtime's layout
+        if self.training and len(local) != r:  # torchrun: this process's replicas, at their runtime places
             x = leaf.reshape(di, ga, len(local), -1, *leaf.shape[1:]).transpose(1, 2)
             full = x.new_zeros((di, r, *x.shape[2:]))  # the other processes' replicas do not run here
             full[:, local.start : local.stop] = x
@@ -125,8 +138,9 @@ class HostCall:
     def to_poptorch_order(self, runtime_order: list[Any], replicas: int) -> list[Any]:
         """Micro-batch results in the runtime's [DI][R][GA] order -> PopTorch's [DI][GA][R] (`replicas` of them)."""
         di, ga, _, _ = self.counts()
+        layout = CallLayout(di, replicas, ga)
         return [
-            runtime_order[(d * replicas + k) * ga + g]
+            runtime_order[layout.first_micro_batch(d, k) + g]
             for d in range(di)
             for g in range(ga)
             for k in range(replicas)

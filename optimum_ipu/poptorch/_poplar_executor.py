@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.costmodel.memory import memory_check_from_environment
 from optimum_ipu.poptorch import _anchors, _distributed, _export, _outputs, _stages, custom_args
 from optimum_ipu.poptorch._host_call import HostCall
@@ -38,7 +39,7 @@ from optimum_ipu.poptorch._optimizer_use import (
     check_optimizer_parameters,
     hyperparameters,
     hyperparameters_as_set,
-    max_norm,
+    training_settings,
 )
 from optimum_ipu.poptorch._placement import check_placement, plan_stage_processes
 from optimum_ipu.poptorch._recompute import recomputing
@@ -55,13 +56,12 @@ from optimum_ipu.poptorch._trace import (
     training_flags_kept,
 )
 from optimum_ipu.poptorch.enums import ReductionType
-from optimum_ipu.poptorch.optim import AMSGRAD, _IPUMixin
+from optimum_ipu.poptorch.optim import AMSGRAD
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.batches import move_to
 from optimum_ipu.runtime.distributed import build_process_replicas
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
-from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.replicas import ReplicaStreams
 
 __all__ = ["PoplarExecutor", "inferenceModel", "trainingModel"]
@@ -137,10 +137,6 @@ class PoplarExecutor:
                 raise Error(GA_INFERENCE)
         self._optimizer = optimizer
         self._hyperparameters = hyperparameters(optimizer) if optimizer is not None else None
-        self._rounding: tuple[Any, torch.Generator | None] = (
-            None,
-            None,
-        )  # (optimizer, its rounding generator)
         self._executable: TrainingExecutable | InferenceExecutable | None = None
         self._attached = False
         self._recorded: list[Any] = []
@@ -207,18 +203,11 @@ class PoplarExecutor:
     def _build(self) -> None:
         di, ga, r, _ = self._call.counts()
         if not self._training:
-            self._executable = InferenceExecutable(self._micro_model, 1, self._fp16_compute())
+            self._executable = InferenceExecutable(self._micro_model, self._call.runtime_layout(),
+                                                   fp16_compute=self._fp16_compute())
             return
         seed = self._options._values.get("random_seed", torch.initial_seed())
         self._streams = self._streams or ReplicaStreams(seed, r)
-        opt = self._optimizer
-        rounding = bool(self._options._Popart._values.get("enableStochasticRounding", False))
-        if isinstance(opt, _IPUMixin):
-            opt.stochastic_rounding = rounding
-        for group in opt.param_groups:
-            if "stochastic_rounding" in group:
-                group["stochastic_rounding"] = rounding
-        max_norm = getattr(opt, "max_grad_norm", float("inf"))
         layout = self._call.runtime_layout()
         reduction = self._options.Training.accumulation_and_replication_reduction_type
         replicas = None
@@ -241,25 +230,12 @@ class PoplarExecutor:
             self._process_replicas = self._process_replicas or build_process_replicas(r, 1, device)
             replicas = self._process_replicas
         self._executable = TrainingExecutable(
-            self._user_model, layout, loss_fn=self._training_loss, optimizer=opt, replicas=replicas,
-            loss_scaler=LossScaler(float(getattr(opt, "loss_scaling", 1.0) or 1.0),
-                                   auto=self._options.Training.automatic_loss_scaling),
-            streams=self._streams, max_grad_norm=0.0 if max_norm == float("inf") else float(max_norm),
+            self._user_model, layout, loss_fn=self._training_loss, replicas=replicas, streams=self._streams,
             fp16_compute=self._fp16_compute(), reduction="sum" if reduction == ReductionType.Sum else "mean",
             measure_grad_norm=False,  # PopTorch returns no gradient norm: measured only to clip
-            stages=self._stages,
-            # PopTorch's gradient accumulator type: fp16 sums the loss-scaled gradients in fp16 at the scale in use.
-            accumulator_dtype=torch.float16 if getattr(opt, "accum_type", None) == torch.float16 else torch.float32,
-            # A torch optimizer updates fp16 weights on fp32 copies, rounded back as the options say.
-            stochastic_rounding=rounding, rounding_generator=self._rounding_generator(opt),
+            stages=self._stages, optimizer=self._optimizer,
+            **training_settings(self._optimizer, self._options),
         )  # fmt: skip
-
-    def _rounding_generator(self, optimizer) -> torch.Generator:
-        """The stochastic-rounding generator of a torch optimizer's fp16 updates: one per optimizer, seeded
-        0 as `poptorch.optim`'s own, kept across compiles."""
-        if self._rounding[0] is not optimizer:
-            self._rounding = (optimizer, torch.Generator().manual_seed(0))
-        return self._rounding[1]
 
     # -- PopTorch's API ------------------------------------------------------------------------------
     @running_model(compiling=True)  # the helpers (for_loop, cond, CPU, ...) see a wrapper at work
@@ -436,9 +412,8 @@ class PoplarExecutor:
         self._optimizer = optimizer
         self._hyperparameters = hyperparameters(optimizer)
         if isinstance(self._executable, TrainingExecutable):
-            self._executable.optimizer = optimizer
-            self._executable.max_grad_norm = max_norm(optimizer)
-            self._executable.rounding_generator = self._rounding_generator(optimizer)
+            executable = self._executable
+            executable.use_optimizer(optimizer, **training_settings(optimizer, self._options, executable.loss_scaler))
 
     def getOptimizer(self) -> torch.optim.Optimizer | None:
         return self._optimizer
@@ -494,20 +469,9 @@ class PoplarExecutor:
                 self._stages.broadcast_weights()  # every process holds the whole updated model
             recorded = self._call.to_poptorch_order(runtime_order, self._output_count())
         else:
-            di, r = self._call.counts()[0], len(self._call.replicas)
-            size = next(
-                (leaf.shape[0] for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.dim() > 0), None
-            )
-            if size is None:  # no batched input (a forward of no arguments): each micro-batch runs once
-                self._user_model.eval()
-                with torch.no_grad():
-                    for _ in range(di * r):
-                        self._micro_model(**batch)
-            else:
-                self._executable.micro_batch_size = max(1, size // (di * r))
-                self._executable(batch)
+            self._executable(batch)
             recorded = self._recorded
-            for _ in range(di):
+            for _ in range(self._call.inputs.device_iterations):
                 anchors.record_weights()
         if self._constants:  # outputs may be constants themselves: keep the values this call computed
             recorded = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, recorded)
@@ -527,10 +491,10 @@ class PoplarExecutor:
         dist.all_gather_object(gathered, recorded if last else None)
         di, ga, r, _ = self._call.counts()
         pipelines = self._process_replicas.layout.data_parallel
-        per = r // pipelines
+        pipeline = CallLayout(di, r // pipelines, ga)  # each pipeline's own replicas
         ends = [gathered[p * stages.num_stages + stages.num_stages - 1] for p in range(pipelines)]
-        return [ends[p][(d * per + k) * ga + g] for d in range(di) for p in range(pipelines) for k in range(per)
-                for g in range(ga)]  # fmt: skip
+        return [ends[p][pipeline.first_micro_batch(d, k) + g] for d in range(di) for p in range(pipelines)
+                for k in range(pipeline.replication_factor) for g in range(ga)]  # fmt: skip
 
 
 _ESTIMATED: set[str] = set()  # calls that said once that they answer from the cost model

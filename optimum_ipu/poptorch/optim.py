@@ -26,6 +26,7 @@ import torch
 
 from optimum_ipu.runtime.optimizers import LAMB as _RuntimeLAMB
 from optimum_ipu.runtime.optimizers import fp32_working_copies
+from optimum_ipu.runtime.rounding import rounding_generator
 
 __all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "RMSprop", "VariableAttributes"]
 
@@ -103,7 +104,6 @@ class _IPUMixin(Optimizer):
         self.accum_type = accum_type or torch.float32
         self.accum_types = {k: v for k, v in accum_types.items() if v is not None}
         self.variable_attrs = VariableAttributes()
-        self._rounding = torch.Generator().manual_seed(0)
 
     @torch.no_grad()
     def step(self, closure=None, gradients: dict | None = None):
@@ -114,7 +114,7 @@ class _IPUMixin(Optimizer):
         (stored back in fp16). The gradients are what the runtime's accumulator holds (of its
         `accum_type`), unscaled.
         """
-        with fp32_working_copies(self, gradients or {}, self.stochastic_rounding, self._rounding):
+        with fp32_working_copies(self, gradients or {}, self.stochastic_rounding, rounding_generator(self)):
             self._store_state(fp16=False)
             loss = _unhooked(super().step)(closure)
         self._store_state(fp16=True)

@@ -74,21 +74,3 @@ def check_num_ipus(ipus_per_replica: int, replication_factor: int, auto_round: b
             )
         logger.warning("Rounding %d requested IPUs up to %d (the extra IPUs are idle).", requested, power)
     return power
-
-
-def micro_batch_size_of(
-    combined_batch_size: int,
-    device_iterations: int,
-    replication_factor: int,
-    gradient_accumulation_steps: int,
-) -> int:
-    """Split a combined batch: it must be a multiple of DI x replicas x GA ("Invalid batch dimension")."""
-    per_micro = device_iterations * replication_factor * gradient_accumulation_steps
-    if combined_batch_size % per_micro or combined_batch_size == 0:
-        raise IPUCompilationError(
-            f"Invalid batch dimension: the combined batch of {combined_batch_size} samples is not a multiple of "
-            f"device_iterations ({device_iterations}) x replicas ({replication_factor}) x "
-            f"gradient_accumulation_steps ({gradient_accumulation_steps}) = {per_micro}. Feed combined batches "
-            f"of micro_batch_size x {per_micro} samples (IPUTrainer's data loaders do)."
-        )
-    return combined_batch_size // per_micro

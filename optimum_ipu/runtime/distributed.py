@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from optimum_ipu.call_layout import replicas_of_process
+
 
 @dataclass(frozen=True)
 class ProcessLayout:
@@ -123,8 +125,7 @@ class ProcessReplicas:
         self.mesh = self.dp_group = self.pp_group = None
 
     def local_replicas(self, replication_factor: int) -> range:
-        per_process = replication_factor // self.layout.data_parallel
-        return range(self.dp_rank * per_process, (self.dp_rank + 1) * per_process)
+        return replicas_of_process(replication_factor, self.layout.data_parallel, self.dp_rank)
 
     def sum_(self, tensors: Sequence[torch.Tensor]) -> None:
         """All-reduce (sum) `tensors` in place over the data-parallel group, in one flat message."""

@@ -27,9 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, concatenate, slice_batch, split_batch
-from optimum_ipu.runtime.call_layout import CallLayout
-from optimum_ipu.runtime.checks import micro_batch_size_of
 from optimum_ipu.runtime.fp16_compute import fp16_compute_context
 from optimum_ipu.runtime.gradients import GradientAccumulator, clip_
 from optimum_ipu.runtime.loss_scaling import LossScaler
@@ -42,7 +41,7 @@ class TrainingExecutable:
 
     Args:
         model: the (parallelized) model.
-        layout: the call's `CallLayout` (device iterations, replicas, accumulation, output mode).
+        layout: the call's `CallLayout` (device iterations, replicas, accumulation); kept as `layout`.
         loss_fn: micro-batch -> scalar loss (IPUTrainer passes its `compute_loss`).
         optimizer: stepped once per device iteration (an IPU optimizer when weights are fp16).
         loss_scaler: the `LossScaler` (static or automatic).
@@ -85,47 +84,60 @@ class TrainingExecutable:
         stochastic_rounding: bool = False,
         rounding_generator: torch.Generator | None = None,
     ):
-        if reduction not in ("mean", "sum"):
-            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
         if not isinstance(layout, CallLayout):
             raise TypeError(f"TrainingExecutable takes a CallLayout, got {type(layout).__name__}.")
+        self.gradient_divisor = layout.gradient_divisor(reduction)  # raises for a reduction not mean / sum
         self.model = model
         self.loss_fn = loss_fn
-        self.optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper -> the optimizer
-        self.loss_scaler = loss_scaler
         self.streams = streams
-        self.max_grad_norm = max_grad_norm
         self.fp16_compute = fp16_compute
         self.replicas = replicas or LocalReplicas()
         self.stages = stages
         self.reduction = reduction
         self.measure_grad_norm = measure_grad_norm
-        self.device_iterations = layout.device_iterations
-        self.replication_factor = layout.replication_factor
-        self.gradient_accumulation_steps = layout.gradient_accumulation_steps
-        self.output_mode = layout.output_mode
+        self.layout = layout
         self.dtype = next(model.parameters()).dtype
         # Walked once: a walk of the module tree per update costs more than a small model's step.
         self.weights = list(model.parameters())
-        self.gradients = GradientAccumulator([p for p in self.weights if p.requires_grad], accumulator_dtype)
         self.last_losses = torch.empty(0)
         self.last_grad_norm: float | None = None
         self.last_update_applied = True
+        self.use_optimizer(
+            optimizer, loss_scaler, max_grad_norm=max_grad_norm, accumulator_dtype=accumulator_dtype,
+            stochastic_rounding=stochastic_rounding, rounding_generator=rounding_generator,
+        )  # fmt: skip
+
+    def use_optimizer(
+        self,
+        optimizer: torch.optim.Optimizer,
+        loss_scaler: LossScaler,
+        *,
+        max_grad_norm: float = 0.0,
+        accumulator_dtype: torch.dtype = torch.float32,
+        stochastic_rounding: bool = False,
+        rounding_generator: torch.Generator | None = None,
+    ) -> None:
+        """Take `optimizer` and the settings that go with it from the next call on (see `__init__`).
+
+        Compile and PopTorch's `setOptimizer` both come here, so a new optimizer's loss scale, clipping
+        norm, accumulator type and rounding are all in force together, never some of them.
+        """
+        self.optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper -> the optimizer
+        self.loss_scaler = loss_scaler
+        self.max_grad_norm = max_grad_norm
         self.stochastic_rounding = stochastic_rounding
         self.rounding_generator = rounding_generator
-
-    def _losses_to_return(self, losses: torch.Tensor) -> torch.Tensor:
-        """losses[d, r, g] -> what PopTorch returns for the output mode."""
-        if self.output_mode == "all":
-            return losses
-        if self.output_mode == "sum":
-            return losses.sum(dim=2)
-        return losses[:, :, -1]  # "final" and training's "default": the last micro-batch per replica
+        trained = [p for p in self.weights if p.requires_grad]
+        if getattr(self, "gradients", None) is None or self.gradients.dtype != accumulator_dtype:
+            self.gradients = GradientAccumulator(trained, accumulator_dtype)
 
     def __call__(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        di, replicas, ga = self.device_iterations, self.replication_factor, self.gradient_accumulation_steps
-        micro_batch_size_of(batch_size_of(batch), di, replicas, ga)  # raises "Invalid batch dimension"
-        micro_batches = split_batch(cast_floating(batch, self.dtype), di * replicas * ga)
+        """Run one combined batch; return every micro-batch's loss as losses[iteration, replica, step]
+        (also kept as `last_losses`; each front end picks what it reports)."""
+        layout = self.layout
+        di, replicas, ga = layout.device_iterations, layout.replication_factor, layout.gradient_accumulation_steps
+        layout.micro_batch_size(batch_size_of(batch))  # raises "Invalid batch dimension"
+        micro_batches = split_batch(cast_floating(batch, self.dtype), layout.micro_batches)
         local = self.replicas.local_replicas(replicas)
         # Every micro-batch's loss, in [device iteration][local replica][accumulation step] order:
         # 0-dim tensors on the model's device (one copy to the host at the end, not one per loss),
@@ -140,7 +152,7 @@ class TrainingExecutable:
             shared = self.weights if per_update > 1 else ()
             with self.gradients.collecting(per_update), fp16_compute_context(self.fp16_compute, shared):
                 for r in local:
-                    first = (d * replicas + r) * ga
+                    first = layout.first_micro_batch(d, r)
                     with self.streams.use(r):
                         if self.stages is not None:
                             collected.append(
@@ -151,17 +163,17 @@ class TrainingExecutable:
                             loss = self.loss_fn(micro_batches[first + g])
                             self.loss_scaler.scale_loss(loss).backward()
                             collected.append(loss.detach())
-            self._update(replicas * ga if self.reduction == "mean" else 1)
+            self._update(self.gradient_divisor)
         losses = torch.full((di, replicas, ga), float("nan"))
         if collected:
             values = torch.stack(collected)  # 0-dim losses, or each stage replica's GA losses as a vector
             losses[:, local.start : local.stop] = values.float().cpu().view(di, len(local), ga)
         self.last_losses = self.replicas.gather_losses(losses)
-        return self._losses_to_return(self.last_losses)
+        return self.last_losses
 
-    def _update(self, micro_batches: int) -> None:
-        """Reduce, unscale (dividing by `micro_batches` too), check, clip and apply one update; leave no
-        gradient behind."""
+    def _update(self, divisor: int) -> None:
+        """Reduce, unscale (dividing by `divisor` too: the mean's), check, clip and apply one update; leave
+        no gradient behind."""
         pairs = self.gradients.gradients()
         params, grads = (list(t) for t in zip(*pairs)) if pairs else ([], [])
         self.replicas.sum_(grads)
@@ -169,7 +181,7 @@ class TrainingExecutable:
             self.gradients.hold_(grads)
         clipping = bool(self.max_grad_norm and self.max_grad_norm > 0)
         measured = clipping or self.measure_grad_norm
-        norm = self.loss_scaler.unscale_(grads, micro_batches, self.replicas, norm=measured)
+        norm = self.loss_scaler.unscale_(grads, divisor, self.replicas, norm=measured)
         self.last_update_applied = norm is not None
         if norm is not None:
             if measured:
@@ -194,12 +206,24 @@ class InferenceExecutable:
 
     Args:
         model: the (parallelized) model, in inference mode.
-        micro_batch_size: samples per micro-batch (`per_device_eval_batch_size`).
+        layout: the call's `CallLayout` (device iterations x replicas; no accumulation); kept as `layout`.
+        micro_batch_size: samples per micro-batch (IPUTrainer's `per_device_eval_batch_size`, so a short
+            last batch runs short micro-batches); None: each call's batch size over the layout's
+            micro-batches (PopTorch's rule, which refuses a batch that does not divide).
         fp16_compute: "emulated" or "native", for an fp16 model.
     """
 
-    def __init__(self, model: nn.Module, micro_batch_size: int, fp16_compute: str = "emulated"):
+    def __init__(
+        self,
+        model: nn.Module,
+        layout: CallLayout,
+        micro_batch_size: int | None = None,
+        fp16_compute: str | None = "emulated",
+    ):
+        if not isinstance(layout, CallLayout):
+            raise TypeError(f"InferenceExecutable takes a CallLayout, got {type(layout).__name__}.")
         self.model = model
+        self.layout = layout
         self.micro_batch_size = micro_batch_size
         self.fp16_compute = fp16_compute
         first = next(model.parameters(), None)  # a model with no weights (PopTorch runs those) casts nothing
@@ -215,21 +239,25 @@ class InferenceExecutable:
 
         Args:
             batch: micro-batch x inference replicas x inference device iterations samples (fewer
-                for a short last batch that is not padded).
+                for a short last batch that is not padded). A batch with no batched tensor (a forward
+                of no arguments) runs each of the call's micro-batches once and returns their outputs.
             real_samples: how many leading samples are real; the rest repeat earlier ones
                 (`pad_on_batch_axis`) and are left out of the returned loss.
         """
         self.model.eval()
+        if not any(isinstance(v, torch.Tensor) and v.dim() > 0 for v in batch.values()):
+            return [self.model(**batch) for _ in range(self.layout.micro_batches)]
         if self.dtype is not None:
             batch = cast_floating(batch, self.dtype)
         size = batch_size_of(batch)
         real = size if real_samples is None else real_samples
-        starts = range(0, size, self.micro_batch_size)
+        micro_batch_size = self.micro_batch_size or self.layout.micro_batch_size(size)
+        starts = range(0, size, micro_batch_size)
         split = _split_by_own_sizes(batch, len(starts)) if real_samples is None else None
         outputs, sizes, loss_parts = [], [], []
         with fp16_compute_context(self.fp16_compute, self.model.parameters()):
             for index, start in enumerate(starts):  # [device iteration][replica] order: micro-batches in turn
-                stop = min(start + self.micro_batch_size, size)
+                stop = min(start + micro_batch_size, size)
                 micro = split[index] if split is not None else slice_batch(batch, start, stop)
                 out = self.model(**micro)
                 outputs.append(out)

@@ -61,7 +61,8 @@ class LossScaler:
             raise ValueError(
                 f"loss_scaling must be > 0, got {initial_scale}; typical values are 64 to 32768."
             )
-        self.scale = float(initial_scale)
+        self.initial_scale = float(initial_scale)
+        self.scale = self.initial_scale
         self.auto = auto
         self.update_period = update_period
         self.bin_edge = bin_edge

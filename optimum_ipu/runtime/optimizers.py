@@ -35,7 +35,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch.optim.adamw import adamw
 
-from optimum_ipu.runtime.rounding import write_back
+from optimum_ipu.runtime.rounding import rounding_generator, write_back
 
 STATE_TYPES = (torch.float32, torch.float16)
 
@@ -85,6 +85,13 @@ def fp32_working_copies(
                 torch._foreach_copy_(halves, values)  # round to nearest, in one pass for all weights
 
 
+def accumulator_dtype(optimizer: torch.optim.Optimizer) -> torch.dtype:
+    """The gradient accumulator's type an optimizer asks for: its `accum_type` (PopTorch's and the IPU
+    optimizers' one value for every group) when fp16, else fp32. accelerate's wrapper is looked through."""
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    return torch.float16 if getattr(optimizer, "accum_type", None) == torch.float16 else torch.float32
+
+
 def takes_fp32_gradients(optimizer: torch.optim.Optimizer) -> bool:
     """Whether `optimizer.step` takes the fp32 gradients of fp16 weights itself (`step(gradients=...)`)."""
     return "gradients" in inspect.signature(optimizer.step).parameters
@@ -103,15 +110,11 @@ class IPUOptimizer(torch.optim.Optimizer):
         # The executable reads the accumulator type here (PopTorch's: one value for every group).
         self.accum_type = defaults["accum_type"]
         self.rounding_seed = int(seed)
-        self._rounding: dict[str, torch.Generator] = {}
         self._gradients: dict[torch.Tensor, torch.Tensor] = {}
 
     def _generator(self, device: torch.device) -> torch.Generator:
-        """The stochastic-rounding generator of `device` (one per device, created on first use)."""
-        key = str(device)
-        if key not in self._rounding:
-            self._rounding[key] = torch.Generator(device=device).manual_seed(self.rounding_seed)
-        return self._rounding[key]
+        """The stochastic-rounding generator of `device` (`rounding.rounding_generator`)."""
+        return rounding_generator(self, device)
 
     def _grad(self, p: torch.Tensor) -> torch.Tensor | None:
         """`p`'s fp32 gradient for this step: the one handed to `step()`, else `p.grad`."""
@@ -133,7 +136,7 @@ class IPUOptimizer(torch.optim.Optimizer):
         state = super().state_dict()
         state["stochastic_rounding"] = {
             "seed": self.rounding_seed,
-            "generators": {device: g.get_state() for device, g in self._rounding.items()},
+            "generators": {device: g.get_state() for device, g in self.__dict__.get("_rounding_generators", {}).items()},
         }
         return state
 
@@ -151,7 +154,7 @@ class IPUOptimizer(torch.optim.Optimizer):
                     self.state[p][key] = value.to(p.device)
         if rounding is not None:
             self.rounding_seed = int(rounding["seed"])
-            self._rounding = {}
+            self.__dict__.pop("_rounding_generators", None)
             for device, generator_state in rounding["generators"].items():
                 self._generator(torch.device(device)).set_state(generator_state)
 

@@ -43,3 +43,19 @@ def write_back(
         param.copy_(stochastic_round_to_half(value, generator))
     else:
         param.copy_(value)
+
+
+def rounding_generator(optimizer, device: torch.device | str = "cpu") -> torch.Generator:
+    """The stochastic-rounding generator of `optimizer`'s fp16 updates on `device`.
+
+    One per optimizer and device, seeded with the optimizer's `rounding_seed` (0 unless it has one),
+    made on first use and kept on the optimizer, so it survives a recompile or `setOptimizer` of the
+    same optimizer and a new optimizer starts afresh. Draws are replica-identical: they come from here,
+    never from a replica's random stream (`replicas.py`). The one rule of IPUTrainer's optimizers,
+    `poptorch.optim`'s and a torch optimizer's fp16 update alike.
+    """
+    generators = optimizer.__dict__.setdefault("_rounding_generators", {})
+    key = str(torch.device(device))
+    if key not in generators:
+        generators[key] = torch.Generator(device=device).manual_seed(int(getattr(optimizer, "rounding_seed", 0)))
+    return generators[key]

@@ -3,7 +3,8 @@
 `python _poptorch_worker.py OUT`: the same program in both cases. Every process writes its
 flattened weights after training (`rank{k}_final.pt`) and the combined batches its DataLoader
 handed it (`rank{k}_batches.pt`), so a test compares processes with each other and with a
-one-process run.
+one-process run. Then it validates as popdist's tutorial does (an `inferenceModel` under the same
+options, fed by a DataLoader) and writes each call's inputs and outputs (`rank{k}_validation.pt`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def main(out: Path) -> None:
             training(x, labels)
     rank = os.environ.get("RANK", "0")
     out.mkdir(parents=True, exist_ok=True)
+    training.detachFromDevice()
+    inference_opts = poptorch.Options().deviceIterations(2).replicationFactor(2)
+    validation = poptorch.inferenceModel(model.eval(), inference_opts)
+    loader = poptorch.DataLoader(inference_opts, dataset, batch_size=4)
+    calls = [(x, labels, *validation(x, labels)) for x, labels in loader]
+    torch.save(calls, out / f"rank{rank}_validation.pt")
     torch.save(torch.stack(batches), out / f"rank{rank}_batches.pt")
     torch.save(torch.cat([p.detach().reshape(-1) for p in model.parameters()]), out / f"rank{rank}_final.pt")
 

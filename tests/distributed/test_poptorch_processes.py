@@ -42,3 +42,24 @@ def test_replication_factor_2_over_2_processes_equals_one_process(tmp_path):
         handed = torch.load(tmp_path / "two" / f"rank{k}_batches.pt")
         assert handed.shape == (calls, 16, 6)
         torch.testing.assert_close(handed, by_replica[:, :, :, k].reshape(calls, 16, 6), rtol=0, atol=0)
+
+
+def test_inference_under_processes_returns_the_process_rows(tmp_path):
+    """popdist's tutorial validates after training: under two processes each process's DataLoader hands
+    it its replicas' samples, and its `inferenceModel` returns the outputs of those rows only (as a pod's
+    instance does), equal to the plain module's outputs for them; the processes' rows together are the
+    one-process run's."""
+    launch(tmp_path / "one", 1)
+    launch(tmp_path / "two", 2)
+    one = torch.load(tmp_path / "one" / "rank0_validation.pt")
+    ranks = [torch.load(tmp_path / "two" / f"rank{k}_validation.pt") for k in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == len(one)
+    for call, (x, _, out, loss) in enumerate(one):
+        for k in (0, 1):
+            x_k, _, out_k, loss_k = ranks[k][call]
+            assert out_k.shape[0] == x_k.shape[0] == x.shape[0] // 2  # its own rows, not the run's
+            # [DI][R][micro-batch] in the one-process call: process k's rows are replica k's
+            mine = x.reshape(2, 2, 4, 6)[:, k].reshape(-1, 6)
+            torch.testing.assert_close(x_k, mine, rtol=0, atol=0)
+            torch.testing.assert_close(out_k, out.reshape(2, 2, 4, 3)[:, k].reshape(-1, 3), rtol=0, atol=1e-6)
+            torch.testing.assert_close(loss_k, loss.reshape(2, 2)[:, k].reshape(-1), rtol=0, atol=1e-6)

@@ -344,3 +344,23 @@ def test_set_optimizer_takes_a_torch_optimizer_on_half_weights():
     training(x)
     expected = expected - 0.125 * torch.tensor([1.0, 2.0, 4.0])
     assert model.w.dtype == torch.float16 and torch.equal(model.w.detach(), expected.half())
+
+
+def test_set_optimizer_applies_the_new_loss_scaling():
+    # loss_scaling is one of an optimizer's variable attributes: setOptimizer writes it to the device.
+    # With an fp16 gradient accumulator, a gradient of 1e-8 is 0 at scale 1 and survives at scale 2**20,
+    # so the weight moves only once the new optimizer's scale is in force (hand-worked with plain torch).
+    model = _Tiny()
+    first = poptorch.optim.SGD(model.parameters(), lr=1.0, loss_scaling=1.0, accum_type=torch.float16)
+    training = poptorch.trainingModel(model, optimizer=first)
+    x = torch.full((1, 4), 1e-8)
+    training(x)
+    assert torch.equal(model.w.detach(), torch.zeros(4))  # (1e-8).half() == 0: nothing to apply
+    scale = 2.0**20
+    training.setOptimizer(
+        poptorch.optim.SGD(model.parameters(), lr=1.0, loss_scaling=scale, accum_type=torch.float16)
+    )
+    training(x)
+    expected = -(x[0] * scale).half().float() / scale
+    assert expected.abs().min() > 0
+    torch.testing.assert_close(model.w.detach(), expected, rtol=0, atol=0)

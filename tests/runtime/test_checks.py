@@ -11,7 +11,6 @@ from optimum_ipu.runtime.checks import (
     IPUCompilationError,
     check_num_ipus,
     check_pipelined_training,
-    micro_batch_size_of,
     min_gradient_accumulation,
 )
 
@@ -80,17 +79,3 @@ def test_auto_round_rounds_up_to_the_next_power_of_two_and_says_so(caplog):
     ]
     with pytest.raises(IPUCompilationError, match="at most 64"):
         check_num_ipus(5, 16, auto_round=True)  # 80: the limit holds before any rounding
-
-
-def test_a_combined_batch_splits_into_di_x_replicas_x_ga_micro_batches():
-    assert micro_batch_size_of(48, 2, 2, 3) == 4
-    assert type(micro_batch_size_of(48, 2, 2, 3)) is int  # a size to cut tensors with, not 4.0
-    assert micro_batch_size_of(12, 1, 1, 12) == 1
-    with _raises(
-        "Invalid batch dimension: the combined batch of 36 samples is not a multiple of device_iterations (2) x "
-        "replicas (2) x gradient_accumulation_steps (4) = 16. Feed combined batches of micro_batch_size x 16 "
-        "samples (IPUTrainer's data loaders do)."
-    ):
-        micro_batch_size_of(36, 2, 2, 4)
-    with pytest.raises(IPUCompilationError, match="the combined batch of 0 samples"):
-        micro_batch_size_of(0, 2, 2, 4)  # a multiple of 16, but no micro-batch

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.runtime.batches import split_batch
-from optimum_ipu.runtime.call_layout import CallLayout
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import FP32Partials, active_fp32_partials
 from optimum_ipu.runtime.loss_scaling import LossScaler
@@ -38,13 +38,8 @@ class Tiny(nn.Module):
         return {"loss": loss, "logits": out}
 
 
-def cfg(ga=1, replicas=1, di=1, output_mode="final"):
-    return CallLayout(
-        gradient_accumulation_steps=ga,
-        replication_factor=replicas,
-        device_iterations=di,
-        output_mode=output_mode,
-    )
+def cfg(ga=1, replicas=1, di=1):
+    return CallLayout(gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=di)
 
 
 def data(n, seed=0, scale=1.0):
@@ -136,20 +131,15 @@ def test_sum_reduction_updates_with_the_sum_of_the_micro_batch_gradients():
     assert_same_weights(m, expected)
 
 
-def test_a_bad_reduction_or_output_mode_is_refused_by_name():
+def test_a_bad_reduction_is_refused_by_name():
     with pytest.raises(ValueError, match=re.escape("reduction must be 'mean' or 'sum', got 'max'.")):
         training(Tiny(), cfg(), reduction="max")
-    with pytest.raises(
-        ValueError,
-        match=re.escape("output_mode must be one of ('final', 'all', 'sum', 'default'), got 'last'."),
-    ):
-        training(Tiny(), cfg(output_mode="last"))
 
 
 def test_losses_are_laid_out_by_device_iteration_replica_and_accumulation_step():
     batch = data(16)
     m = Tiny()
-    losses = training(m, cfg(ga=2, replicas=2, di=2, output_mode="all"), lr=0.0)(batch)
+    losses = training(m, cfg(ga=2, replicas=2, di=2), lr=0.0)(batch)
     with torch.no_grad():
         expected = torch.stack([m(**p)["loss"] for p in split_batch(batch, 8)]).view(2, 2, 2)
     torch.testing.assert_close(losses, expected)
@@ -178,7 +168,7 @@ def test_fp16_compute_is_emulated_by_default_with_the_weights_converted_once(mod
     kwargs = {} if mode is None else {"fp16_compute": mode}
     exe = training(m, cfg(ga=2), optimizer=AdamW(m.parameters(), lr=0.0), **kwargs)
     exe(data(4))
-    InferenceExecutable(m, 2, **kwargs)({"x": torch.randn(4, 4)})
+    InferenceExecutable(m, CallLayout(), 2, **kwargs)({"x": torch.randn(4, 4)})
     for dtype, active in m.seen:
         assert dtype == torch.float16  # fp32 inputs are cast to the model's dtype
         if mode == "native":
@@ -211,7 +201,7 @@ def test_integer_inputs_keep_their_dtype():
     exe = TrainingExecutable(m, cfg(), lambda mb: m(**mb)["loss"], AdamW(m.parameters(), lr=0.0),
                              LossScaler(), ReplicaStreams(0, 1))  # fmt: skip
     exe({"ids": torch.tensor([1, 2])})
-    InferenceExecutable(m, 1)({"ids": torch.tensor([1, 2])})
+    InferenceExecutable(m, CallLayout(), 1)({"ids": torch.tensor([1, 2])})
 
 
 def test_a_step_where_no_parameter_gets_a_gradient_changes_nothing():
@@ -261,7 +251,7 @@ def test_pipeline_stages_get_each_replicas_micro_batches_at_the_loss_scale():
     batch = data(8)
     m = Tiny()
     stages = Stages(m)
-    losses = training(m, cfg(ga=2, replicas=2, output_mode="all"), scaler=LossScaler(8.0), stages=stages)(
+    losses = training(m, cfg(ga=2, replicas=2), scaler=LossScaler(8.0), stages=stages)(
         batch
     )
     firsts = batch["x"][:, 0].tolist()
@@ -275,12 +265,12 @@ def test_pipeline_stages_get_each_replicas_micro_batches_at_the_loss_scale():
 def test_inference_concatenates_plain_tensor_outputs():
     m = Tiny(as_dict=False)
     x = torch.randn(6, 4)
-    out = InferenceExecutable(m, micro_batch_size=2)({"x": x})
+    out = InferenceExecutable(m, CallLayout(), micro_batch_size=2)({"x": x})
     with torch.no_grad():
         torch.testing.assert_close(out, m(x))
 
 
 def test_inference_on_padding_only_reports_no_loss():
     m = Tiny()
-    out = InferenceExecutable(m, micro_batch_size=2)(data(4), real_samples=0)
+    out = InferenceExecutable(m, CallLayout(), micro_batch_size=2)(data(4), real_samples=0)
     assert "loss" not in out and out["logits"].shape == (4,)

@@ -7,22 +7,17 @@ import torch
 from fixtures import tiny_bert_config
 from transformers import BertForSequenceClassification
 
+from optimum_ipu.call_layout import CallLayout, InvalidBatchError
 from optimum_ipu.runtime import checks
 from optimum_ipu.runtime.batches import split_batch
-from optimum_ipu.runtime.call_layout import CallLayout
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.optimizers import AdamW
 from optimum_ipu.runtime.replicas import ReplicaStreams
 
 
-def cfg(ga=1, replicas=1, di=1, output_mode="final"):
-    return CallLayout(
-        gradient_accumulation_steps=ga,
-        replication_factor=replicas,
-        device_iterations=di,
-        output_mode=output_mode,
-    )
+def cfg(ga=1, replicas=1, di=1):
+    return CallLayout(gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=di)
 
 
 def batch(n, seed=0, seq=10):
@@ -84,14 +79,12 @@ def test_device_iterations_step_once_each_with_the_clip_inside_the_call():
     assert_same_weights(reference, m)
 
 
-def test_output_modes_shape_the_returned_losses():
+def test_a_call_returns_every_micro_batch_loss_by_iteration_replica_and_step():
     data = batch(12)
-    all_losses = executable(model(), cfg(ga=3, replicas=2, di=2, output_mode="all"))(data)
-    assert all_losses.shape == (2, 2, 3)
-    final = executable(model(), cfg(ga=3, replicas=2, di=2, output_mode="final"))(data)
-    torch.testing.assert_close(final, all_losses[:, :, -1])
-    summed = executable(model(), cfg(ga=3, replicas=2, di=2, output_mode="sum"))(data)
-    torch.testing.assert_close(summed, all_losses.sum(-1), atol=1e-4, rtol=1e-4)
+    exe = executable(model(), cfg(ga=3, replicas=2, di=2))
+    losses = exe(data)
+    assert losses.shape == (2, 2, 3)  # each front end picks what it reports (PopTorch: its output mode)
+    assert torch.equal(losses, exe.last_losses)
 
 
 def test_static_loss_scaling_in_fp32_leaves_the_update_unchanged():
@@ -185,7 +178,7 @@ def test_automatic_scaling_halves_when_gradients_crowd_the_top_of_fp16():
 def test_replicas_draw_different_dropout_masks_and_repeat_run_to_run():
     def run(replicas, ga, seed=0):
         m = model(hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)
-        return executable(m, cfg(ga=ga, replicas=replicas, output_mode="all"), seed=seed)(batch(8)).flatten()
+        return executable(m, cfg(ga=ga, replicas=replicas), seed=seed)(batch(8)).flatten()
 
     two_replicas = run(2, 4)
     assert torch.equal(two_replicas, run(2, 4))  # reproducible
@@ -199,16 +192,16 @@ def test_sharded_inference_runs_micro_batches_and_leaves_padding_out_of_the_loss
     with torch.no_grad():
         expected = m(**data)
     padded = {k: torch.cat([v, v[:2]]) for k, v in data.items()}  # 6 real + 2 repeated samples
-    out = InferenceExecutable(m, micro_batch_size=2, fp16_compute="native")(padded, real_samples=6)
+    out = InferenceExecutable(m, CallLayout(), micro_batch_size=2, fp16_compute="native")(padded, real_samples=6)
     torch.testing.assert_close(out.logits[:6], expected.logits, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(out.loss, expected.loss, atol=1e-5, rtol=1e-4)
-    partial = InferenceExecutable(m, micro_batch_size=4, fp16_compute="native")(padded, real_samples=6)
+    partial = InferenceExecutable(m, CallLayout(), micro_batch_size=4, fp16_compute="native")(padded, real_samples=6)
     torch.testing.assert_close(partial.loss, expected.loss, atol=1e-5, rtol=1e-4)
 
 
 def test_invalid_batch_dimension():
     exe = executable(model(), cfg(ga=4, replicas=2))
-    with pytest.raises(checks.IPUCompilationError, match=r"Invalid batch dimension.*not a multiple of.*= 8"):
+    with pytest.raises(InvalidBatchError, match=r"Invalid batch dimension.*not a multiple of.*= 8"):
         exe(batch(12))
 
 
@@ -319,7 +312,7 @@ def test_inference_runs_a_model_without_weights_and_casts_nothing():
             return {"logits": 2 * x}
 
     x = torch.arange(4.0).view(4, 1)
-    out = InferenceExecutable(Double(), micro_batch_size=2)({"x": x})
+    out = InferenceExecutable(Double(), CallLayout(), micro_batch_size=2)({"x": x})
     assert out["logits"].dtype == torch.float32 and out["logits"].flatten().tolist() == [0.0, 2.0, 4.0, 6.0]
 
 
@@ -333,7 +326,7 @@ def test_inference_inputs_of_different_lengths_are_each_cut_by_their_own_length(
             return {"logits": row.expand(len(x), 3)}  # one row per sample of x
 
     x, y = torch.arange(4.0).view(4, 1), torch.arange(6.0)
-    out = InferenceExecutable(Shapes(), micro_batch_size=2)(
+    out = InferenceExecutable(Shapes(), CallLayout(), micro_batch_size=2)(
         {"x": x, "y": y, "flag": True, "scale": torch.tensor(1.0)}
     )
     first, second = [0.0 + 1.0, 0.0 + 1.0 + 2.0, 3.0], [2.0 + 3.0, 3.0 + 4.0 + 5.0, 3.0]
@@ -345,5 +338,5 @@ def test_inference_micro_batches_have_the_micro_batch_size_and_the_last_one_is_p
         def forward(self, x):
             return {"logits": torch.full((len(x), 1), float(len(x)))}
 
-    out = InferenceExecutable(RowsSeen(), micro_batch_size=4)({"x": torch.zeros(6, 1)})
+    out = InferenceExecutable(RowsSeen(), CallLayout(), micro_batch_size=4)({"x": torch.zeros(6, 1)})
     assert out["logits"].flatten().tolist() == [4.0, 4.0, 4.0, 4.0, 2.0, 2.0]

@@ -15,8 +15,8 @@ import torch
 from fixtures import tiny_bert_config
 from transformers import BertForSequenceClassification
 
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.runtime.batches import split_batch
-from optimum_ipu.runtime.call_layout import CallLayout
 from optimum_ipu.runtime.executor import TrainingExecutable
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.replicas import ReplicaStreams
@@ -49,8 +49,7 @@ def test_fp16_gradients_equal_the_fp32_mean_gradient_of_the_same_micro_batches(
     fp32 = BertForSequenceClassification(tiny_bert_config())
     fp32.load_state_dict({k: v.float() for k, v in fp16.state_dict().items()})  # the very same weights
     batch = data(8)
-    config = CallLayout(gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=1,
-                             output_mode="final")  # fmt: skip
+    config = CallLayout(gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=1)  # fmt: skip
     optimizer = RecordingSGD(fp16.parameters(), lr=0.0)
     executable = TrainingExecutable(
         fp16, config, lambda mb: fp16(**mb).loss, optimizer, LossScaler(loss_scaling), ReplicaStreams(0, replicas),

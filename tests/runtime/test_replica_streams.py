@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from optimum_ipu.runtime.call_layout import CallLayout
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.runtime.executor import TrainingExecutable
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.replicas import ReplicaStreams, replica_seed
@@ -37,8 +37,7 @@ class DropoutProbe(nn.Module):
 def masks_by_replica(replicas: int, ga: int = 2, di: int = 1, seed: int = 0) -> list[list[torch.Tensor]]:
     """masks[r] = replica r's masks over the call, in order."""
     model = DropoutProbe()
-    config = CallLayout(gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=di,
-                             output_mode="all")  # fmt: skip
+    config = CallLayout(gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=di)  # fmt: skip
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     executable = TrainingExecutable(model, config, lambda mb: model(mb["x"]), optimizer, LossScaler(),
                                     ReplicaStreams(seed, replicas))  # fmt: skip
