@@ -18,6 +18,8 @@ from collections.abc import Iterator
 
 from torch import nn
 
+from optimum_ipu.overrides import overridden
+
 __all__ = ["static_generation"]
 
 
@@ -37,9 +39,5 @@ def static_generation(model: nn.Module) -> Iterator[nn.Module]:
             f"{type(model).__name__} has no generation_config: static generation is for transformers models "
             "that generate (BART, T5, MT5, Whisper, GPT-2, ...)."
         )
-    previous = config.cache_implementation
-    config.cache_implementation = "static"
-    try:
+    with overridden(config, cache_implementation="static"):
         yield model
-    finally:
-        config.cache_implementation = previous

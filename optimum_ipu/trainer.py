@@ -34,6 +34,7 @@ from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.checkpoints import AtomicCheckpoints
 from optimum_ipu.compiling import compile_inference, compile_training
 from optimum_ipu.configuration.schema import FIELD_DEFAULTS
+from optimum_ipu.overrides import overridden
 from optimum_ipu.pipelining import to_pipelined
 from optimum_ipu.pipelining.pipeline import untied_output_projection
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, move_to, pad_by_repeating
@@ -47,19 +48,6 @@ from optimum_ipu.runtime.stages import PipelineStages, check_supported
 from optimum_ipu.training_args import IPUTrainingArguments, resolve_ipu_config
 
 logger = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def _overridden(obj, **values):
-    """Temporarily set attributes (the Trainer reads batch size and drop_last from its args)."""
-    saved = {k: getattr(obj, k) for k in values}
-    try:
-        for k, v in values.items():
-            setattr(obj, k, v)
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(obj, k, v)
 
 
 _WARNED: set[str] = set()
@@ -325,7 +313,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
                 "--per_device_train_batch_size / --gradient_accumulation_steps / the replication "
                 "(--pod_type, --n_ipu) / device_iterations."
             )
-        with _overridden(self.args, dataloader_drop_last=True):
+        with overridden(self.args, dataloader_drop_last=True):
             loader = super().get_train_dataloader()
         if self.process_replicas is not None:
             _load_whole_batches(loader)
@@ -337,11 +325,11 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
 
     def get_eval_dataloader(self, eval_dataset=None):
         """Combined inference batches (micro-batch x inference replicas x device iterations); the last is kept."""
-        with _overridden(self.args, dataloader_drop_last=False):
+        with overridden(self.args, dataloader_drop_last=False):
             return super().get_eval_dataloader(eval_dataset)
 
     def get_test_dataloader(self, test_dataset):
-        with _overridden(self.args, dataloader_drop_last=False):
+        with overridden(self.args, dataloader_drop_last=False):
             return super().get_test_dataloader(test_dataset)
 
     # -- optimizer ---------------------------------------------------------------------------
@@ -415,7 +403,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         # micro-batch of the first combined batch, loaded alone: a combined batch of real inputs can
         # be gigabytes (ViT at micro-batch 17 x GA 128: 2,176 images), and compiling needs one micro-batch.
         with _random_state_kept(self.data_collator):
-            with _overridden(self, _train_batch_size=self.args.per_device_train_batch_size):
+            with overridden(self, _train_batch_size=self.args.per_device_train_batch_size):
                 loader = self.get_train_dataloader()
             sample = next(iter(loader))
             compiled = compile_training(
@@ -433,13 +421,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         the ones `create_optimizer` will use (Optimum Graphcore's for the precision)."""
         from optimum_ipu.costmodel.workload import StateTypes
 
-        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
-        if not isinstance(optimizer, IPUOptimizer):
-            return StateTypes.all_fp32() if optimizer is not None else None  # torch's optimizers: fp32 state
-        group = optimizer.param_groups[0]
-        size = {torch.float16: 2, torch.float32: 4}
-        return StateTypes(size[optimizer.accum_type], size[group["first_order_momentum_accum_type"]],
-                          size[group["second_order_momentum_accum_type"]])  # fmt: skip
+        return None if self.optimizer is None else StateTypes.of_optimizer(self.optimizer)
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """Compile (checks and hardware report, excluded from speed metrics), then train as transformers does."""
@@ -574,7 +556,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         )
         # Each process's call is its own: no count of loss items gathered over the processes, and no
         # rescaling of the call's loss for them (the evaluation loop averages the calls).
-        with _overridden(self.args, average_tokens_across_devices=False):
+        with overridden(self.args, average_tokens_across_devices=False):
             loss, logits, labels = super().prediction_step(
                 executable, inputs, prediction_loss_only, ignore_keys
             )

@@ -18,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "optimum_ipu"
 # Room (a folder or a top-level module of optimum_ipu) -> layer; a room imports only lower layers.
 LAYERS: dict[str, int] = {
     "call_layout": 0,
+    "overrides": 0,
     "configuration": 1,
     "checkpoints": 2,
     "runtime": 3,

@@ -17,9 +17,7 @@ import contextlib
 import logging
 import shutil
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from optimum_ipu.checkpoints.folders import (
     CHECKPOINT_PREFIX,
@@ -39,26 +37,12 @@ from optimum_ipu.checkpoints.setup_change import (
     check_same_model,
     compare_setup,
 )
+from optimum_ipu.overrides import overridden
 
 logger = logging.getLogger(__name__)
 
 
 # -- the Trainer side ---------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _instance_override(obj: Any, name: str, value: Any) -> Iterator[None]:
-    """Shadow a method or attribute on one instance, restoring exactly what was there."""
-    had = name in vars(obj)
-    saved = vars(obj).get(name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        if had:
-            setattr(obj, name, saved)
-        else:
-            delattr(obj, name)
 
 
 class AtomicCheckpoints:
@@ -103,8 +87,8 @@ class AtomicCheckpoints:
         self.accelerator.wait_for_everyone()  # nobody writes into a staging folder that is being removed
 
         # transformers joins _get_output_dir() and "checkpoint-N"; rotation is ours, after the rename.
-        with _instance_override(self, "_get_output_dir", lambda trial=None: str(staging)), \
-                _instance_override(args, "save_total_limit", None):  # fmt: skip
+        with overridden(self, _get_output_dir=lambda trial=None: str(staging)), \
+                overridden(args, save_total_limit=None):  # fmt: skip
             super()._save_checkpoint(model, trial)
 
         self.accelerator.wait_for_everyone()  # every process has written its part
@@ -198,7 +182,7 @@ class AtomicCheckpoints:
                 if saved:  # divided over GPUs as transformers' comparison divides it
                     per_device = saved // max(1, self.args.n_gpu)
                     stack.enter_context(
-                        _instance_override(self.args, "per_device_train_batch_size", per_device)
+                        overridden(self.args, per_device_train_batch_size=per_device)
                     )
             result = super()._init_training_state(
                 max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial

@@ -31,6 +31,7 @@ from transformers.pipelines.token_classification import AggregationStrategy
 from transformers.tokenization_utils_base import TruncationStrategy
 
 from optimum_ipu.compat.question_answering import RunsOnIPU
+from optimum_ipu.overrides import overridden
 
 __all__ = [
     "IPUFillMaskPipeline",
@@ -65,12 +66,8 @@ class ForwardOnIPU(RunsOnIPU):
     def _forward(self, *args, **kwargs):
         if self.ipu is None:
             return super()._forward(*args, **kwargs)
-        model = self.model
-        self.model = _ModelOnIPU(model, self.ipu)
-        try:
+        with overridden(self, model=_ModelOnIPU(self.model, self.ipu)):
             return super()._forward(*args, **kwargs)
-        finally:
-            self.model = model
 
 
 class IPUTextClassificationPipeline(ForwardOnIPU, TextClassificationPipeline):

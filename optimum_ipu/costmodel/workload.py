@@ -34,6 +34,24 @@ class StateTypes:
     second_moment: int
 
     @classmethod
+    def of_optimizer(cls, optimizer) -> StateTypes:
+        """The state types `optimizer` keeps: its `accum_type` and its moment types (`accum_types` on
+        `poptorch.optim`'s SGD, Adam, AdamW and RMSprop; per parameter group on the IPU optimizers and
+        PopTorch's LAMB), fp32 where it names none, as a torch optimizer keeps its state."""
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
+        group = (getattr(optimizer, "param_groups", None) or [{}])[0]
+        types = getattr(optimizer, "accum_types", None) or group
+
+        def size(dtype) -> int:  # a torch dtype's bytes (fp16 2, fp32 4); none named: fp32
+            return dtype.itemsize if dtype is not None else 4
+
+        return cls(
+            size(getattr(optimizer, "accum_type", None)),
+            size(types.get("first_order_momentum_accum_type")),
+            size(types.get("second_order_momentum_accum_type")),
+        )
+
+    @classmethod
     def optimum_graphcore(cls, fp32: bool) -> StateTypes:
         """Optimum Graphcore 0.7's `create_optimizer` (and IPUTrainer's): fp16 training keeps the
         accumulator and the first moment in fp16 and the second moment in fp32; `--fp32`, all fp32."""

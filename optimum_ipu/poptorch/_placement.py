@@ -20,7 +20,7 @@ from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch._trace import Trace, training_flags_kept
 from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
 from optimum_ipu.poptorch.enums import AutoStage
-from optimum_ipu.runtime.checks import MAX_IPUS_PER_PROCESS, ipus_to_reserve, min_gradient_accumulation
+from optimum_ipu.runtime.checks import min_gradient_accumulation, reserve_ipus
 from optimum_ipu.runtime.distributed import process_layout
 
 __all__ = ["Placement", "check_placement", "plan_stage_processes"]
@@ -43,6 +43,28 @@ def _recomputation_on(options, training: bool, pipelined_stages: int) -> bool:
     return training and (pipelined_stages >= 2 or bool(auto))
 
 
+_RESERVED = ", because PopTorch must reserve a power of 2 or maximum of 64 IPUs per process"
+
+
+def _too_many_ipus(total: int) -> Error:
+    return Error(
+        f"Too many IPUs requested ({total}). Experiments that need more than 64 IPUs require distributed execution."
+    )
+
+
+def _not_a_power_of_two(total: int, rounded: int) -> Error:
+    return Error(
+        f"The model specifies the use of {total} IPUs, however PopTorch must reserve a minimum of {rounded} "
+        f"in order to allow the model to run{_RESERVED}. Please reconfigure your model to use a different "
+        "number of IPUs or set poptorch.Options().autoRoundNumIPUs(True)."
+    )
+
+
+def _rounding_up(total: int, rounded: int) -> None:
+    logger.warning("Reserving %d IPUs when the model specifices the use of only %d%s. %d will be reserved but "
+                   "not used.", rounded, total, _RESERVED, rounded - total)  # fmt: skip
+
+
 def check_placement(model: nn.Module, trace: Trace, options, training: bool) -> Placement:
     """PopTorch's compile checks on the blocks' IPUs (PopART's wording); the placement they pass."""
     ipus = trace.ipus
@@ -56,22 +78,8 @@ def check_placement(model: nn.Module, trace: Trace, options, training: bool) -> 
         stages = len(merged)
     else:
         stages = len(set(merged))
-    total = used * options.replication_factor
-    if total > MAX_IPUS_PER_PROCESS:  # the runtime's rules, in PopTorch's words
-        raise Error(
-            f"Too many IPUs requested ({total}). Experiments that need more than 64 IPUs require distributed execution."
-        )
-    rounded = ipus_to_reserve(total)
-    if rounded != total:
-        common = ", because PopTorch must reserve a power of 2 or maximum of 64 IPUs per process"
-        if not options.auto_round_num_ipus:
-            raise Error(
-                f"The model specifies the use of {total} IPUs, however PopTorch must reserve a minimum of {rounded} "
-                f"in order to allow the model to run{common}. Please reconfigure your model to use a different "
-                "number of IPUs or set poptorch.Options().autoRoundNumIPUs(True)."
-            )
-        logger.warning("Reserving %d IPUs when the model specifices the use of only %d%s. %d will be reserved but "
-                       "not used.", rounded, total, common, rounded - total)  # fmt: skip
+    reserve_ipus(used * options.replication_factor, options.auto_round_num_ipus,  # the runtime's rule,
+                 _too_many_ipus, _not_a_power_of_two, _rounding_up)  # in PopTorch's words  # fmt: skip
     pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution)
     recomputed = (
         trace.checkpointed if _recomputation_on(options, training, stages if pipelined else 0) else []

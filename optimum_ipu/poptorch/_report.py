@@ -126,23 +126,8 @@ def _optimizer_name(optimizer) -> str:
 
 
 def _state_types(optimizer) -> StateTypes:
-    """The bytes of the optimizer's state types: PopTorch's `accum_type` and moment types (fp32 unless
-    given), a runtime optimizer's own, fp32 for a plain torch optimizer."""
-    size = {torch.float16: 2, torch.float32: 4}
-    if optimizer is None:
-        return StateTypes.all_fp32()
-    groups = getattr(optimizer, "param_groups", None) or [{}]
-    types = getattr(optimizer, "accum_types", None)  # poptorch.optim's SGD, Adam, AdamW, RMSprop
-    if types is None:  # poptorch.optim.LAMB and the runtime's optimizers keep the types per group
-        types = {
-            k: groups[0].get(k)
-            for k in ("first_order_momentum_accum_type", "second_order_momentum_accum_type")
-        }
-    return StateTypes(
-        size.get(getattr(optimizer, "accum_type", None) or torch.float32, 4),
-        size.get(types.get("first_order_momentum_accum_type") or torch.float32, 4),
-        size.get(types.get("second_order_momentum_accum_type") or torch.float32, 4),
-    )
+    """The optimizer's state types (`StateTypes.of_optimizer`); SGD's fp32 when there is none."""
+    return StateTypes.all_fp32() if optimizer is None else StateTypes.of_optimizer(optimizer)
 
 
 def compile_report(

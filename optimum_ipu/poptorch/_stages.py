@@ -339,7 +339,6 @@ class _StageForward(nn.Module):
         self.stage = stage
         self.is_first = stage == 0
         self.is_last = stage == plan.num_stages - 1
-        self.loss_scale = 1.0
         self.shared: dict[str, Any] = {}  # micro-batch values without a batch dimension
 
     def forward(self, *received: torch.Tensor, **micro: Any) -> torch.Tensor:
@@ -367,10 +366,6 @@ class _StageForward(nn.Module):
         return received, torch.empty(1, requires_grad=True) if self.is_last else example(
             self.plan.sent[self.stage]
         )
-
-    def scaled_loss(self, output: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
-        """What the last stage backpropagates for one micro-batch: its loss x the loss scale, in fp32."""
-        return output.sum() * self.loss_scale
 
 
 class PopTorchStages(StageRunner):

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from optimum_ipu.overrides import overridden
 from optimum_ipu.poptorch import enums
 from optimum_ipu.poptorch._logging import no_effect
 from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
@@ -65,12 +66,9 @@ def options_from_ipu_config(ipu_config, for_inference: bool = False, compile_onl
             every output returned, no stochastic rounding).
         compile_only: compile for an offline IPU target (recorded; nothing is attached here anyway).
     """
-    old_mode = ipu_config.mode
-    ipu_config.eval() if for_inference else ipu_config.train()
-    try:
+    with overridden(ipu_config, mode=ipu_config.mode):  # put back after the switch below
+        ipu_config.eval() if for_inference else ipu_config.train()
         return _build(ipu_config, for_inference, compile_only)
-    finally:
-        ipu_config.mode = old_mode
 
 
 def _build(cfg, for_inference: bool, compile_only: bool) -> Options:

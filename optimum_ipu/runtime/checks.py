@@ -6,6 +6,7 @@ Each check is a pure function of counts so it is testable alone and reusable by 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -52,25 +53,50 @@ def ipus_to_reserve(requested: int) -> int:
     return 1 << (requested - 1).bit_length()
 
 
+def reserve_ipus(
+    requested: int,
+    auto_round: bool,
+    too_many: Callable[[int], Exception],
+    not_a_power_of_two: Callable[[int, int], Exception],
+    rounding_up: Callable[[int, int], None],
+) -> int:
+    """The IPUs a process reserves for `requested`, by the rule of both front ends, in each one's words.
+
+    At most `MAX_IPUS_PER_PROCESS` (else `too_many(requested)` is raised); a power of two (else
+    `not_a_power_of_two(requested, reserved)` is raised, unless `auto_round`: then `rounding_up(requested,
+    reserved)` says so and the extra IPUs sit idle).
+    """
+    if requested > MAX_IPUS_PER_PROCESS:
+        raise too_many(requested)
+    reserved = ipus_to_reserve(requested)
+    if reserved != requested:
+        if not auto_round:
+            raise not_a_power_of_two(requested, reserved)
+        rounding_up(requested, reserved)
+    return reserved
+
+
 def check_num_ipus(ipus_per_replica: int, replication_factor: int, auto_round: bool = False) -> int:
     """The IPUs a process attaches to must be a power of two, at most 64; return how many it gets."""
-    requested = ipus_per_replica * replication_factor
-    if requested > MAX_IPUS_PER_PROCESS:
-        raise IPUCompilationError(
+
+    def too_many(requested: int) -> IPUCompilationError:
+        return IPUCompilationError(
             f"{ipus_per_replica} IPUs per replica x {replication_factor} replicas = {requested} IPUs, but one "
             f"process can use at most {MAX_IPUS_PER_PROCESS}. Lower replication_factor, or launch several "
             "processes (one per group of replicas)."
         )
-    power = ipus_to_reserve(requested)
-    if power != requested:
-        if not auto_round:
-            # The power of two below, where one replica still fits in it; else only the one above.
-            choices = f"{power // 2} or {power}" if power // 2 >= ipus_per_replica else f"{power}"
-            raise IPUCompilationError(
-                f"{ipus_per_replica} IPUs per replica x {replication_factor} replicas = {requested} IPUs, which is "
-                f"not a power of two. Use {choices} "
-                "IPUs in total (change replication_factor or layers_per_ipu), or let the runtime round up "
-                f"to {power} (auto_round_num_ipus=True; the extra IPUs sit idle)."
-            )
+
+    def not_a_power_of_two(requested: int, power: int) -> IPUCompilationError:
+        # The power of two below, where one replica still fits in it; else only the one above.
+        choices = f"{power // 2} or {power}" if power // 2 >= ipus_per_replica else f"{power}"
+        return IPUCompilationError(
+            f"{ipus_per_replica} IPUs per replica x {replication_factor} replicas = {requested} IPUs, which is "
+            f"not a power of two. Use {choices} "
+            "IPUs in total (change replication_factor or layers_per_ipu), or let the runtime round up "
+            f"to {power} (auto_round_num_ipus=True; the extra IPUs sit idle)."
+        )
+
+    def rounding_up(requested: int, power: int) -> None:
         logger.warning("Rounding %d requested IPUs up to %d (the extra IPUs are idle).", requested, power)
-    return power
+
+    return reserve_ipus(ipus_per_replica * replication_factor, auto_round, too_many, not_a_power_of_two, rounding_up)

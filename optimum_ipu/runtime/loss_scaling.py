@@ -34,6 +34,15 @@ logger = logging.getLogger(__name__)
 FP16_MAX = 65504.0
 
 
+def scaled_loss(loss: torch.Tensor, scale: float) -> torch.Tensor:
+    """The loss a backward pass starts from: `loss × scale`, in fp32 (the loss itself when the scale is 1).
+
+    The one rule of a micro-batch's backward, in one process (`LossScaler.scale_loss`) and on a
+    pipeline's last stage process (`stages.StageRunner`).
+    """
+    return loss.float() if scale == 1.0 else loss.float() * scale
+
+
 class LossScaler:
     """Static or automatic loss scaling for one training run.
 
@@ -73,8 +82,8 @@ class LossScaler:
         self.skipped_updates = 0
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """The loss to call `backward()` on: `loss × S`, in fp32 (the loss itself when S is 1)."""
-        return loss.float() if self.scale == 1.0 else loss.float() * self.scale
+        """The loss to call `backward()` on: `loss × S`, in fp32 (`scaled_loss`)."""
+        return scaled_loss(loss, self.scale)
 
     def unscale_(
         self, gradients: Sequence[torch.Tensor], micro_batches: int, replicas=None, *, norm: bool = True

@@ -41,6 +41,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from optimum_ipu.runtime.distributed import hold_process_groups
+from optimum_ipu.runtime.loss_scaling import scaled_loss
 
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "distilbert", "vit")
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -131,7 +132,6 @@ class _StageModule(nn.Module):
         self.is_first = stage == 0
         self.is_last = stage == plan.ipus_per_replica - 1
         self.loss_fn = loss_fn
-        self.loss_scale = 1.0
         self.shared: dict[str, Any] = {}  # micro-batch values without a batch dimension
         self.hidden_dtype: torch.dtype | None = None
 
@@ -206,10 +206,6 @@ class _StageModule(nn.Module):
                 return hidden if hidden.dtype == self.hidden_dtype else hidden.to(self.hidden_dtype)
         raise RuntimeError(f"stage {self.stage} of {type(self.model).__name__} never ran its last module.")
 
-    def scaled_loss(self, output: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
-        """What the last stage backpropagates for one micro-batch: its loss x the loss scale, in fp32."""
-        return output.sum() * self.loss_scale
-
 
 class StageRunner:
     """This process's stage of a replica's pipeline, run with `torch.distributed.pipelining`: the one
@@ -221,9 +217,9 @@ class StageRunner:
     PopTorch's traced blocks (`poptorch._stages`). A stage module is an `nn.Module` called by
     `PipelineStage` with the received tensor (none on the first stage) and the micro-batch as keyword
     arguments, returning what it sends (the one-element loss on the last stage), with the attributes
-    `is_last`, `loss_scale` and `shared` (micro-batch values without a batch dimension), and the
-    methods `message_examples(first)` (what it receives and sends, shaped for micro-batches like
-    `first`) and `scaled_loss`.
+    `is_last` and `shared` (micro-batch values without a batch dimension), and the method
+    `message_examples(first)` (what it receives and sends, shaped for micro-batches like `first`).
+    The runner scales the last stage's loss (`loss_scaling.scaled_loss`).
 
     Args:
         model: the whole model; its parameters are updated in place, and each process keeps all of them.
@@ -263,6 +259,7 @@ class StageRunner:
         self.module = module
         self.stage = stage
         self.num_stages = num_stages
+        self.loss_scale = 1.0  # of the run in progress (`run`)
         self.group = group
         self.n_microbatches = n_microbatches
         self.schedule_name = schedule
@@ -304,8 +301,12 @@ class StageRunner:
             group=self.group,
         )
         self._schedule = SCHEDULES[self.schedule_name](
-            pipeline_stage, self.n_microbatches, loss_fn=self.module.scaled_loss, scale_grads=False
+            pipeline_stage, self.n_microbatches, loss_fn=self._scaled_loss, scale_grads=False
         )
+
+    def _scaled_loss(self, output: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
+        """What the last stage backpropagates for one micro-batch: its loss x the loss scale, in fp32."""
+        return scaled_loss(output.sum(), self.loss_scale)
 
     def run(self, micro_batches: Sequence[dict[str, Any]], loss_scale: float = 1.0) -> torch.Tensor:
         """Forward and backward of every micro-batch through the pipeline, stages working concurrently.
@@ -333,7 +334,7 @@ class StageRunner:
             self._signature = signature
         # The schedule splits its inputs back into micro-batches along dim 0, in order.
         inputs = {k: torch.cat([mb[k] for mb in micro_batches]).to(self.device) for k in batched}
-        self.module.loss_scale = float(loss_scale)
+        self.loss_scale = float(loss_scale)
         self.model.train()
         target = torch.zeros(self.n_microbatches, device=self.device)
         try:
