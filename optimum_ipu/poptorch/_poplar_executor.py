@@ -25,16 +25,14 @@ import weakref
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from optimum_ipu.call_layout import CallLayout
-from optimum_ipu.costmodel.memory import memory_check_from_environment
-from optimum_ipu.poptorch import _anchors, _distributed, _export, _outputs, _stages, custom_args
+from optimum_ipu.poptorch import _anchors, _export, _outputs, _stages, custom_args
+from optimum_ipu.poptorch._executables import build_executable, check_wrap
 from optimum_ipu.poptorch._host_call import HostCall
 from optimum_ipu.poptorch._ipu_context import running_model
-from optimum_ipu.poptorch._logging import Error, logger
+from optimum_ipu.poptorch._logging import Error
 from optimum_ipu.poptorch._optimizer_use import (
     check_optimizer_parameters,
     hyperparameters,
@@ -43,11 +41,7 @@ from optimum_ipu.poptorch._optimizer_use import (
 )
 from optimum_ipu.poptorch._placement import check_placement, plan_stage_processes
 from optimum_ipu.poptorch._recompute import recomputing
-from optimum_ipu.poptorch._report import (
-    PopTorchOutOfMemoryError,
-    compile_report,
-    stage_plan_from_blocks,
-)
+from optimum_ipu.poptorch._report import cycle_count, latency, report_of_compile
 from optimum_ipu.poptorch._trace import (
     constant_tensors,
     constants_as_traced,
@@ -55,23 +49,14 @@ from optimum_ipu.poptorch._trace import (
     trace_forward,
     training_flags_kept,
 )
-from optimum_ipu.poptorch.enums import ReductionType
-from optimum_ipu.poptorch.optim import AMSGRAD
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.batches import move_to
-from optimum_ipu.runtime.distributed import build_process_replicas
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
-from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
 from optimum_ipu.runtime.replicas import ReplicaStreams
 
 __all__ = ["PoplarExecutor", "inferenceModel", "trainingModel"]
 
 NOT_COMPILED = "Model has not been compiled or has been destroyed."
-GA_INFERENCE = (
-    "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its default value (1) "
-    "when running a poptorch.inferenceModel(). Use poptorch.Options().deviceIterations to process a sufficient "
-    "number of batches each run for pipelined execution instead."
-)
 
 _training_wrappers: weakref.WeakKeyDictionary[nn.Module, PoplarExecutor] = weakref.WeakKeyDictionary()
 
@@ -110,31 +95,14 @@ class PoplarExecutor:
         self._stages: _stages.PopTorchStages | None = None
         self._user_model = model
         self._training = training
+        if training and model in _training_wrappers:
+            raise RuntimeError(
+                "Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() on the "
+                "model to unwrap before wrapping again."
+            )
+        optimizer = check_wrap(model, self._options, training, optimizer)
         if training:
-            if model in _training_wrappers:
-                raise RuntimeError(
-                    "Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() on the "
-                    "model to unwrap before wrapping again."
-                )
-            if next(model.parameters(), None) is None:
-                raise Error(
-                    f"The model ({type(model).__name__}) has no parameters: a poptorch.trainingModel has no weights "
-                    "to train. Use poptorch.inferenceModel to run it."
-                )
-            if optimizer is not None and any(group.get("amsgrad") for group in optimizer.param_groups):
-                raise ValueError(AMSGRAD)
-            if optimizer is not None:
-                check_optimizer_parameters(model, optimizer)
             _training_wrappers[model] = self
-            if optimizer is None:
-                optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        else:
-            if optimizer is not None:
-                raise ValueError(
-                    "An optimizer is given to poptorch.inferenceModel: inference updates no weights."
-                )
-            if self._options.Training.gradient_accumulation != 1:
-                raise Error(GA_INFERENCE)
         self._optimizer = optimizer
         self._hyperparameters = hyperparameters(optimizer) if optimizer is not None else None
         self._executable: TrainingExecutable | InferenceExecutable | None = None
@@ -188,54 +156,9 @@ class PoplarExecutor:
         self._recorded.append(_outputs.detached(output))
         return _outputs.loss_for_backward(loss)
 
-    def _fp16_compute(self) -> str | None:
-        """How fp16 ops are computed: None (plain dispatch) for a model with no fp16 weight or buffer,
-        as IPUTrainer does with --fp32; the fp16 layer costs a dispatch per op, which fp32 models skip."""
-        tensors = [*self._user_model.parameters(), *self._user_model.buffers()]
-        if not any(t.dtype == torch.float16 for t in tensors):
-            return None
-        return resolve_fp16_compute(None, tensors[0].device)
-
     def _reference_tensor(self) -> torch.Tensor | None:
         """The tensor whose device and dtype inputs are fed in (`_trace.reference_tensor`)."""
         return reference_tensor(self._user_model)
-
-    def _build(self) -> None:
-        di, ga, r, _ = self._call.counts()
-        if not self._training:
-            self._executable = InferenceExecutable(self._micro_model, self._call.runtime_layout(),
-                                                   fp16_compute=self._fp16_compute())
-            return
-        seed = self._options._values.get("random_seed", torch.initial_seed())
-        self._streams = self._streams or ReplicaStreams(seed, r)
-        layout = self._call.runtime_layout()
-        reduction = self._options.Training.accumulation_and_replication_reduction_type
-        replicas = None
-        self._stages = None
-        if self._stage_plan is not None:  # stage processes: N consecutive ranks run one pipeline
-            _distributed.join_process_group()
-            _distributed.broadcast_module(self._user_model)
-            device = self._reference_tensor().device
-            plan = self._stage_plan
-            self._process_replicas = self._process_replicas or build_process_replicas(
-                r, plan.num_stages, device
-            )
-            replicas = self._process_replicas
-            self._call.run_replicas(replicas.local_replicas(r))
-            self._stages = _stages.PopTorchStages(self, plan, replicas.stage, replicas.pp_group, ga)
-        elif len(self._call.replicas) != r:  # under torchrun: gradient sums all-reduced over the processes
-            _distributed.join_process_group()
-            _distributed.broadcast_module(self._user_model)
-            device = self._reference_tensor().device
-            self._process_replicas = self._process_replicas or build_process_replicas(r, 1, device)
-            replicas = self._process_replicas
-        self._executable = TrainingExecutable(
-            self._user_model, layout, loss_fn=self._training_loss, replicas=replicas, streams=self._streams,
-            fp16_compute=self._fp16_compute(), reduction="sum" if reduction == ReductionType.Sum else "mean",
-            measure_grad_norm=False,  # PopTorch returns no gradient norm: measured only to clip
-            stages=self._stages, optimizer=self._optimizer,
-            **training_settings(self._optimizer, self._options),
-        )  # fmt: skip
 
     # -- PopTorch's API ------------------------------------------------------------------------------
     @running_model(compiling=True)  # the helpers (for_loop, cond, CPU, ...) see a wrapper at work
@@ -264,31 +187,14 @@ class PoplarExecutor:
                 for buffer, value in buffers:
                     buffer.copy_(value)
         self._constants = list(zip(constants, as_traced))
-        self._report()
-        self._build()
+        self.compile_result = report_of_compile(
+            self._user_model, self._traced, self._options, self._training, self._optimizer, self.num_ipus,
+            bool(self._recomputed),
+        )  # fmt: skip
+        self._executable = build_executable(self)
         self._example = _export.example_of(args, kwargs)
         self._attached = True
         self._loss_index = None
-
-    def _report(self) -> None:
-        """The cost model's memory table and throughput for the blocks as placed (logged; kept in `compile_result`)."""
-        trace = self._traced
-        if next(self._user_model.parameters(), None) is None:
-            self.compile_result = None  # no weights: nothing to place, no memory to report
-            return
-        plan = stage_plan_from_blocks(self._user_model, trace.module_blocks, trace.entries, self.num_ipus)
-        check = memory_check_from_environment()  # a bad value is the user's error, not a failed estimate
-        try:
-            self.compile_result = compile_report(
-                self._user_model, plan, self._options, trace.micro, trace.spec, training=self._training,
-                optimizer=self._optimizer, num_ipus=self.num_ipus * self._options.replication_factor,
-                recomputed=bool(self._recomputed), memory_check=check,
-            )  # fmt: skip
-        except PopTorchOutOfMemoryError:
-            raise
-        except Exception as error:  # noqa: BLE001 - the estimate is a report; the model still runs
-            self.compile_result = None
-            logger.warning("No compile report for this model (the cost model could not trace it): %s", error)
 
     def compileAndExport(self, filename: str, *args: Any, export_model: bool = True, **kwargs: Any) -> None:
         """Compile for inputs like `args` / `kwargs` (unless compiled already) and save to `filename` for `poptorch.load`.
@@ -358,42 +264,14 @@ class PoplarExecutor:
         return _anchors.anchored(self._anchor_memory, short_name)
 
     def getLatency(self) -> tuple[float, float, float]:
-        """(min, max, average) seconds per device iteration of the last call, as PopTorch reports.
-
-        There is no IPU to time: the figure is the cost model's estimated call time for the compiled
-        layout divided by its device iterations (so min = max = average), said once in the log; (0, 0, 0)
-        before the first call, as PopTorch's, or when the cost model could not price the model.
-        """
-        report = self._estimate("getLatency")
-        if report is None:
-            return (0.0, 0.0, 0.0)
-        iterations = max(1, self._options.device_iterations)
-        per_iteration = report.performance.call_time / iterations
-        return (per_iteration, per_iteration, per_iteration)
+        """(min, max, average) seconds per device iteration of the last call: the cost model's estimate
+        (there is no IPU to time here; `_report.latency`)."""
+        return latency(self.compile_result if self._calls else None, self._options)
 
     def cycleCount(self) -> int:
         """IPU cycles of the last call (the first replica's), as PopTorch reports with `logCycleCount(True)`:
-        here the cost model's estimated device time of the call (without the host's) times the chip's clock."""
-        if not self._options._values.get("log_cycle_count", False):
-            raise Error("Cycle count logging is disabled. Please set option logCycleCount to True to enable.")
-        if self._executable is None:
-            raise Error("Please run the model at least once before obtaining cycle count.")
-        report = self._estimate("cycleCount")
-        if report is None:
-            return 0
-        device = report.performance.call_time - report.performance.host_time
-        return int(round(device * report.hardware.clock_hz))
-
-    def _estimate(self, call: str):
-        """The cost model's report of the compiled layout, once a call has run (None otherwise)."""
-        result = self.compile_result
-        if not self._calls or result is None or getattr(result, "report", None) is None:
-            return None
-        if call not in _ESTIMATED:
-            _ESTIMATED.add(call)
-            logger.warning("PoplarExecutor.%s() answers with the cost model's estimate for an IPU: there is no IPU "
-                           "to time here.", call)  # fmt: skip
-        return result.report
+        the cost model's estimate (`_report.cycle_count`)."""
+        return cycle_count(self.compile_result if self._calls else None, self._options, self._executable is not None)
 
     def copyWeightsToHost(self) -> None:
         """Nothing to copy: the host module's tensors are the ones the simulated IPU updates."""
@@ -465,7 +343,7 @@ class PoplarExecutor:
                 self._executable(batch)
             runtime_order = self._recorded  # this process's replicas, [DI][R][GA]
             if self._stages is not None:
-                runtime_order = self._gather_stage_outputs(runtime_order)
+                runtime_order = _stages.gather_stage_outputs(self._stages, self._process_replicas, runtime_order, self._call)
                 self._stages.broadcast_weights()  # every process holds the whole updated model
             recorded = self._call.to_poptorch_order(runtime_order, self._output_count())
         else:
@@ -482,22 +360,6 @@ class PoplarExecutor:
         (their inputs held every replica's samples: each process returns what the one-process run does)."""
         return self._options.replication_factor if self._stages is not None else len(self._call.replicas)
 
-    def _gather_stage_outputs(self, recorded: list[Any]) -> list[Any]:
-        """Every replica's outputs in the runtime's [DI][R][GA] order, on every process, from the pipelines'
-        last stages (the only ones that ran the model's end)."""
-        stages = self._stages
-        last = stages.module.is_last
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, recorded if last else None)
-        di, ga, r, _ = self._call.counts()
-        pipelines = self._process_replicas.layout.data_parallel
-        pipeline = CallLayout(di, r // pipelines, ga)  # each pipeline's own replicas
-        ends = [gathered[p * stages.num_stages + stages.num_stages - 1] for p in range(pipelines)]
-        return [ends[p][pipeline.first_micro_batch(d, k) + g] for d in range(di) for p in range(pipelines)
-                for k in range(pipeline.replication_factor) for g in range(ga)]  # fmt: skip
-
-
-_ESTIMATED: set[str] = set()  # calls that said once that they answer from the cost model
 
 
 def trainingModel(model: nn.Module, options: Options | None = None, optimizer=None) -> PoplarExecutor:

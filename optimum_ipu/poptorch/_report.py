@@ -19,10 +19,10 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.compiling import CompileResult, report_layout
-from optimum_ipu.costmodel.memory import IPUOutOfMemoryError
+from optimum_ipu.costmodel.memory import IPUOutOfMemoryError, memory_check_from_environment
 from optimum_ipu.costmodel.workload import StateTypes, Workload
 from optimum_ipu.pipelining.stage_plan import Block, StagePlan
-from optimum_ipu.poptorch._logging import Error
+from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.runtime.batches import batch_size_of
 
 __all__ = ["PopTorchOutOfMemoryError", "compile_report", "recording_module_blocks", "stage_plan_from_blocks"]
@@ -181,3 +181,66 @@ def compile_report(
         )
     except IPUOutOfMemoryError as error:
         raise PopTorchOutOfMemoryError(str(error), type="popart_memory_allocation_err") from None
+
+
+def report_of_compile(model, trace, options, training: bool, optimizer, num_ipus: int, recomputed: bool):
+    """The cost model's memory table and throughput for the blocks as placed (logged), or None for a
+    model with no weights; a model the cost model cannot trace still runs, with a warning. A layout the
+    memory model is sure does not fit raises `PopTorchOutOfMemoryError`."""
+    if next(model.parameters(), None) is None:
+        return None  # no weights: nothing to place, no memory to report
+    plan = stage_plan_from_blocks(model, trace.module_blocks, trace.entries, num_ipus)
+    check = memory_check_from_environment()  # a bad value is the user's error, not a failed estimate
+    try:
+        return compile_report(
+            model, plan, options, trace.micro, trace.spec, training=training, optimizer=optimizer,
+            num_ipus=num_ipus * options.replication_factor, recomputed=recomputed, memory_check=check,
+        )  # fmt: skip
+    except PopTorchOutOfMemoryError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the estimate is a report; the model still runs
+        logger.warning("No compile report for this model (the cost model could not trace it): %s", error)
+        return None
+
+
+_ESTIMATED: set[str] = set()  # calls that said once that they answer from the cost model
+
+
+def _estimate(result, call: str):
+    """The cost model's report of the compiled layout (None before a call has run, or without one)."""
+    if result is None or getattr(result, "report", None) is None:
+        return None
+    if call not in _ESTIMATED:
+        _ESTIMATED.add(call)
+        logger.warning("PoplarExecutor.%s() answers with the cost model's estimate for an IPU: there is no IPU "
+                       "to time here.", call)  # fmt: skip
+    return result.report
+
+
+def latency(result, options) -> tuple[float, float, float]:
+    """`getLatency()`: (min, max, average) seconds per device iteration of the last call, as PopTorch reports.
+
+    There is no IPU to time: the figure is the cost model's estimated call time for the compiled layout
+    divided by its device iterations (so min = max = average), said once in the log; (0, 0, 0) before the
+    first call (`result` None), as PopTorch's, or when the cost model could not price the model.
+    """
+    report = _estimate(result, "getLatency")
+    if report is None:
+        return (0.0, 0.0, 0.0)
+    per_iteration = report.performance.call_time / max(1, options.device_iterations)
+    return (per_iteration, per_iteration, per_iteration)
+
+
+def cycle_count(result, options, compiled: bool) -> int:
+    """`cycleCount()`: IPU cycles of the last call (the first replica's), as PopTorch reports with
+    `logCycleCount(True)`: the cost model's estimated device time of the call (without the host's) times
+    the chip's clock."""
+    if not options._values.get("log_cycle_count", False):
+        raise Error("Cycle count logging is disabled. Please set option logCycleCount to True to enable.")
+    if not compiled:
+        raise Error("Please run the model at least once before obtaining cycle count.")
+    report = _estimate(result, "cycleCount")
+    if report is None:
+        return 0
+    device = report.performance.call_time - report.performance.host_time
+    return int(round(device * report.hardware.clock_hz))

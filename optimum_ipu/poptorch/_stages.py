@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.poptorch._annotations import recording_ipus
 from optimum_ipu.poptorch._logging import Error
 from optimum_ipu.poptorch._report import nearest_ancestor_run
@@ -382,3 +383,17 @@ class PopTorchStages(StageRunner):
             wrapper._user_model, _StageForward(wrapper, plan, stage), plan.owners, stage, plan.num_stages, group,
             n_microbatches, schedule="gpipe",
         )  # fmt: skip
+
+
+def gather_stage_outputs(stages: PopTorchStages, processes, recorded: list, call) -> list:
+    """Every replica's outputs in the runtime's [DI][R][GA] order, on every process, from the pipelines'
+    last stages (the only ones that ran the model's end); `recorded` is this process's, `call` the
+    wrapper's `HostCall`."""
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, recorded if stages.module.is_last else None)
+    di, ga, r, _ = call.counts()
+    pipelines = processes.layout.data_parallel
+    pipeline = CallLayout(di, r // pipelines, ga)  # each pipeline's own replicas
+    ends = [gathered[p * stages.num_stages + stages.num_stages - 1] for p in range(pipelines)]
+    return [ends[p][pipeline.first_micro_batch(d, k) + g] for d in range(di) for p in range(pipelines)
+            for k in range(pipeline.replication_factor) for g in range(ga)]  # fmt: skip
