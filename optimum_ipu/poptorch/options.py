@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from optimum_ipu._quoting import shown
 from optimum_ipu.poptorch import enums
 from optimum_ipu.poptorch._logging import no_effect
 from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution, _ExecutionStrategy
@@ -82,6 +83,17 @@ def _positive_int(name: str, value: Any) -> int:
     if not _is_positive_int(value):
         raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     return value
+
+
+def _every_n_period(call: str, period: Any) -> int:
+    """An `EveryN` output return period: a positive integer, else PopTorch's assertion with the value and the fix."""
+    if not _is_positive_int(period):
+        raise AssertionError(  # PopTorch's sentence first, then ours
+            "EveryN anchor must have output_return_period set to valid positive integer: "
+            f"{call} got output_return_period={shown(period)}. Pass the period N >= 1 (the outputs of every "
+            "N-th device iteration are returned), e.g. 2."
+        )
+    return period
 
 
 def _divisors(value: int) -> str:
@@ -452,8 +464,8 @@ class Options(_OptionsDict):
         """Which micro-batches' outputs a call returns (All, Final, Sum, EveryN with a period, Default)."""
         if not isinstance(output_mode, enums.OutputMode):
             raise TypeError(f"outputMode takes a poptorch.OutputMode, got {output_mode!r}.")
-        if output_mode == enums.OutputMode.EveryN and not (output_return_period and output_return_period > 0):
-            raise AssertionError("EveryN anchor must have output_return_period set to valid positive integer")
+        if output_mode == enums.OutputMode.EveryN:
+            _every_n_period("outputMode", output_return_period)
         self.set(output_mode=output_mode, output_return_period=output_return_period or 1)
         return self
 
@@ -590,7 +602,10 @@ class Options(_OptionsDict):
             raise TypeError("anchorTensor(short_name, long_name): both names must be strings.")
         if output_mode is not None and not isinstance(output_mode, enums.OutputMode):
             raise TypeError(f"anchorTensor: output_mode must be a poptorch.OutputMode or None, got {output_mode!r}.")
-        period = int(output_return_period or 1) if output_mode == enums.OutputMode.EveryN else 1
+        period = 1
+        if output_mode == enums.OutputMode.EveryN:
+            call = f"anchorTensor({shown(short_name)}, {shown(long_name)}, EveryN)"
+            period = _every_n_period(call, output_return_period)
         self._values["anchored_tensors"][short_name] = (long_name, output_mode, period)
 
     def loadFromFile(self, filepath: str) -> Options:
