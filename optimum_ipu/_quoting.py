@@ -23,19 +23,26 @@ def clipped(text: str, limit: int = LIMIT) -> str:
 
 def shown(value: Any, limit: int = LIMIT) -> str:
     """`repr(value)` cut to about `limit` characters, with the entry count of a long list, tuple, set or
-    dict and the length of a long string: an error about a 100,000-entry list stays a readable line."""
+    dict, the length of a long string or the digits of a long integer: an error about a 100,000-entry
+    list stays a readable line."""
     if isinstance(value, str) and len(value) > limit:  # repr of the prefix only: no copy of a huge string
         return f"{repr(value[:limit])[:limit]}... ({len(value):,} characters)"
     try:
         text = repr(value)
     except ValueError:  # an int beyond sys.get_int_max_str_digits()
         if isinstance(value, int):
-            digits = int(value.bit_length() * math.log10(2)) + 1
-            return f"an integer of about {digits:,} digits"
+            digits = int((abs(value).bit_length() - 1) * math.log10(2)) + 1  # the digits of 2**(bits - 1)
+            digits += abs(value) >= 10**digits
+            return f"an integer of {digits:,} digits"
         return f"a {type(value).__name__} that cannot be shown"
     except RecursionError:
         return f"a {type(value).__name__} nested too deeply to show"
     if len(text) <= limit:
         return text
-    count = f" ({len(value):,} entries)" if isinstance(value, (list, tuple, set, frozenset, dict)) else ""
+    if isinstance(value, (list, tuple, set, frozenset, dict)):
+        count = f" ({len(value):,} entries)"
+    elif isinstance(value, int) and text.lstrip("-").isdigit():
+        count = f" ({len(text.lstrip('-')):,} digits)"
+    else:
+        count = ""
     return f"{text[:limit]}...{count}"
