@@ -165,10 +165,14 @@ def test_every_schema_field_is_an_ipu_config_attribute_with_its_default_and_the_
 # A value of 300,000 characters: every error quoting it shows a bounded prefix and its size, not the whole.
 HUGE = 300_000
 LONG_VALUES = {
-    "override-list-of-text": lambda: IPUConfig().update_from_string("layers_per_ipu=[" + "x " * (HUGE // 2) + "]"),
+    "override-list-of-text": lambda: IPUConfig().update_from_string(
+        "layers_per_ipu=[" + "x " * (HUGE // 2) + "]"
+    ),
     "override-digits-for-a-list": lambda: IPUConfig().update_from_string("layers_per_ipu=" + "1" * HUGE),
     "override-text-for-an-integer": lambda: IPUConfig().update_from_string("device_iterations=" + "x" * HUGE),
-    "override-unclosed-bracket": lambda: IPUConfig().update_from_string("layers_per_ipu=[" + "1 " * (HUGE // 2)),
+    "override-unclosed-bracket": lambda: IPUConfig().update_from_string(
+        "layers_per_ipu=[" + "1 " * (HUGE // 2)
+    ),
     "override-unbalanced-bracket": lambda: IPUConfig().update_from_string("seed=" + "1" * HUGE + "]"),
     "override-without-equals": lambda: IPUConfig().update_from_string("x" * HUGE),
     "override-unknown-key": lambda: IPUConfig().update_from_string("x" * HUGE + "=1"),
@@ -193,7 +197,7 @@ def test_an_error_quotes_a_bounded_prefix_of_a_long_value_with_its_size(make):
 
 
 def test_a_value_python_cannot_repr_is_described_instead():
-    assert shown(10**5000) == "an integer of about 5,001 digits"  # repr() refuses more than 4,300 digits
+    assert shown(10**5000) == "an integer of 5,001 digits"  # repr() refuses more than 4,300 digits
     nested: list = []
     for _ in range(100_000):
         nested = [nested]
