@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from optimum_ipu import IPUConfig
+from optimum_ipu._quoting import shown
+from optimum_ipu.configuration import total_ipus
 from optimum_ipu.configuration.schema import (
     FIELD_DEFAULTS,
     IPUConfigError,
@@ -155,3 +160,46 @@ def test_every_schema_field_is_an_ipu_config_attribute_with_its_default_and_the_
         if not name.startswith("_") and not callable(value) and not isinstance(value, (property, classmethod))
     }
     assert own - {"modes"} == set(MODE_MANAGED), "IPUConfig declares attributes schema.FIELDS lacks"
+
+
+# A value of 300,000 characters: every error quoting it shows a bounded prefix and its size, not the whole.
+HUGE = 300_000
+LONG_VALUES = {
+    "override-list-of-text": lambda: IPUConfig().update_from_string(
+        "layers_per_ipu=[" + "x " * (HUGE // 2) + "]"
+    ),
+    "override-digits-for-a-list": lambda: IPUConfig().update_from_string("layers_per_ipu=" + "1" * HUGE),
+    "override-text-for-an-integer": lambda: IPUConfig().update_from_string("device_iterations=" + "x" * HUGE),
+    "override-unclosed-bracket": lambda: IPUConfig().update_from_string(
+        "layers_per_ipu=[" + "1 " * (HUGE // 2)
+    ),
+    "override-unbalanced-bracket": lambda: IPUConfig().update_from_string("seed=" + "1" * HUGE + "]"),
+    "override-without-equals": lambda: IPUConfig().update_from_string("x" * HUGE),
+    "override-unknown-key": lambda: IPUConfig().update_from_string("x" * HUGE + "=1"),
+    "override-bad-dict": lambda: IPUConfig().update_from_string("parallelize_kwargs={" + "x" * HUGE + "}"),
+    "string-for-a-list": lambda: IPUConfig(layers_per_ipu="1" * HUGE),
+    "string-for-a-mode": lambda: IPUConfig(output_mode="x" * HUGE),
+    "unknown-keyword": lambda: IPUConfig(**{"x" * HUGE: 1}),
+    "unknown-update": lambda: IPUConfig().update(**{"x" * HUGE: 1}),
+    "unknown-attribute": lambda: setattr(IPUConfig(), "x" * HUGE, 1),
+    "unknown-mode": lambda: setattr(IPUConfig(), "mode", "x" * HUGE),
+    "pod-type": lambda: total_ipus(pod_type="pod" + "x" * HUGE, n_ipu=None),
+}
+
+
+@pytest.mark.parametrize("make", LONG_VALUES.values(), ids=LONG_VALUES.keys())
+def test_an_error_quotes_a_bounded_prefix_of_a_long_value_with_its_size(make):
+    with pytest.raises((IPUConfigError, TypeError, AttributeError)) as caught:
+        make()
+    message = str(caught.value)
+    assert len(message) < 1_000, message[:2_000]
+    assert re.search(r"xxxx|1111|x x x|1 1 1", message) and re.search(r"\(\d{3},\d{3} characters\)", message)
+
+
+def test_a_value_python_cannot_repr_is_described_instead():
+    assert shown(10**5000) == "an integer of 5,001 digits"  # repr() refuses more than 4,300 digits
+    nested: list = []
+    for _ in range(100_000):
+        nested = [nested]
+    assert shown(nested) == "a list nested too deeply to show"
+    assert shown([1] * 100_000).endswith("... (100,000 entries)") and len(shown([1] * 100_000)) < 200

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from optimum_ipu._quoting import shown
 from optimum_ipu.configuration.schema import CONFIG_NAME
 
 __all__ = [
@@ -102,7 +103,7 @@ def _download(repo_id: str, **kwargs) -> str:
 def _not_found(name: str, reason: str) -> IPUConfigNotFoundError:
     names = "\n  ".join(bundled_config_names()) or "(none)"
     return IPUConfigNotFoundError(
-        f"No {CONFIG_NAME} for {name!r}: {reason}. Give a folder holding {CONFIG_NAME}, a path to a JSON "
+        f"No {CONFIG_NAME} for {shown(name)}: {reason}. Give a folder holding {CONFIG_NAME}, a path to a JSON "
         f"file, a Hub repo id, or one of the bundled configs:\n  {names}"
     )
 

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
+from optimum_ipu._quoting import clipped, shown
 from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.configuration.legacy import n_ipu_from_pod_type, normalize_config_dict
 from optimum_ipu.configuration.parsing import parse_overrides
@@ -101,7 +102,7 @@ class IPUConfig:
         unknown = next((name for name in values if name not in FIELDS), None)
         if unknown is not None:  # the error Python gives for a keyword a signature lacks
             raise TypeError(
-                f"{type(self).__name__}.__init__() got an unexpected keyword argument {unknown!r}"
+                f"{type(self).__name__}.__init__() got an unexpected keyword argument {shown(unknown)}"
             )
         given = {}
         for name, field in FIELDS.items():
@@ -135,7 +136,7 @@ class IPUConfig:
     def mode(self, value: str) -> None:
         if value not in self.modes:
             raise IPUConfigError(  # Optimum Graphcore's sentence first, then ours
-                f"`IPUConfig` mode can only take values in {self.modes}: got {value!r}. "
+                f"`IPUConfig` mode can only take values in {self.modes}: got {shown(value)}. "
                 "Switch with `ipu_config.train()` or `ipu_config.eval()`."
             )
         object.__setattr__(self, "_mode", value)
@@ -177,7 +178,7 @@ class IPUConfig:
         elif name in _BOOKKEEPING or name.startswith("_"):
             object.__setattr__(self, name, value)
         else:
-            raise AttributeError(f"`IPUConfig` has no attribute `{name}`{close_matches(name)}.")
+            raise AttributeError(f"`IPUConfig` has no attribute `{clipped(name)}`{close_matches(name)}.")
 
     # ----- values --------------------------------------------------------------------------------
 
@@ -209,7 +210,7 @@ class IPUConfig:
         if unknown:
             raise IPUConfigError(
                 "Unknown `IPUConfig` attributes: "
-                + ", ".join(f"`{n}`{close_matches(n)}" for n in unknown)
+                + ", ".join(f"`{clipped(n)}`{close_matches(n)}" for n in unknown)
                 + "."
             )
         snapshot = copy.deepcopy(self.__dict__)

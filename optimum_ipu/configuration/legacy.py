@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from optimum_ipu._quoting import shown
 from optimum_ipu.configuration.schema import (
     FIELD_NAMES,
     FIELDS,
@@ -49,7 +50,7 @@ def n_ipu_from_pod_type(pod_type: str) -> int:
     n = int(match.group(1)) if match else 0
     if n < 1 or n & (n - 1):
         raise IPUConfigError(
-            f"pod_type {pod_type!r} is not a pod: write podN with N a power of two (pod4, pod16, pod64), "
+            f"pod_type {shown(pod_type)} is not a pod: write podN with N a power of two (pod4, pod16, pod64), "
             "or give the number of IPUs with n_ipu."
         )
     return n

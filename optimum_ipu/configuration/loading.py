@@ -11,6 +11,7 @@ import logging
 import os
 from typing import Any
 
+from optimum_ipu._quoting import shown
 from optimum_ipu.configuration.ipu_config import IPUConfig
 from optimum_ipu.configuration.legacy import n_ipu_from_pod_type
 from optimum_ipu.configuration.parsing import split_overrides
@@ -31,7 +32,7 @@ def total_ipus(
             the two disagreeing.
     """
     if n_ipu is not None and (isinstance(n_ipu, bool) or int(n_ipu) < 1):
-        raise IPUConfigError(f"{flags[1]} must be an integer >= 1, got {n_ipu!r}.")
+        raise IPUConfigError(f"{flags[1]} must be an integer >= 1, got {shown(n_ipu)}.")
     if pod_type is None:
         return n_ipu
     pod_ipus = n_ipu_from_pod_type(pod_type)

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from optimum_ipu._quoting import clipped
 from optimum_ipu.configuration.schema import IPUConfigError, close_matches
 
 FORMS = (
@@ -36,29 +37,36 @@ def split_overrides(text: str) -> list[str]:
         elif char in _CLOSE:
             depth -= 1
             if depth < 0:
-                raise IPUConfigError(f"IPU config overrides {text!r}: unbalanced {char!r}. {FORMS}")
+                raise IPUConfigError(f"IPU config overrides {clipped(text)!r}: unbalanced {char!r}. {FORMS}")
         if char == "," and depth == 0:
             items.append("".join(current))
             current = []
         else:
             current.append(char)
     if depth:
-        raise IPUConfigError(f"IPU config overrides {text!r}: a bracket is not closed. {FORMS}")
+        raise IPUConfigError(f"IPU config overrides {clipped(text)!r}: a bracket is not closed. {FORMS}")
     items.append("".join(current))
     return [item.strip() for item in items if item.strip()]
 
 
 def _bad(key: str, raw: str, expected: str) -> IPUConfigError:
-    return IPUConfigError(f"IPU config override `{key}={raw}`: expected {expected}. {FORMS}")
+    return IPUConfigError(f"IPU config override `{key}={clipped(raw)}`: expected {expected}. {FORMS}")
 
 
 def _number(key: str, raw: str, text: str) -> int | float:
-    if _INT.match(text):
-        return int(text)
-    try:
-        return float(text)
+    try:  # int() refuses more than 4,300 digits (sys.get_int_max_str_digits): the same error as a non-number
+        return int(text) if _INT.match(text) else float(text)
     except ValueError:
         raise _bad(key, raw, "a number") from None
+
+
+def _integer(key: str, raw: str) -> int:
+    if _INT.match(raw):
+        try:
+            return int(raw)
+        except ValueError:  # more than 4,300 digits (sys.get_int_max_str_digits): no count of anything
+            pass
+    raise _bad(key, raw, "an integer")
 
 
 def _list(key: str, raw: str) -> list:
@@ -116,9 +124,7 @@ def parse_value(key: str, raw: str, current: Any) -> Any:
             return False
         raise _bad(key, raw, "a boolean (true/false/yes/no/1/0)")
     if isinstance(current, int):
-        if not _INT.match(raw):
-            raise _bad(key, raw, "an integer")
-        return int(raw)
+        return _integer(key, raw)
     if isinstance(current, float):
         # A per-IPU list may replace a single proportion.
         return _list(key, raw) if raw.startswith("[") else float(_number(key, raw, raw))
@@ -152,10 +158,11 @@ def parse_overrides(text: str, known: Iterable[str], current: Callable[[str], An
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise IPUConfigError(f"IPU config override {item!r} is not `key=value`. {FORMS}")
+            raise IPUConfigError(f"IPU config override {clipped(item)!r} is not `key=value`. {FORMS}")
         if key not in known:
             raise IPUConfigError(
-                f"IPU config override `{item}`: `{key}` is not an `IPUConfig` attribute{close_matches(key, known)}. "
+                f"IPU config override `{clipped(item)}`: `{clipped(key)}` is not an `IPUConfig` attribute"
+                f"{close_matches(key, known)}. "
                 f"{FORMS}"
             )
         parsed[key] = parse_value(key, raw, current(key))

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from optimum_ipu._quoting import shown  # every quoted value is bounded (_quoting.py)
+
 CONFIG_NAME = "ipu_config.json"
 
 
@@ -47,16 +49,6 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def shown(value: Any, limit: int = 160) -> str:
-    """`repr(value)` cut to about `limit` characters, with the entry count of a long list or dict: an
-    error about a 100,000-entry list stays a readable line."""
-    text = repr(value)
-    if len(text) <= limit:
-        return text
-    count = f" ({len(value):,} entries)" if isinstance(value, (list, tuple, dict)) else ""
-    return f"{text[:limit]}...{count}"
 
 
 def _fail(name: str, value: Any, rule: str, wrong_type: bool = False) -> IPUConfigError:

@@ -24,7 +24,11 @@ from optimum_ipu.poptorch.enums import OutputMode
 
 IDENTITY_LOSS = "_poptorch_identity_loss"
 
-NO_LOSS = "Couldn't find a loss in graph!"
+NO_LOSS = (  # PopTorch's sentence first (code that matches on it keeps working), then the fix
+    "Couldn't find a loss in graph! A training model's forward must return its loss: a 0-dim tensor that "
+    "requires grad (e.g. `return logits, nn.functional.cross_entropy(logits, labels)`), or the loss wrapped "
+    "in poptorch.identity_loss(loss, reduction=...). A model without a loss runs with poptorch.inferenceModel."
+)
 MULTIPLE_LOSSES = (
     "Multiple independent losses found in graph. Graph must have one final loss. Wrap final graph loss in "
     "poptorch.identity_loss."

@@ -11,11 +11,13 @@ they change nothing here. An `Options` passed to a wrapper is frozen: change a `
 from __future__ import annotations
 
 import copy
+import difflib
 import enum
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from optimum_ipu._quoting import shown
 from optimum_ipu.poptorch import enums
 from optimum_ipu.poptorch._logging import no_effect
 from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution, _ExecutionStrategy
@@ -24,7 +26,16 @@ __all__ = ["Options", "TensorLocationSettings"]
 
 
 class _OptionsDict:
-    """Named values with attribute access (`opts.device_iterations`), frozen once given to a wrapper."""
+    """Named values with attribute access (`opts.device_iterations`), frozen once given to a wrapper.
+
+    `_SETTERS` maps each option a subclass stores to the named setter that checks and stores it, with the
+    options that setter takes (`output_mode` and `output_return_period` go to `outputMode` together), so
+    `set(name=value)` runs exactly the checks of the named setter; `None`: no `set` for it, the message
+    names the setter to call.
+    """
+
+    _SETTERS: ClassVar[dict[str, tuple[str, tuple[str, ...]] | str | None]] = {}
+    _NAME: ClassVar[str] = ""  # how errors name the object, when not its class name less `Options`
 
     def __init__(self, **defaults: Any):
         object.__setattr__(self, "_is_frozen", False)
@@ -45,6 +56,39 @@ class _OptionsDict:
             raise AttributeError("Can't modify frozen Options")
 
     def set(self, **values: Any) -> None:
+        """Set options by name (`opts.set(device_iterations=4)`) through their named setters' checks.
+
+        An unknown name is a `ValueError` naming it, with the closest option names; a value the setter
+        refuses raises the setter's error, and then no value of this call is kept.
+        """
+        self.checkIsFrozen()
+        kind = self._NAME or type(self).__name__.strip("_").replace("Options", "") or "Options"
+        for name in values:
+            if name not in self._SETTERS:
+                known = sorted(n for n, entry in self._SETTERS.items() if entry is not None)
+                close = difflib.get_close_matches(str(name), known, n=2, cutoff=0.6)
+                hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+                raise ValueError(
+                    f"{kind} has no option {shown(name)}{hint}: set() takes "
+                    f"{', '.join(known) or 'no option; use the setters'}."
+                )
+            if self._SETTERS[name] is None:
+                raise ValueError(f"{kind} option {name!r} has no set(): use {kind}.{_NO_SET[name]}.")
+        before = dict(self._values)
+        done = set()
+        try:
+            for name in values:
+                setter, names = _setter(self._SETTERS[name], name)
+                if setter not in done:
+                    done.add(setter)
+                    getattr(self, setter)(*[values[n] if n in values else self._values.get(n) for n in names])
+        except Exception:
+            self._values.clear()
+            self._values.update(before)
+            raise
+
+    def _store(self, **values: Any) -> None:
+        """Store values the calling setter has checked (the setters' one way in)."""
         self.checkIsFrozen()
         self._values.update(values)
 
@@ -74,14 +118,34 @@ class _OptionsDict:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
 
 
+# Options stored by a setter that `set()` cannot call with one value: the setter to use instead.
+_NO_SET = {"anchored_tensors": "anchorTensor(short_name, long_name, output_mode, output_return_period)"}
+
+
+def _setter(entry: tuple[str, tuple[str, ...]] | str, name: str) -> tuple[str, tuple[str, ...]]:
+    """A `_SETTERS` entry as (setter, the options it takes): a bare setter name takes the one option."""
+    return (entry, (name,)) if isinstance(entry, str) else entry
+
+
 def _is_positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _positive_int(name: str, value: Any) -> int:
     if not _is_positive_int(value):
-        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        raise ValueError(f"{name} must be a positive integer, got {shown(value)}.")
     return value
+
+
+def _every_n_period(call: str, period: Any) -> int:
+    """An `EveryN` output return period: a positive integer, else PopTorch's assertion with the value and the fix."""
+    if not _is_positive_int(period):
+        raise AssertionError(  # PopTorch's sentence first, then ours
+            "EveryN anchor must have output_return_period set to valid positive integer: "
+            f"{call} got output_return_period={shown(period)}. Pass the period N >= 1 (the outputs of every "
+            "N-th device iteration are returned), e.g. 2."
+        )
+    return period
 
 
 def _divisors(value: int) -> str:
@@ -116,7 +180,7 @@ def _comm_group_type(value: Any) -> enums.CommGroupType:
             pass
     raise ValueError(
         "input_group_type must be a poptorch.CommGroupType (Consecutive, Orthogonal or NoGrouping), got "
-        f"{value!r}: pass e.g. poptorch.CommGroupType.Consecutive."
+        f"{shown(value)}: pass e.g. poptorch.CommGroupType.Consecutive."
     )
 
 
@@ -151,6 +215,12 @@ class _PopartOptions(_OptionsDict):
 class _PrecisionOptions(_OptionsDict):
     """`opts.Precision`: fp16 numerics."""
 
+    _SETTERS: ClassVar = {
+        "half_float_casting": "halfFloatCasting",
+        "running_statistics_always_float": "runningStatisticsAlwaysFloat",
+        "floating_point_exceptions": "enableFloatingPointExceptions",
+    }
+
     def __init__(self, popart: _PopartOptions):
         super().__init__(half_float_casting=enums.HalfFloatCastingBehavior.Default,
                          running_statistics_always_float=True)  # fmt: skip
@@ -172,22 +242,30 @@ class _PrecisionOptions(_OptionsDict):
 
     def enableFloatingPointExceptions(self, enabled: bool) -> _PrecisionOptions:
         no_effect("Precision.enableFloatingPointExceptions", "no IPU floating-point traps to enable.")
-        self.set(floating_point_exceptions=bool(enabled))
+        self._store(floating_point_exceptions=bool(enabled))
         return self
 
     def halfFloatCasting(self, behaviour: enums.HalfFloatCastingBehavior) -> _PrecisionOptions:
         no_effect("Precision.halfFloatCasting", "PyTorch's rule (upcast to fp32) is the one that runs.")
-        self.set(half_float_casting=behaviour)
+        self._store(half_float_casting=behaviour)
         return self
 
     def runningStatisticsAlwaysFloat(self, value: bool) -> _PrecisionOptions:
         no_effect("Precision.runningStatisticsAlwaysFloat", "running statistics keep the buffers' own dtype.")
-        self.set(running_statistics_always_float=bool(value))
+        self._store(running_statistics_always_float=bool(value))
         return self
 
 
 class _TrainingOptions(_OptionsDict):
     """`opts.Training`: gradient accumulation and how gradients are reduced."""
+
+    _SETTERS: ClassVar = {
+        "gradient_accumulation": "gradientAccumulation",
+        "accumulation_and_replication_reduction_type": "accumulationAndReplicationReductionType",
+        "mean_accumulation_and_replication_reduction_strategy": "setMeanAccumulationAndReplicationReductionStrategy",
+        "automatic_loss_scaling": "setAutomaticLossScaling",
+        "convolution_dithering": "setConvolutionDithering",
+    }
 
     def __init__(self, popart: _PopartOptions):
         super().__init__(gradient_accumulation=1,
@@ -198,7 +276,7 @@ class _TrainingOptions(_OptionsDict):
 
     def gradientAccumulation(self, gradient_accumulation: int) -> _TrainingOptions:
         """Micro-batches whose gradients are accumulated before each weight update."""
-        self.set(gradient_accumulation=_positive_int("gradientAccumulation", gradient_accumulation))
+        self._store(gradient_accumulation=_positive_int("gradientAccumulation", gradient_accumulation))
         return self
 
     def accumulationAndReplicationReductionType(
@@ -210,29 +288,32 @@ class _TrainingOptions(_OptionsDict):
                 "accumulationAndReplicationReductionType must be set to poptorch.ReductionType.Mean or "
                 f"poptorch.ReductionType.Sum, got {reduction_type!r}."
             )
-        self.set(accumulation_and_replication_reduction_type=enums.ReductionType(reduction_type))
+        self._store(accumulation_and_replication_reduction_type=enums.ReductionType(reduction_type))
         return self
 
     def setMeanAccumulationAndReplicationReductionStrategy(self, strategy) -> _TrainingOptions:
         """Running / Post: the gradients are summed in fp32 and divided once here, so every strategy agrees."""
         no_effect("Training.setMeanAccumulationAndReplicationReductionStrategy",
                   "gradients are summed in fp32 and divided once, which no strategy changes.")  # fmt: skip
-        self.set(mean_accumulation_and_replication_reduction_strategy=enums.MeanReductionStrategy(strategy))
+        self._store(mean_accumulation_and_replication_reduction_strategy=enums.MeanReductionStrategy(strategy))
         return self
 
     def setAutomaticLossScaling(self, enabled: bool) -> _TrainingOptions:
         """Adapt the loss scale as PopART's automatic loss scaling does (the optimizer's value starts it)."""
-        self.set(automatic_loss_scaling=bool(enabled))
+        self._store(automatic_loss_scaling=bool(enabled))
         return self
 
     def setConvolutionDithering(self, enabled: bool) -> _TrainingOptions:
         no_effect("Training.setConvolutionDithering", "convolution tile layout is not simulated.")
-        self.set(convolution_dithering=bool(enabled))
+        self._store(convolution_dithering=bool(enabled))
         return self
 
 
 class _DistributedOptions(_OptionsDict):
     """`opts.Distributed`: which process of a multi-process run this is (read from torchrun's variables)."""
+
+    _PROCESS = ("configureProcessId", ("distributed_process_id", "num_distributed_processes"))
+    _SETTERS: ClassVar = {"distributed_process_id": _PROCESS, "num_distributed_processes": _PROCESS}
 
     def __init__(self):
         import os
@@ -241,7 +322,7 @@ class _DistributedOptions(_OptionsDict):
                          distributed_process_id=int(os.environ.get("RANK", 0)))  # fmt: skip
 
     def disable(self) -> _DistributedOptions:
-        self.set(num_distributed_processes=1, distributed_process_id=0)
+        self._store(num_distributed_processes=1, distributed_process_id=0)
         return self
 
     def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> _DistributedOptions:
@@ -254,7 +335,7 @@ class _DistributedOptions(_OptionsDict):
     def configureProcessId(self, process_id: int, num_processes: int) -> _DistributedOptions:
         if not 0 <= process_id < num_processes:
             raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}.")
-        self.set(num_distributed_processes=num_processes, distributed_process_id=process_id)
+        self._store(num_distributed_processes=num_processes, distributed_process_id=process_id)
         return self
 
     @property
@@ -269,12 +350,21 @@ class _DistributedOptions(_OptionsDict):
 class TensorLocationSettings(_OptionsDict):
     """Where one kind of tensor lives (on chip, streaming memory, sharded over replicas): recorded only."""
 
+    _SETTERS: ClassVar = {
+        "minElementsForOffChip": "minElementsForOffChip",
+        "minElementsForReplicatedTensorSharding": "minElementsForReplicatedTensorSharding",
+        "onChip": "useOnChipStorage",
+        "useReplicatedTensorSharding": "useReplicatedTensorSharding",
+        "useIOTilesToLoad": "useIOTilesToLoad",
+        "useIOTilesToStore": "useIOTilesToStore",
+    }
+
     def __init__(self):
         super().__init__()
 
     def _record(self, name: str, value: Any) -> TensorLocationSettings:
         no_effect("TensorLocationSettings", "tensor placement is recorded for the cost model, not simulated.")
-        self.set(**{name: value})
+        self._store(**{name: value})
         return self
 
     def minElementsForOffChip(self, min_elements: int):
@@ -299,9 +389,16 @@ class TensorLocationSettings(_OptionsDict):
 class _TensorLocationOptions(_OptionsDict):
     """`opts.TensorLocations`: placement of activations, weights, optimizer state and accumulators."""
 
+    _NAME = "TensorLocations"
+    _SETTERS: ClassVar = {
+        "num_io_tiles": "numIOTiles",
+        **{f"location_{kind.lower()}": f"set{kind}Location"
+           for kind in ("Activation", "Weight", "Optimizer", "Accumulator")},
+    }  # fmt: skip
+
     def numIOTiles(self, num_tiles: int) -> _TensorLocationOptions:
         no_effect("TensorLocations.numIOTiles", "I/O tiles are not simulated.")
-        self.set(num_io_tiles=int(num_tiles))
+        self._store(num_io_tiles=int(num_tiles))
         return self
 
     def _location(self, kind: str, location: TensorLocationSettings) -> _TensorLocationOptions:
@@ -309,7 +406,7 @@ class _TensorLocationOptions(_OptionsDict):
             raise TypeError(
                 f"set{kind}Location takes a poptorch.TensorLocationSettings, got {type(location).__name__}."
             )
-        self.set(**{f"location_{kind.lower()}": location.toDict()})
+        self._store(**{f"location_{kind.lower()}": location.toDict()})
         return self
 
     def setActivationLocation(self, location: TensorLocationSettings):
@@ -326,12 +423,16 @@ class _TensorLocationOptions(_OptionsDict):
 
 
 class _JitOptions(_OptionsDict):
+    """`opts.Jit`: how the model is captured (it runs eagerly here)."""
+
+    _SETTERS: ClassVar = {"trace_model": "traceModel"}
+
     def __init__(self):
         super().__init__(trace_model=True)
 
     def traceModel(self, trace_model: bool) -> _JitOptions:
         no_effect("Jit.traceModel", "the model runs eagerly as PyTorch code; nothing is traced or scripted.")
-        self.set(trace_model=bool(trace_model))
+        self._store(trace_model=bool(trace_model))
         return self
 
 
@@ -343,6 +444,24 @@ class Options(_OptionsDict):
     >>> opts.device_iterations, opts.Training.gradient_accumulation
     (4, 2)
     """
+
+    _GROUPING = ("inputReplicaGrouping", ("input_group_size", "input_cgt"))
+    _OUTPUT = ("outputMode", ("output_mode", "output_return_period"))
+    _SETTERS: ClassVar = {
+        "replication_factor": "replicationFactor", "input_group_size": _GROUPING, "input_cgt": _GROUPING,
+        "broadcast_buffers": "broadcastBuffers", "device_iterations": "deviceIterations",
+        "auto_round_num_ipus": "autoRoundNumIPUs", "output_mode": _OUTPUT, "output_return_period": _OUTPUT,
+        "available_memory_proportion": "setAvailableMemoryProportion",
+        "executable_cache_dir": "enableExecutableCaching", "use_ipu_model": "useIpuModel",
+        "anchored_tensors": None, "random_seed": "randomSeed", "ipu_id": "useIpuId",
+        "ipu_version": "useOfflineIpuTarget", "connection_type": "connectionType", "sync_pattern": "syncPattern",
+        "log_dir": "logDir", "max_repeat_logs": "maxRepeatLogs", "model_name": "modelName",
+        "stable_norm": "enableStableNorm", "synthetic_data": "enableSyntheticData",
+        "log_cycle_count": "logCycleCount", "profile_dir": "enableProfiling", "progress_bar": "showCompilationProgressBar",
+        "relax_optimizer_attributes_checks": "relaxOptimizerAttributesChecks",
+        "module_namescope": "_module_namescope", "updatable_named_buffers": "updatableNamedBuffers",
+        "source_excludes": "sourceLocationExcludes",
+    }  # fmt: skip
 
     def __init__(self) -> None:
         popart = _PopartOptions()
@@ -387,7 +506,7 @@ class Options(_OptionsDict):
     # -- the batch arithmetic --------------------------------------------------------------------
     def deviceIterations(self, device_iterations: int) -> Options:
         """Iterations the device runs per host call (one weight update each in training)."""
-        self.set(device_iterations=_positive_int("deviceIterations", device_iterations))
+        self._store(device_iterations=_positive_int("deviceIterations", device_iterations))
         return self
 
     def replicationFactor(self, replication_factor: int) -> Options:
@@ -404,7 +523,7 @@ class Options(_OptionsDict):
                 f"set by inputReplicaGrouping: each input group is {group} whole replicas. Use a multiple of "
                 f"{group}, or call inputReplicaGrouping again with a divisor of {replication_factor}."
             )
-        self.set(replication_factor=replication_factor)
+        self._store(replication_factor=replication_factor)
         object.__setattr__(self, "_replication_known", True)
         return self
 
@@ -433,13 +552,13 @@ class Options(_OptionsDict):
             )
             raise ValueError(
                 "input_group_size must be a positive integer (the number of replicas that receive the same "
-                f"input), got {input_group_size!r}. Use {fix}; 1 means no grouping."
+                f"input), got {shown(input_group_size)}. Use {fix}; 1 means no grouping."
             )
         if input_group_type == enums.CommGroupType.NoGrouping:  # PopTorch's rule: each replica its own input
             input_group_size, input_group_type = 1, enums.CommGroupType.Consecutive
         if known:
             _check_group_divides(input_group_size, self.replication_factor)
-        self.set(input_group_size=input_group_size, input_cgt=input_group_type)
+        self._store(input_group_size=input_group_size, input_cgt=input_group_type)
         return self
 
     def _check_input_grouping(self) -> None:
@@ -451,10 +570,10 @@ class Options(_OptionsDict):
     def outputMode(self, output_mode: enums.OutputMode, output_return_period: int | None = None) -> Options:
         """Which micro-batches' outputs a call returns (All, Final, Sum, EveryN with a period, Default)."""
         if not isinstance(output_mode, enums.OutputMode):
-            raise TypeError(f"outputMode takes a poptorch.OutputMode, got {output_mode!r}.")
-        if output_mode == enums.OutputMode.EveryN and not (output_return_period and output_return_period > 0):
-            raise AssertionError("EveryN anchor must have output_return_period set to valid positive integer")
-        self.set(output_mode=output_mode, output_return_period=output_return_period or 1)
+            raise TypeError(f"outputMode takes a poptorch.OutputMode, got {shown(output_mode)}.")
+        if output_mode == enums.OutputMode.EveryN:
+            _every_n_period("outputMode", output_return_period)
+        self._store(output_mode=output_mode, output_return_period=output_return_period or 1)
         return self
 
     def defaultOutputMode(self) -> bool:
@@ -463,45 +582,47 @@ class Options(_OptionsDict):
     def randomSeed(self, random_seed: int) -> Options:
         """Seed the device's random streams (and, as PopTorch does, torch's host generator)."""
         if not isinstance(random_seed, int):
-            raise TypeError(f"randomSeed takes an int, got {random_seed!r}.")
+            raise TypeError(f"randomSeed takes an int, got {shown(random_seed)}.")
         torch.manual_seed(random_seed)
-        self.set(random_seed=random_seed)
+        self._store(random_seed=random_seed)
         return self
 
     def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:
-        self.set(broadcast_buffers=bool(broadcast_buffers))
+        self._store(broadcast_buffers=bool(broadcast_buffers))
         return self
 
     def setExecutionStrategy(self, strategy: _ExecutionStrategy) -> Options:
         """PipelinedExecution (default), ShardedExecution, or a phased strategy."""
         if not isinstance(strategy, _ExecutionStrategy):
-            raise TypeError(f"setExecutionStrategy takes an execution strategy object, got {strategy!r}.")
+            raise TypeError(f"setExecutionStrategy takes an execution strategy object, got {shown(strategy)}.")
         self.checkIsFrozen()
         object.__setattr__(self, "_execution_strategy", strategy)
         return self
 
     def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> Options:
         """Round the IPUs requested up to a power of two instead of failing."""
-        self.set(auto_round_num_ipus=bool(auto_round_num_ipus))
+        self._store(auto_round_num_ipus=bool(auto_round_num_ipus))
         return self
 
     # -- recorded for the cost model, or no effect here -------------------------------------------
     def setAvailableMemoryProportion(self, available_memory_proportion: dict[str, float]) -> Options:
         """Per-IPU share of tile memory for matmul/conv temporaries ({"IPU0": 0.3, ...}): read by the cost model."""
+        rule = "setAvailableMemoryProportion takes {'IPU<n>': proportion in (0, 1]}"
+        if not isinstance(available_memory_proportion, dict):
+            raise TypeError(f"{rule}, got {shown(available_memory_proportion)}.")
         for key, value in available_memory_proportion.items():
-            if not key.startswith("IPU") or not 0 < float(value) <= 1:
-                raise ValueError(
-                    f"setAvailableMemoryProportion takes {{'IPU<n>': proportion in (0, 1]}}, got {key}: {value}."
-                )
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (isinstance(key, str) and key.startswith("IPU")) or not (number and 0 < value <= 1):
+                raise ValueError(f"{rule}, got {shown(key)}: {shown(value)}.")
         no_effect(
             "setAvailableMemoryProportion", "it is recorded for the cost model; the arithmetic is unchanged."
         )
-        self.set(available_memory_proportion=dict(available_memory_proportion))
+        self._store(available_memory_proportion=dict(available_memory_proportion))
         return self
 
     def _record(self, name: str, why: str, **values: Any) -> Options:
         no_effect(name, why)
-        self.set(**values)
+        self._store(**values)
         return self
 
     def enableExecutableCaching(self, path: str) -> Options:
@@ -534,7 +655,7 @@ class Options(_OptionsDict):
         return self._record("maxRepeatLogs", "no compiler logs are written.", max_repeat_logs=max_lines)
 
     def modelName(self, name: str) -> Options:
-        self.set(model_name=str(name))
+        self._store(model_name=str(name))
         return self
 
     def enableStableNorm(self, enabled: bool) -> Options:
@@ -555,14 +676,22 @@ class Options(_OptionsDict):
         return self._record("showCompilationProgressBar", "nothing is compiled.", progress_bar=bool(show))
 
     def relaxOptimizerAttributesChecks(self, relax: bool = True) -> Options:
-        self.set(relax_optimizer_attributes_checks=bool(relax))
+        self._store(relax_optimizer_attributes_checks=bool(relax))
         return self
 
     def disableModuleNamescope(self) -> Options:
         return self._record("disableModuleNamescope", "no graph names are generated.", module_namescope=False)
 
+    def _module_namescope(self, enabled: Any) -> Options:
+        """`set(module_namescope=False)`: the one value `disableModuleNamescope()` sets."""
+        if enabled is not False:
+            raise ValueError(
+                f"module_namescope can only be turned off (False, as disableModuleNamescope() does), got {shown(enabled)}."
+            )
+        return self.disableModuleNamescope()
+
     def updatableNamedBuffers(self, buffers: list[str]) -> Options:
-        self.set(updatable_named_buffers=list(buffers))
+        self._store(updatable_named_buffers=list(buffers))
         return self
 
     def sourceLocationExcludes(self, excludes: list[str]) -> Options:
@@ -589,8 +718,13 @@ class Options(_OptionsDict):
         if not isinstance(short_name, str) or not isinstance(long_name, str):
             raise TypeError("anchorTensor(short_name, long_name): both names must be strings.")
         if output_mode is not None and not isinstance(output_mode, enums.OutputMode):
-            raise TypeError(f"anchorTensor: output_mode must be a poptorch.OutputMode or None, got {output_mode!r}.")
-        period = int(output_return_period or 1) if output_mode == enums.OutputMode.EveryN else 1
+            raise TypeError(
+                f"anchorTensor: output_mode must be a poptorch.OutputMode or None, got {shown(output_mode)}."
+            )
+        period = 1
+        if output_mode == enums.OutputMode.EveryN:
+            call = f"anchorTensor({shown(short_name)}, {shown(long_name)}, EveryN)"
+            period = _every_n_period(call, output_return_period)
         self._values["anchored_tensors"][short_name] = (long_name, output_mode, period)
 
     def loadFromFile(self, filepath: str) -> Options:
@@ -601,13 +735,9 @@ class Options(_OptionsDict):
         as a setter call with literal arguments (`_options_file.py`), never run as Python: anything
         else is a `ValueError` naming the file and the line.
         """
-        from optimum_ipu.poptorch._options_file import apply_line
+        from optimum_ipu.poptorch._options_file import load_file
 
-        with open(filepath) as f:
-            for number, line in enumerate(f, 1):
-                line = line.strip()
-                if line and not line.startswith("#"):
-                    apply_line(self, line, f"{filepath}:{number}")
+        load_file(self, filepath)
         return self
 
     def clone(self) -> Options:

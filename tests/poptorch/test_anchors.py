@@ -87,3 +87,24 @@ def test_an_inference_anchor_is_the_weight_of_each_iteration():
     inference = poptorch.inferenceModel(model, opts)
     inference(torch.randn(6, 6))
     assert torch.equal(inference.getAnchoredTensor("bias"), model.fc2.bias.detach().expand(3, 3))
+
+
+@pytest.mark.parametrize("period", [0, -1, 2.5, True, "2"])
+def test_an_every_n_anchor_period_must_be_a_positive_integer_as_for_output_mode(period):
+    opts = poptorch.Options()
+    with pytest.raises(AssertionError) as caught:
+        opts.anchorTensor("grad", "Gradient___fc2.bias", poptorch.OutputMode.EveryN, period)
+    message = str(caught.value)
+    assert message.startswith("EveryN anchor must have output_return_period set to valid positive integer")
+    assert "anchorTensor('grad', 'Gradient___fc2.bias'" in message and repr(period) in message
+    assert "e.g. 2" in message
+    assert "grad" not in opts.anchored_tensors
+    with pytest.raises(AssertionError, match=f"outputMode got output_return_period={period!r}"):
+        poptorch.Options().outputMode(poptorch.OutputMode.EveryN, period)
+
+
+def test_an_every_n_anchor_period_is_only_checked_for_every_n():
+    opts = poptorch.Options()
+    opts.anchorTensor("a", "fc1.weight", poptorch.OutputMode.All, 0)
+    opts.anchorTensor("b", "fc1.weight", poptorch.OutputMode.EveryN, 3)
+    assert opts.anchored_tensors["a"][2] == 1 and opts.anchored_tensors["b"][2] == 3

@@ -85,3 +85,68 @@ def test_set_log_level():
     poptorch.setLogLevel("WARN")
     with pytest.raises(ValueError, match="Unknown log level 'LOUD'"):
         poptorch.setLogLevel("LOUD")
+
+
+# -- set(name=value) runs the named setter's checks ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "owner, values, named",
+    [
+        (lambda o: o, {"device_iterations": 0}, lambda o: o.deviceIterations(0)),
+        (lambda o: o, {"replication_factor": "2"}, lambda o: o.replicationFactor("2")),
+        (lambda o: o, {"output_mode": poptorch.OutputMode.EveryN, "output_return_period": -1},
+         lambda o: o.outputMode(poptorch.OutputMode.EveryN, -1)),
+        (lambda o: o, {"random_seed": "x"}, lambda o: o.randomSeed("x")),
+        (lambda o: o, {"available_memory_proportion": {"IPU0": 2}},
+         lambda o: o.setAvailableMemoryProportion({"IPU0": 2})),
+        (lambda o: o.Training, {"gradient_accumulation": 0}, lambda o: o.Training.gradientAccumulation(0)),
+        (lambda o: o.Distributed, {"distributed_process_id": 3}, lambda o: o.Distributed.configureProcessId(3, 1)),
+    ],
+)  # fmt: skip
+def test_set_refuses_what_the_named_setter_refuses_with_its_message(owner, values, named):
+    with pytest.raises(Exception) as by_name:
+        named(poptorch.Options())
+    opts = poptorch.Options()
+    before = opts.toDict()
+    with pytest.raises(type(by_name.value)) as by_set:
+        owner(opts).set(**values)
+    assert str(by_set.value) == str(by_name.value)
+    assert opts.toDict() == before
+
+
+def test_set_stores_through_the_named_setters():
+    opts = poptorch.Options()
+    opts.set(device_iterations=4, output_mode=poptorch.OutputMode.EveryN, output_return_period=2)
+    opts.Training.set(gradient_accumulation=3)
+    reference = poptorch.Options().deviceIterations(4).outputMode(poptorch.OutputMode.EveryN, 2)
+    reference.Training.gradientAccumulation(3)
+    assert opts.toDict() == reference.toDict()
+
+
+def test_set_keeps_no_value_of_a_call_with_one_refused():
+    opts = poptorch.Options()
+    with pytest.raises(ValueError, match="replicationFactor must be a positive integer, got 0"):
+        opts.set(device_iterations=4, replication_factor=0)
+    assert opts.device_iterations == 1
+
+
+def test_set_of_an_unknown_option_names_it_and_the_closest():
+    with pytest.raises(
+        ValueError, match=r"Options has no option 'device_iteration' \(did you mean 'device_iterations'\?\)"
+    ):
+        poptorch.Options().set(device_iteration=4)
+    with pytest.raises(ValueError, match=r"Training has no option 'foo': set\(\) takes accumulation_and"):
+        poptorch.Options().Training.set(foo=1)
+    with pytest.raises(ValueError, match=r"'anchored_tensors' has no set\(\): use Options.anchorTensor"):
+        poptorch.Options().set(anchored_tensors={})
+
+
+def test_every_option_a_setter_stores_can_be_set_by_name():
+    opts = poptorch.Options().randomSeed(1).useIpuId(0).modelName("m").logDir("d").disableModuleNamescope()
+    for part in (opts, opts.Training, opts.Precision, opts.Distributed, opts.TensorLocations, opts.Jit,
+                 poptorch.TensorLocationSettings().useOnChipStorage(True)):  # fmt: skip
+        assert set(part._values) <= set(part._SETTERS), type(part).__name__
+        for name in part._values:
+            if part._SETTERS[name] is not None:
+                part.set(**{name: part._values[name]})  # each stored value is one its setter accepts

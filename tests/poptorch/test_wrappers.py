@@ -90,6 +90,24 @@ def test_no_loss_and_several_independent_losses():
         poptorch.trainingModel(TwoLosses())(torch.randn(4, 3))
 
 
+def test_no_loss_error_keeps_poptorchs_sentence_and_says_what_forward_must_return():
+    class NoGrad(nn.Module):  # a 0-dim output, but computed without a gradient
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.fc(x).detach().mean()
+
+    for model in (nn.Linear(3, 2), NoGrad()):
+        with pytest.raises(poptorch.Error) as caught:
+            poptorch.trainingModel(model)(torch.randn(4, 3))
+        message = str(caught.value)
+        assert message.startswith("Couldn't find a loss in graph! ")
+        assert "0-dim tensor that requires grad" in message and "poptorch.identity_loss" in message
+        assert "poptorch.inferenceModel" in message
+
+
 def test_the_final_loss_is_the_one_computed_from_the_others():
     class Parts(nn.Module):
         def __init__(self):
