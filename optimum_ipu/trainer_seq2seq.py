@@ -17,7 +17,9 @@ form (a static KV cache, one decoder call per token).
 from __future__ import annotations
 
 import contextlib
+import numbers
 from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
@@ -43,6 +45,34 @@ class IPUSeq2SeqTrainingArguments(IPUTrainingArguments, Seq2SeqTrainingArguments
         },
     )
 
+    def __post_init__(self) -> None:
+        """transformers' checks, and `--generation_num_beams` an integer >= 1 (beam search divides by it)."""
+        if self.generation_num_beams is not None and not _is_beam_count(self.generation_num_beams):
+            raise ValueError(
+                "--generation_num_beams must be an integer >= 1 (1 is greedy decoding, more is beam search), got "
+                f"{self.generation_num_beams!r}; leave it out to use the model's generation config."
+            )
+        super().__post_init__()
+
+
+def _is_beam_count(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+
+
+def _check_num_beams(gen_kwargs: dict[str, Any], call: str) -> None:
+    """Refuse a `num_beams` keyword that is not an integer >= 1 before any sample is evaluated.
+
+    transformers' `generate()` divides by it deep in beam search (`num_beams=0` is a bare
+    ZeroDivisionError there), or fails on a tensor shape for a negative or fractional one.
+    """
+    beams = gen_kwargs.get("num_beams")
+    if beams is not None and not _is_beam_count(beams):
+        raise ValueError(
+            f"{call}(num_beams={beams!r}): the number of beams of generation must be an integer >= 1 (1 is greedy "
+            "decoding, more is beam search); pass num_beams=1 or more, or leave it out to use "
+            "--generation_num_beams or the model's generation config."
+        )
+
 
 class IPUSeq2SeqTrainer(IPUTrainer, Seq2SeqTrainer):
     """A transformers `Seq2SeqTrainer` whose training and evaluation run on a simulated IPU system.
@@ -63,6 +93,18 @@ class IPUSeq2SeqTrainer(IPUTrainer, Seq2SeqTrainer):
                 "and Seq2SeqTrainingArguments field)."
             )
         super().__init__(model, ipu_config, args, *positional, **kwargs)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", **gen_kwargs):
+        """`Seq2SeqTrainer.evaluate`, with the generation keywords checked first (see `_check_num_beams`)."""
+        _check_num_beams(gen_kwargs, "evaluate")
+        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix,
+                                **gen_kwargs)  # fmt: skip
+
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test", **gen_kwargs):
+        """`Seq2SeqTrainer.predict`, with the generation keywords checked first (see `_check_num_beams`)."""
+        _check_num_beams(gen_kwargs, "predict")
+        return super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix,
+                               **gen_kwargs)  # fmt: skip
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """`IPUTrainer`'s sharded evaluation step; with `predict_with_generate`, the generated tokens

@@ -617,3 +617,43 @@ def test_a_serialization_factor_of_none_means_not_set_as_in_optimum_graphcore(tm
     assert IPUConfig(embedding_serialization_factor=None).embedding_serialization_factor == 1
     config.projection_serialization_factor = None
     assert config.projection_serialization_factor == 1
+
+
+# ----- a model's config.json is not an IPU config ------------------------------------------------
+
+
+def _saved_model_config(tmp_path):
+    """A model folder as transformers writes it: `config.json` with `transformers_version` and `model_type`."""
+    from transformers import BertConfig
+
+    folder = tmp_path / "bert"
+    BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2).save_pretrained(folder)
+    assert "transformers_version" in json.loads((folder / "config.json").read_text())
+    return folder
+
+
+MODEL_CONFIG_REFUSAL = r"is a model's configuration \(model_type 'bert'\), not an IPU config.*Graphcore/bert-base-ipu"
+
+
+@pytest.mark.parametrize("path", ["from_pretrained(file)", "from_dict", "--ipu_config_name file"])
+def test_a_model_config_json_written_by_transformers_is_refused_on_every_path(tmp_path, path):
+    """transformers writes `transformers_version` into every config.json: a key IPUConfig ignores quietly,
+    which must not make a model's configuration pass for an IPU config holding only defaults."""
+    from optimum_ipu.training_args import IPUTrainingArguments, resolve_ipu_config
+
+    file = _saved_model_config(tmp_path) / "config.json"
+    loads = {
+        "from_pretrained(file)": lambda: IPUConfig.from_pretrained(file),
+        "from_dict": lambda: IPUConfig.from_dict(json.loads(file.read_text())),
+        "--ipu_config_name file": lambda: resolve_ipu_config(
+            IPUTrainingArguments(output_dir=str(tmp_path / "out"), ipu_config_name=str(file), use_cpu=True,
+                                 report_to="none")),  # fmt: skip
+    }
+    with pytest.raises(IPUConfigError, match=MODEL_CONFIG_REFUSAL):
+        loads[path]()
+
+
+def test_a_model_folder_without_ipu_config_json_is_refused_naming_its_config_json(tmp_path):
+    folder = _saved_model_config(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"has no ipu_config.json.*config.json is a model's configuration"):
+        IPUConfig.from_pretrained(folder)

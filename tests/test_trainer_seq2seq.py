@@ -167,3 +167,21 @@ def test_whisper_predict_with_generate_equals_seq2seq_trainer(tmp_path):
     expected, got = plain.predict(data), ipu.predict(data)
     np.testing.assert_array_equal(got.predictions, expected.predictions)
     assert got.metrics["test_loss"] == pytest.approx(expected.metrics["test_loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("call", ["predict", "evaluate"])
+@pytest.mark.parametrize("beams", [0, -2, 1.5, True])
+def test_num_beams_below_1_or_not_an_integer_is_refused_before_generating(tmp_path, call, beams):
+    """transformers divides by num_beams deep in generate(): num_beams=0 was a bare ZeroDivisionError."""
+    args = IPUSeq2SeqTrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=2, report_to="none",
+                                       use_cpu=True, fp32=True, predict_with_generate=True, generation_max_length=6)  # fmt: skip
+    trainer = IPUSeq2SeqTrainer(_model("bart"), IPUConfig(layers_per_ipu=[-1]), args)
+    with pytest.raises(ValueError, match=rf"num_beams={beams!r}.*an integer >= 1.*num_beams=1"):
+        getattr(trainer, call)(SyntheticSeq2Seq(2, eos=2), num_beams=beams)
+
+
+@pytest.mark.parametrize("beams", ["0", "-1"])
+def test_generation_num_beams_below_1_is_refused_as_a_flag(beams):
+    parser = HfArgumentParser(IPUSeq2SeqTrainingArguments)
+    with pytest.raises(ValueError, match=rf"--generation_num_beams must be an integer >= 1.*got {beams}.*leave it out"):
+        parser.parse_args_into_dataclasses(["--output_dir", "o", "--generation_num_beams", beams])

@@ -11,6 +11,10 @@ script resumes from the newest folder with that name and dies on the missing fil
   rotation runs only after the rename, and renames a folder away before deleting it. A staging folder left by a killed run is removed at the next
   save, with one log line. With several processes, all write their parts into the same staging
   folder and only the saving process renames it, after a barrier.
+- **One run per output folder.** The process that writes a run's checkpoints holds a lock on its
+  `output_dir` while it trains (`run_lock.output_dir_lock`, taken in `AtomicCheckpoints.train`): a second
+  run started there is refused before its first step, naming the run that holds it; the lock of a run
+  that crashed is released by the operating system and taken over with one warning.
 - **Complete means loadable.** `checkpoint_problems` is the one definition: the trainer state (a
   JSON object with numbers where numbers belong), the weights (a well-formed header, not truncated),
   and, unless `save_only_model`, the optimizer and scheduler. `get_last_checkpoint` (exported as

@@ -2,7 +2,7 @@
 
 `AtomicCheckpoints` (a mixin before `transformers.Trainer` in IPUTrainer's bases) overrides
 `_save_checkpoint` (write into a staging folder, publish by rename, rotate after), `_save` (the model's
-save, inside the trainer's `_model_as_saved`), `train` (resolve
+save, inside the trainer's `_model_as_saved`), `train` (hold the output folder's lock, resolve
 `resume_from_checkpoint=True` to the newest complete checkpoint and compare its setup),
 `_init_training_state` (count the resumed step in samples after a batch change) and
 `_load_optimizer_and_scheduler` (move the schedule to that step). `tests/test_checkpoints.py` pins
@@ -31,6 +31,7 @@ from optimum_ipu.checkpoints.folders import (
     staging_folder,
     warn_skipped,
 )
+from optimum_ipu.checkpoints.run_lock import output_dir_lock
 from optimum_ipu.checkpoints.setup_change import (
     ACCEPT_BATCH_CHANGE_FLAG,
     SetupChange,
@@ -110,10 +111,19 @@ class AtomicCheckpoints:
     # -- resuming -------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        """Resolve `resume_from_checkpoint` to a complete checkpoint and check its setup, then train."""
-        checkpoint = self._checkpoint_to_resume(resume_from_checkpoint)
-        self._resume_change = self._check_setup(checkpoint) if checkpoint is not None else None
-        return super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        """Take the output folder's lock, resolve `resume_from_checkpoint` to a complete checkpoint and check
+        its setup, then train.
+
+        The lock (`run_lock.output_dir_lock`) is held by the process that writes the checkpoints
+        (`args.should_save`) for the whole run, so a second run started in the same `output_dir` is
+        refused before it trains, instead of deleting the checkpoint this one is writing.
+        """
+        output_dir = self.args.output_dir
+        holds_lock = self.args.should_save and output_dir is not None
+        with output_dir_lock(output_dir) if holds_lock else contextlib.nullcontext():
+            checkpoint = self._checkpoint_to_resume(resume_from_checkpoint)
+            self._resume_change = self._check_setup(checkpoint) if checkpoint is not None else None
+            return super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
 
     def _checkpoint_to_resume(self, resume_from_checkpoint) -> str | None:
         """The complete checkpoint to resume from, None for a fresh start, or an error saying what to do.

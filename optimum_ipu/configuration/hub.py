@@ -129,7 +129,10 @@ def resolve_config_file(
     if path.is_dir():
         if (path / CONFIG_NAME).is_file():
             return ConfigFile(path / CONFIG_NAME, "local", text)
-        raise _not_found(text, f"the folder {path} has no {CONFIG_NAME}")
+        reason = f"the folder {path} has no {CONFIG_NAME}"
+        if (path / "config.json").is_file():  # a model folder: its config.json is not the IPU config
+            reason += " (its config.json is a model's configuration, not an IPU config)"
+        raise _not_found(text, reason)
     if path.is_file():
         return ConfigFile(path, "local", text)
     if _looks_like_path(text):

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from optimum_ipu._quoting import clipped, shown
 from optimum_ipu.call_layout import CallLayout
-from optimum_ipu.configuration.legacy import n_ipu_from_pod_type, normalize_config_dict
+from optimum_ipu.configuration.legacy import METADATA_KEYS, n_ipu_from_pod_type, normalize_config_dict
 from optimum_ipu.configuration.parsing import parse_overrides
 from optimum_ipu.configuration.schema import (
     CONFIG_NAME,
@@ -358,7 +358,10 @@ class IPUConfig:
         if not isinstance(raw, dict):
             raise IPUConfigError(f"IPU config {origin} is not a JSON object but {type(raw).__name__}.")
         normalized = normalize_config_dict(raw, pod_type=pod_type, n_ipu=n_ipu)
-        if raw and len(normalized.unknown) == len(raw) and ("model_type" in raw or "architectures" in raw):
+        # transformers writes `transformers_version` into every model config.json: a metadata key, quietly
+        # ignored, so it must not count as a key that makes the file an IPU config.
+        settings = [key for key in raw if key not in METADATA_KEYS]
+        if settings and len(normalized.unknown) == len(settings) and ("model_type" in raw or "architectures" in raw):
             model_type = raw.get("model_type", "?")
             raise IPUConfigError(
                 f"IPU config {origin} is a model's configuration (model_type {model_type!r}), not an IPU config: "

@@ -12,6 +12,7 @@ Jupyter's kernel (`sys.ps1` is set), so that libraries behave as in a notebook (
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import io
 import json
@@ -75,20 +76,46 @@ def _cell_source(path: Path, number: int, index: int, cell: dict) -> str:
     )
 
 
+# The language names Jupyter's Python kernels write (ipykernel: "python"; older front ends "python3").
+_PYTHON_LANGUAGE = re.compile(r"^i?python\d*$", re.IGNORECASE)
+
+
+def _check_kernel_language(path: Path, metadata: object) -> None:
+    """Refuse a notebook whose kernel language (`metadata.kernelspec.language`, `language_info.name`) is not
+    Python, before any cell runs: its cells are R, Julia, ... code, which Python would run into a
+    SyntaxError at best. A notebook that declares no language is taken as Python, as nbformat 4 files
+    written without a kernel are."""
+    if not isinstance(metadata, dict):
+        return
+    for section, key in (("kernelspec", "language"), ("language_info", "name")):
+        entry = metadata.get(section)
+        language = entry.get(key) if isinstance(entry, dict) else None
+        if language is None or (isinstance(language, str) and _PYTHON_LANGUAGE.match(language.strip())):
+            continue
+        raise LauncherError(
+            f"{path}: the notebook's kernel language is {language!r} (metadata.{section}.{key}), not Python: "
+            f"optimum-ipu runs Python notebooks. Run this one in a Jupyter kernel for {language}, or give the "
+            "Python notebook."
+        )
+
+
 def read_code_cells(path: Path) -> list[CodeCell]:
     """The code cells of the notebook at `path`, in order (nbformat 4), numbered from 1 among the code cells.
 
+    The file is read as UTF-8, as Jupyter reads it, whatever the locale's encoding.
+
     Raises:
-        LauncherError: the file is not JSON, not nbformat 4, or a code cell's source is not a string or
-            a list of strings.
+        LauncherError: the file is not JSON, not nbformat 4, declares a kernel language other than
+            Python, or a code cell's source is not a string or a list of strings.
     """
-    try:
-        notebook = json.loads(path.read_text())
+    try:  # a notebook file is JSON in UTF-8 (as Jupyter writes and reads it), whatever the locale's encoding
+        notebook = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise LauncherError(f"{path}: not a readable Jupyter notebook ({error}).") from None
     if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
         raise LauncherError(f"{path}: not a Jupyter notebook in nbformat 4 (no 'cells' list); open and save it in "
                             "Jupyter to convert it.")  # fmt: skip
+    _check_kernel_language(path, notebook.get("metadata"))
     code_cells = [
         (index, cell)
         for index, cell in enumerate(notebook["cells"])
@@ -232,6 +259,53 @@ def _kernel_prompts() -> Iterator[None]:
                 delattr(sys, name)
 
 
+def _display(*objects, **kwargs):
+    """Jupyter's `display`, which IPython puts among the builtins of every kernel: here it is
+    `IPython.display.display` (without a front end it prints), or the launcher's stand-in for it when
+    IPython is not installed (it prints as text)."""
+    from IPython.display import display
+
+    return display(*objects, **kwargs)
+
+
+@contextlib.contextmanager
+def _kernel_builtins() -> Iterator[None]:
+    """`display` among the builtins while the cells run, as in Jupyter's kernel; as they were after.
+
+    A notebook calls `display(df)` without importing it, which in plain Python is a NameError. A
+    `display` the caller's builtins already have (an IPython shell's) is kept; a notebook's own
+    `display` (a function it defines, or its import) shadows the builtin, as in Jupyter.
+    """
+    if hasattr(builtins, "display"):
+        yield
+        return
+    builtins.display = _display
+    try:
+        yield
+    finally:
+        del builtins.display
+
+
+def _stopped_by_exit(notebook: Path, cell: CodeCell, cells: list[CodeCell], exit_: SystemExit) -> int:
+    """The status of a run a cell ended with `sys.exit()`, after one line saying so.
+
+    Jupyter's "Run all" stops at a cell that raises `SystemExit` as at any other error, so the cells
+    after it never run; the line names the cell and those cells, so that a `sys.exit(0)` cannot pass
+    for a notebook that ran to its end.
+    """
+    status = exit_code(exit_)  # prints a message given as the code, as Python does
+    raised = f"SystemExit({reprlib.repr(exit_.code)})" if exit_.args else "SystemExit()"
+    later = [c.number for c in cells if c.number > cell.number and c.source.strip()]
+    if not later:
+        rest = "it was the last code cell"
+    elif len(later) == 1:
+        rest = f"cell {later[0]} did not run"
+    else:
+        rest = f"cells {later[0]} to {later[-1]} did not run"
+    print(f"{notebook.name}: cell {cell.number} raised {raised}; {rest}. Exit status {status}.", file=sys.stderr)
+    return status
+
+
 def run_notebook(path: str | os.PathLike, args: list[str], serve_metrics: bool = True) -> int:
     """Run the code cells of the notebook at `path` in order in one namespace; return the exit status.
 
@@ -255,6 +329,7 @@ def run_notebook(path: str | os.PathLike, args: list[str], serve_metrics: bool =
         program_environment(context, [str(path), *args]),
         compatibility_shims(notebook=True),
         _kernel_prompts(),
+        _kernel_builtins(),
     ):
         for cell in cells:
             code = python_source(cell)
@@ -263,7 +338,7 @@ def run_notebook(path: str | os.PathLike, args: list[str], serve_metrics: bool =
             try:
                 _run_cell(code, filenames[cell.number], namespace)
             except SystemExit as exit_:
-                return exit_code(exit_)
+                return _stopped_by_exit(notebook, cell, cells, exit_)
             except LauncherError as error:
                 place = where_in_user_code(error, user_files)
                 raise LauncherError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tokenize
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,6 +130,28 @@ def hub_offline_error(error: BaseException, user_files: tuple[str, ...]) -> Laun
     )
 
 
+def _read_script(script: Path, shown: str | os.PathLike) -> str:
+    """The script's text, decoded as Python decodes it, whatever the locale's encoding: UTF-8, unless a
+    PEP 263 coding line (`# -*- coding: latin-1 -*-`) or a byte order mark says otherwise.
+
+    Raises:
+        LauncherError: the file cannot be read, or is not text in its encoding (naming `shown`, the
+            path as the user gave it, and PEP 263's way out).
+    """
+    try:
+        with tokenize.open(script) as handle:
+            return handle.read()
+    except OSError as error:
+        raise LauncherError(f"{shown}: cannot read the script ({error}).") from None
+    except (SyntaxError, UnicodeDecodeError) as error:  # an unknown coding name, or bytes not in the encoding
+        reason = error.msg.replace(f" for {str(script)!r}", "") if isinstance(error, SyntaxError) else str(error)
+        raise LauncherError(
+            f"{shown}: cannot read the script: {reason}. Python reads a script as UTF-8 unless its first or second "
+            "line declares another encoding (PEP 263, e.g. `# -*- coding: latin-1 -*-`): save the file as UTF-8, "
+            "or add the coding line of the encoding it is in."
+        ) from None
+
+
 def run_script(path: str | os.PathLike, args: list[str], serve_metrics: bool = True) -> int:
     """Run the Python script `path` with command-line `args` as `__main__`; return its exit status.
 
@@ -144,10 +167,7 @@ def run_script(path: str | os.PathLike, args: list[str], serve_metrics: bool = T
             f"{path}: no such file; give the path of a Python script (.py) or a notebook (.ipynb)."
         )
     script = script.resolve()
-    try:
-        source = script.read_text()
-    except (OSError, UnicodeDecodeError) as error:
-        raise LauncherError(f"{path}: cannot read the script ({error}).") from None
+    source = _read_script(script, path)
     context = _context.RunContext(path=script, kind="script", data_flags=_context.data_file_flags(source),
                                   model_flags=_context.model_flags(source), serve_metrics=serve_metrics)  # fmt: skip
     user_files = (str(script),)
