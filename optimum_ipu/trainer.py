@@ -105,6 +105,12 @@ def settings_without_effect(
             "enable_half_partials=True: matmuls and convolutions accumulate fp32 partial sums on this backend "
             "(at least as accurate as the IPU's fp16 partials; fp16 partial sums are not emulated)."
         )
+    if vars(ipu_config).get("output_mode", FIELD_DEFAULTS["output_mode"]) != FIELD_DEFAULTS["output_mode"]:
+        messages.append(
+            f"output_mode={ipu_config.output_mode!r} has no effect on IPUTrainer: the logged training loss is the "
+            "mean over every micro-batch of the combined batch. It sets the output mode of the poptorch.Options "
+            "that IPUConfig.to_options() builds."
+        )
     optim = getattr(args.optim, "value", args.optim)  # the Trainer turns the string into an OptimizerNames
     if not args.fp32 and not args.lamb and optim not in ("adamw_torch", "adamw_torch_fused", "adamw"):
         messages.append(

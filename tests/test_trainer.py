@@ -462,7 +462,8 @@ def test_settings_without_effect_are_named_once(tmp_path, caplog):
     from optimum_ipu import trainer as trainer_module
 
     trainer_module._WARNED.clear()
-    cfg = two_ipu_config(parallelize_kwargs={"use_cache": False}, projection_serialization_factor=2)
+    cfg = two_ipu_config(parallelize_kwargs={"use_cache": False}, projection_serialization_factor=2,
+                         output_mode="all")  # fmt: skip
     caplog.set_level(logging.WARNING, logger="optimum_ipu")
     for _ in range(2):
         IPUTrainer(
@@ -473,7 +474,7 @@ def test_settings_without_effect_are_named_once(tmp_path, caplog):
         )
     messages = [r.getMessage() for r in caplog.records]
     for setting in ("dataloader_mode='async'", "parallelize_kwargs", "projection_serialization_factor=2",
-                    "enable_half_partials=True", "--optim sgd"):  # fmt: skip
+                    "enable_half_partials=True", "--optim sgd", "output_mode='all'"):  # fmt: skip
         assert sum(setting in m for m in messages) == 1, (setting, messages)
 
 
