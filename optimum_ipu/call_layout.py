@@ -82,6 +82,11 @@ class CallLayout:
         """The index, among the call's micro-batches, of replica `replica`'s first one in iteration `iteration`."""
         return (iteration * self.replication_factor + replica) * self.gradient_accumulation_steps
 
+    def poptorch_index(self, iteration: int, step: int, replica: int) -> int:
+        """The index of a micro-batch in PopTorch's order, [iteration][accumulation step][replica] (how a
+        PopTorch program's inputs are laid out and its outputs returned)."""
+        return (iteration * self.gradient_accumulation_steps + step) * self.replication_factor + replica
+
     # -- the combined batch ---------------------------------------------------------------------------
     def micro_batch_size(self, combined_batch_size: int) -> int:
         """The micro-batch size of a combined batch of `combined_batch_size` samples.

@@ -42,6 +42,9 @@ def test_micro_batches_are_laid_out_iteration_then_replica_then_accumulation_ste
     # [d][r][g]: iteration 1, replica 2 starts after 1 x 3 x 4 + 2 x 4 micro-batches
     assert layout.first_micro_batch(1, 2) == 20
     assert [layout.first_micro_batch(0, r) for r in range(3)] == [0, 4, 8]
+    # PopTorch's order, [d][g][r]: iteration 1, step 3, replica 2 comes after 1 x 4 x 3 + 3 x 3 micro-batches
+    assert layout.poptorch_index(1, 3, 2) == 23
+    assert [layout.poptorch_index(0, 0, r) for r in range(3)] == [0, 1, 2]
 
 
 def test_processes_take_consecutive_slices_of_the_replicas():

@@ -126,7 +126,7 @@ class LocalReplicaBatches(torch.utils.data.Sampler):
     def __iter__(self) -> Iterator[list[int]]:
         layout, micro = self.layout, self.micro
         full = layout.combined_batch(micro)
-        ga, replicas = layout.gradient_accumulation_steps, layout.replication_factor
+        ga = layout.gradient_accumulation_steps
         for indices in self.batches:
             if len(indices) != full:
                 raise Error(
@@ -134,7 +134,7 @@ class LocalReplicaBatches(torch.utils.data.Sampler):
                     "takes its replicas' part of full combined batches. Use drop_last=True (PopTorch's default)."
                 )
             yield [
-                indices[((d * ga + g) * replicas + r) * micro + m]
+                indices[layout.poptorch_index(d, g, r) * micro + m]
                 for d in range(layout.device_iterations)
                 for g in range(ga)
                 for r in self.local

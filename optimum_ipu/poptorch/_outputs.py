@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.poptorch._logging import Error
 from optimum_ipu.poptorch.enums import OutputMode
 
@@ -100,9 +101,10 @@ def select_outputs(
 ) -> Any:
     """PopTorch's return value from per-micro-batch `outputs` in [device iteration][accumulation][replica] order."""
     di, ga, r = device_iterations, accumulation, replicas
+    layout = CallLayout(di, r, ga)
 
     def at(d: int, g: int, k: int) -> Any:
-        return outputs[(d * ga + g) * r + k]
+        return outputs[layout.poptorch_index(d, g, k)]
 
     if mode == OutputMode.All:
         chosen = outputs

@@ -148,7 +148,7 @@ class TrainingExecutable:
         for d in range(di):
             # The weights stay the same until the update below: with several micro-batches before it,
             # fp16 compute converts them once (with one, each op's own conversion is the cheaper).
-            per_update = len(local) * ga  # this process's micro-batches before the update
+            per_update = layout.with_replicas(len(local)).micro_batches_per_update  # this process's, per update
             shared = self.weights if per_update > 1 else ()
             with self.gradients.collecting(per_update), fp16_compute_context(self.fp16_compute, shared):
                 for r in local:
