@@ -74,13 +74,32 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
 
 
+def _ended_here(record: dict | None) -> bool:
+    """Whether the record names a process of this host that has ended."""
+    if not record or record.get("host") != socket.gethostname() or not isinstance(record.get("pid"), int):
+        return False
+    try:
+        os.kill(record["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process: alive
+        return False
+    return False
+
+
 def _in_use(folder: Path, path: Path, record: dict | None) -> RuntimeError:
-    return RuntimeError(
+    message = (
         f"{folder} is the output_dir of another training run that is running now ({_describe(record)}), which "
         "writes its checkpoints there: two runs saving into one folder delete each other's checkpoints. Give "
         "this run its own output_dir (--output_dir), or wait until that run ends. (The run's lock is "
         f"{path}; it is released when that run ends, also when it crashes.)"
     )
+    if _ended_here(record):  # processes it forked (data loader workers) share its lock until they exit
+        message += (
+            f" Process {record['pid']} has ended, but processes it started (data loader workers) still hold "
+            "the lock; they end on their own within seconds: start this run again then."
+        )
+    return RuntimeError(message)
 
 
 @contextlib.contextmanager

@@ -5,8 +5,12 @@ and magics (`%pip ...`, `%%capture` cells) are skipped, each with one note sayin
 line that starts a statement can be one of those (Python's tokenizer tells, as in IPython): a `%` or
 `!` line inside a string literal or in brackets is the user's Python and runs byte for byte. The
 value of a cell's last expression is printed, as Jupyter shows it. The first cell that raises stops
-the run with its traceback (status 1). While the cells run, the interpreter looks interactive, as in
-Jupyter's kernel (`sys.ps1` is set), so that libraries behave as in a notebook (see `_kernel_prompts`).
+the run with its traceback (status 1); a cell that raises `SystemExit` stops it too, with the exit's
+status and one line naming the cell and the cells that did not run. While the cells run, the
+interpreter looks interactive, as in Jupyter's kernel (`sys.ps1` is set), so that libraries behave as
+in a notebook (see `_kernel_prompts`), and `display` is a builtin, as IPython makes it (see
+`_kernel_builtins`). The file is read as UTF-8 whatever the locale, and a notebook whose kernel
+language is not Python is refused before any cell runs.
 """
 
 from __future__ import annotations

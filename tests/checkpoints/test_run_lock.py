@@ -133,3 +133,38 @@ def test_only_the_process_that_saves_holds_the_lock(holder, monkeypatch):
     monkeypatch.setattr(type(trainer.args), "should_save", property(lambda self: False))
     trainer.train()  # not refused: this process writes nothing into the folder
     assert _checkpoints(out) == []
+
+
+FORKING_HOLDER = textwrap.dedent(
+    """
+    import os, sys, time
+    from optimum_ipu.checkpoints.run_lock import output_dir_lock
+
+    lock = output_dir_lock(sys.argv[1])
+    lock.__enter__()  # and never left
+    child = os.fork()
+    if child == 0:  # a data loader worker: it shares the run's open lock file
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1), os.dup2(null, 2)  # not the test's pipes: the test reads them to their end
+        time.sleep(120)
+        os._exit(0)
+    print(child, flush=True)
+    os._exit(0)  # the run ends without releasing; its worker lives on
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_lock_still_held_by_a_dead_runs_forked_worker_says_so(tmp_path):
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-c", FORKING_HOLDER, str(out)], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)), timeout=120)  # fmt: skip
+    worker = int(run.stdout)
+    try:
+        from optimum_ipu.checkpoints.run_lock import output_dir_lock
+
+        with pytest.raises(RuntimeError, match=r"has ended, but processes it started .* still hold the lock"):
+            with output_dir_lock(out):
+                pass
+    finally:
+        os.kill(worker, signal.SIGKILL)
