@@ -13,7 +13,9 @@ The options that shape the launch are read: `--num-instances`, `--num-replicas` 
 instances; by default one replica per instance), `--ipus-per-replica`, `--only-output-from-instance`.
 Those that only mean something on a pod (`--vipu-*`, `--host`, `--mpi-*-args`, `--num-ilds`, `-vv`, ...)
 are accepted and each says once, on stderr, that it has no effect here. The exit status is the
-program's (the first instance that failed, 128 + N for a signal N).
+program's: when an instance fails, the others are stopped within seconds (even while they wait for it
+in a collective) and poprun exits with the status of the first instance that failed (128 + N for a
+signal N), naming it and where its output went.
 """
 
 from __future__ import annotations
@@ -225,18 +227,33 @@ def _environment(launch: Launch) -> dict[str, str]:
     return env
 
 
-def _torchrun_args(launch: Launch) -> list[str]:
+def _torchrun_args(launch: Launch, logs: str | None = None) -> list[str]:
+    """torchrun's command line for `launch`; with `logs`, the instances' output but instance
+    `--only-output-from-instance`'s goes to files under that folder."""
     args = ["--standalone", "--nnodes=1", f"--nproc_per_node={launch.instances}", "--monitor_interval=0.1"]
     others = [k for k in range(launch.instances) if k != launch.only_output_from]
-    if launch.only_output_from is not None and others:
-        logs = tempfile.mkdtemp(prefix="poprun-logs-")
-        _say(f"showing instance {launch.only_output_from}'s output only; the others' goes under {logs}")
+    if logs is not None and others:
         args += [f"--log_dir={logs}", "--redirects=" + ",".join(f"{k}:3" for k in others)]
     return [*args, "--no_python", *launch.program]
 
 
+def _output_of(instance: int, logs: str | None) -> str:
+    """Where `instance`'s output went: its log files under `logs` (torchrun's `RUN/attempt_0/K/`), or here."""
+    if logs is not None:
+        found = sorted(Path(logs).glob(f"*/attempt_*/{instance}/stderr.log"))
+        if found:
+            return f"its output is in {found[-1].with_name('stdout.log')} and {found[-1]}"
+    return "its output is above"
+
+
 def launch_instances(launch: Launch) -> int:
-    """Run the program's instances under torchrun; return the program's exit status."""
+    """Run the program's instances under torchrun; return the program's exit status.
+
+    When an instance fails, torchrun stops the others (SIGTERM) and the launch ends with the status of
+    the instance that failed first, named on stderr with where its output went. An instance never
+    waits for a failed one at its exit (`runtime.distributed._close_process_group`), so a failure while
+    the others wait for it in a collective ends the launch within seconds.
+    """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -244,15 +261,23 @@ def launch_instances(launch: Launch) -> int:
     for name in launch.ignored:
         _say(f"{name} has no effect here: {_POD}.")
     os.environ.update(_environment(launch))
+    logs = None
+    if launch.only_output_from is not None and launch.instances > 1:
+        logs = tempfile.mkdtemp(prefix="poprun-logs-")
+        _say(f"showing instance {launch.only_output_from}'s output only; the others' goes under {logs}")
     try:
-        run(get_args_parser().parse_args(_torchrun_args(launch)))
+        run(get_args_parser().parse_args(_torchrun_args(launch, logs)))
     except ChildFailedError as failed:
-        rank, failure = failed.get_first_failure()
-        status = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
-        _say(f"instance {rank} exited with status {status}.")
-        return status or 1
-    except SignalException as stopped:
-        return 128 + int(stopped.sigval)
+        rank, failure = failed.get_first_failure()  # the first to fail; those torchrun then stopped come after
+        if failure.exitcode >= 0:
+            status, how = failure.exitcode or 1, f"exited with status {failure.exitcode}"
+        else:
+            status, how = 128 - failure.exitcode, f"was killed by signal {-failure.exitcode} (status {128 - failure.exitcode})"
+        stopped = " The other instances were stopped." if launch.instances > 1 else ""
+        _say(f"instance {rank} {how}; {_output_of(rank, logs if rank != launch.only_output_from else None)}.{stopped}")
+        return status
+    except SignalException as signal:
+        return 128 + int(signal.sigval)
     return 0
 
 
