@@ -12,7 +12,8 @@ not installed: a real installation is never shadowed.
 The options that shape the launch are read: `--num-instances`, `--num-replicas` (a multiple of the
 instances; by default one replica per instance), `--ipus-per-replica`, `--only-output-from-instance`.
 Those that only mean something on a pod (`--vipu-*`, `--host`, `--mpi-*-args`, `--num-ilds`, `-vv`, ...)
-are accepted and each says once, on stderr, that it has no effect here. The exit status is the
+are accepted and each says once, on stderr, that it has no effect here. Any other option is an error
+(naming the option it is a misspelling of), before anything is launched. The exit status is the
 program's: when an instance fails, the others are stopped within seconds (even while they wait for it
 in a collective) and poprun exits with the status of the first instance that failed (128 + N for a
 signal N), naming it and where its output went.
@@ -20,6 +21,7 @@ signal N), naming it and where its output went.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import shutil
@@ -70,8 +72,12 @@ Launch N instances of PROGRAM on this machine (torchrun), each running R / N of 
   --num-replicas R              replicas of the whole run, a multiple of N (default N)
   --ipus-per-replica K          IPUs per replica, as popdist.getNumIpusPerReplica() reads it (default 1)
   --only-output-from-instance I show only instance I's output; the others' goes to log files
-  pod options                   --vipu-*, --host, --mpi-global-args, --mpi-local-args,
-                                --executable-cache-path, --num-ilds, -v/-vv, ...: accepted, no effect here
+  pod options                   accepted, no effect here: --vipu-* (--vipu-server-host, --vipu-partition, ...),
+                                --host, --mpi-global-args, --mpi-local-args, --executable-cache-path,
+                                --num-ilds, --numa-aware, --print-topology, --offline-mode,
+                                --update-partition, --reset-partition, --remove-partition, -v/-vv/-vvv
+
+Any other option is an error. An option may be abbreviated (--num-inst 2) where no other one starts so.
 """
 
 
@@ -105,6 +111,17 @@ def _expand(token: str) -> str:
             f"{token} is ambiguous: it could be {', '.join(matches)}. Write the option in full."
         )
     return matches[0] if matches else token
+
+
+def _unknown(name: str) -> str:
+    """The error for an option poprun does not know: the known one it is a misspelling of, if any, and the rest."""
+    close = difflib.get_close_matches(name, [*_LONG, *_POD_SWITCHES], n=1, cutoff=0.75)
+    hint = f" did you mean {close[0]}?" if close else ""
+    return (
+        f"unknown option {name}:{hint} optimum-ipu's poprun reads {', '.join(_READ)} and accepts the pod options "
+        "(--vipu-*, --host, --mpi-global-args, --mpi-local-args, --executable-cache-path, --num-ilds, -vv, ...: "
+        "poprun --help lists them); it launches nothing with an option it does not know."
+    )
 
 
 def _positive(option: str, value: str, allow_zero: bool = False) -> int:
@@ -148,17 +165,7 @@ def parse(argv: list[str]) -> Launch | None:
             i += 1
             continue
         if name not in _READ and name not in _POD_VALUED and not name.startswith("--vipu-"):
-            if (
-                has_value
-            ):  # an option this stand-in does not know, with its value attached: skip it, and say so
-                launch.ignored.append(f"{name} (not an option optimum-ipu's poprun knows)")
-                i += 1
-                continue
-            raise PoprunError(
-                f"unknown option {token}: optimum-ipu's poprun reads {', '.join(_READ)} and accepts the pod options "
-                f"(--vipu-*, --host, --mpi-global-args, ...). If {token} takes a value, write it as {token}=VALUE "
-                "(it will have no effect here); otherwise leave it out."
-            )
+            raise PoprunError(_unknown(name))
         if not has_value:
             if i + 1 >= len(argv):
                 raise PoprunError(f"{name} needs a value: e.g. {name}=VALUE, before the program.")
