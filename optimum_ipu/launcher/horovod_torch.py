@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import enum
+import operator
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -123,6 +124,68 @@ def _distributed() -> bool:
     return dist.is_initialized() and dist.get_world_size() > 1
 
 
+def _instances(n: int) -> str:
+    return "the 1 instance is 0" if n == 1 else f"the {n} instances are 0 {'and' if n == 2 else '...'} {n - 1}"
+
+
+def _root(call: str, root_rank: Any) -> int:
+    """`root_rank` as an instance index, or a ValueError naming the instances (every process raises alike)."""
+    n = dist.get_world_size() if _distributed() else 1
+    try:
+        index = operator.index(root_rank)
+    except TypeError:
+        index = None
+    if index is None or not 0 <= index < n:
+        raise ValueError(f"hvd.{call}: root_rank={root_rank!r} names no instance: {_instances(n)}.")
+    return index
+
+
+# A tensor's shape and dtype as the processes exchange them: [ndim, dtype, d0 ... d7, product of the rest].
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)  # fmt: skip
+_DIMS = 8
+
+
+def _signature(tensor: torch.Tensor) -> torch.Tensor:
+    shape = list(tensor.shape)
+    dims = shape[:_DIMS] + [0] * (_DIMS - len(shape[:_DIMS]))
+    rest = 1
+    for d in shape[_DIMS:]:
+        rest *= d
+    code = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES)
+    return torch.tensor([len(shape), code, *dims, rest], dtype=torch.int64)
+
+
+def _described(row: list[int]) -> str:
+    ndim, code = row[0], row[1]
+    dims = row[2 : 2 + min(ndim, _DIMS)]
+    shape = f"({dims[0]},)" if ndim == 1 else f"({', '.join(map(str, dims))}{', ...' if ndim > _DIMS else ''})"
+    return f"shape {shape} {_DTYPES[code] if code < len(_DTYPES) else 'of another dtype'}"
+
+
+def _check_alike(call: str, tensor: torch.Tensor, first_dim_may_differ: bool = False) -> None:
+    """Every process passes a tensor of one shape and dtype (but for the first dimension, with
+    `first_dim_may_differ`), as Horovod checks; else a ValueError on every process naming what each passed.
+
+    Unchecked, gloo reduces tensors of different sizes into a wrong result on one process and leaves
+    another waiting for data that never comes. The check is one small all-gather of the shapes.
+    """
+    if not _distributed():
+        return
+    mine = _signature(tensor)
+    rows = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, mine)
+    rows = [row.tolist() for row in rows]
+    compared = [row[:2] + row[3:] if first_dim_may_differ else row for row in rows]
+    if any(row != compared[0] for row in compared):
+        passed = "; ".join(f"instance {k} passed {_described(row)}" for k, row in enumerate(rows))
+        alike = "shape (but for the first dimension) and dtype" if first_dim_may_differ else "shape and dtype"
+        raise ValueError(
+            f"hvd.{call}: the instances' tensors do not match ({passed}): every instance must pass a tensor of the "
+            f"same {alike}, as in Horovod."
+        )
+
+
 def size() -> int:
     """Processes of the launch (poprun's instances)."""
     _check_initialized()
@@ -175,6 +238,7 @@ def allreduce_(
     """
     _check_initialized()
     reduce = _reduce_op(average, op)
+    _check_alike("allreduce", tensor)
     if prescale_factor != 1.0:
         tensor.mul_(prescale_factor)
     if _distributed():
@@ -210,6 +274,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None, **kwargs: Any) -> t
     piece = tensor.detach().reshape(1) if tensor.dim() == 0 else tensor.detach()  # a scalar gathers as [1]
     if not _distributed():
         return piece.clone()
+    _check_alike("allgather", piece, first_dim_may_differ=True)
     lengths = [torch.zeros(1, dtype=torch.int64, device=piece.device) for _ in range(dist.get_world_size())]
     dist.all_gather(lengths, torch.tensor([piece.shape[0]], dtype=torch.int64, device=piece.device))
     longest = int(max(n.item() for n in lengths))
@@ -223,8 +288,10 @@ def allgather(tensor: torch.Tensor, name: str | None = None, **kwargs: Any) -> t
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None, **kwargs: Any) -> torch.Tensor:
     """Overwrite `tensor` with process `root_rank`'s, in place, and return it."""
     _check_initialized()
+    root = _root("broadcast", root_rank)
     if _distributed():
-        dist.broadcast(tensor, src=root_rank)
+        _check_alike("broadcast", tensor)
+        dist.broadcast(tensor, src=root)
     return tensor
 
 
@@ -241,6 +308,7 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str
     processes must list the same names in the same order.
     """
     _check_initialized()
+    _root("broadcast_parameters", root_rank)
     items = list(params.items()) if isinstance(params, Mapping) else list(params)
     with torch.no_grad():
         for name, value in items:
@@ -255,10 +323,11 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, **kwargs: Any) -> Any:
     """Process `root_rank`'s `obj` (any picklable object)."""
     _check_initialized()
+    root = _root("broadcast_object", root_rank)
     if not _distributed():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=root_rank)
+    dist.broadcast_object_list(box, src=root)
     return box[0]
 
 

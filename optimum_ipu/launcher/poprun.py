@@ -12,12 +12,16 @@ not installed: a real installation is never shadowed.
 The options that shape the launch are read: `--num-instances`, `--num-replicas` (a multiple of the
 instances; by default one replica per instance), `--ipus-per-replica`, `--only-output-from-instance`.
 Those that only mean something on a pod (`--vipu-*`, `--host`, `--mpi-*-args`, `--num-ilds`, `-vv`, ...)
-are accepted and each says once, on stderr, that it has no effect here. The exit status is the
-program's (the first instance that failed, 128 + N for a signal N).
+are accepted and each says once, on stderr, that it has no effect here. Any other option is an error
+(naming the option it is a misspelling of), before anything is launched. The exit status is the
+program's: when an instance fails, the others are stopped within seconds (even while they wait for it
+in a collective) and poprun exits with the status of the first instance that failed (128 + N for a
+signal N), naming it and where its output went.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import shutil
@@ -68,8 +72,12 @@ Launch N instances of PROGRAM on this machine (torchrun), each running R / N of 
   --num-replicas R              replicas of the whole run, a multiple of N (default N)
   --ipus-per-replica K          IPUs per replica, as popdist.getNumIpusPerReplica() reads it (default 1)
   --only-output-from-instance I show only instance I's output; the others' goes to log files
-  pod options                   --vipu-*, --host, --mpi-global-args, --mpi-local-args,
-                                --executable-cache-path, --num-ilds, -v/-vv, ...: accepted, no effect here
+  pod options                   accepted, no effect here: --vipu-* (--vipu-server-host, --vipu-partition, ...),
+                                --host, --mpi-global-args, --mpi-local-args, --executable-cache-path,
+                                --num-ilds, --numa-aware, --print-topology, --offline-mode,
+                                --update-partition, --reset-partition, --remove-partition, -v/-vv/-vvv
+
+Any other option is an error. An option may be abbreviated (--num-inst 2) where no other one starts so.
 """
 
 
@@ -103,6 +111,17 @@ def _expand(token: str) -> str:
             f"{token} is ambiguous: it could be {', '.join(matches)}. Write the option in full."
         )
     return matches[0] if matches else token
+
+
+def _unknown(name: str) -> str:
+    """The error for an option poprun does not know: the known one it is a misspelling of, if any, and the rest."""
+    close = difflib.get_close_matches(name, [*_LONG, *_POD_SWITCHES], n=1, cutoff=0.75)
+    hint = f" did you mean {close[0]}?" if close else ""
+    return (
+        f"unknown option {name}:{hint} optimum-ipu's poprun reads {', '.join(_READ)} and accepts the pod options "
+        "(--vipu-*, --host, --mpi-global-args, --mpi-local-args, --executable-cache-path, --num-ilds, -vv, ...: "
+        "poprun --help lists them); it launches nothing with an option it does not know."
+    )
 
 
 def _positive(option: str, value: str, allow_zero: bool = False) -> int:
@@ -146,17 +165,7 @@ def parse(argv: list[str]) -> Launch | None:
             i += 1
             continue
         if name not in _READ and name not in _POD_VALUED and not name.startswith("--vipu-"):
-            if (
-                has_value
-            ):  # an option this stand-in does not know, with its value attached: skip it, and say so
-                launch.ignored.append(f"{name} (not an option optimum-ipu's poprun knows)")
-                i += 1
-                continue
-            raise PoprunError(
-                f"unknown option {token}: optimum-ipu's poprun reads {', '.join(_READ)} and accepts the pod options "
-                f"(--vipu-*, --host, --mpi-global-args, ...). If {token} takes a value, write it as {token}=VALUE "
-                "(it will have no effect here); otherwise leave it out."
-            )
+            raise PoprunError(_unknown(name))
         if not has_value:
             if i + 1 >= len(argv):
                 raise PoprunError(f"{name} needs a value: e.g. {name}=VALUE, before the program.")
@@ -225,18 +234,33 @@ def _environment(launch: Launch) -> dict[str, str]:
     return env
 
 
-def _torchrun_args(launch: Launch) -> list[str]:
+def _torchrun_args(launch: Launch, logs: str | None = None) -> list[str]:
+    """torchrun's command line for `launch`; with `logs`, the instances' output but instance
+    `--only-output-from-instance`'s goes to files under that folder."""
     args = ["--standalone", "--nnodes=1", f"--nproc_per_node={launch.instances}", "--monitor_interval=0.1"]
     others = [k for k in range(launch.instances) if k != launch.only_output_from]
-    if launch.only_output_from is not None and others:
-        logs = tempfile.mkdtemp(prefix="poprun-logs-")
-        _say(f"showing instance {launch.only_output_from}'s output only; the others' goes under {logs}")
+    if logs is not None and others:
         args += [f"--log_dir={logs}", "--redirects=" + ",".join(f"{k}:3" for k in others)]
     return [*args, "--no_python", *launch.program]
 
 
+def _output_of(instance: int, logs: str | None) -> str:
+    """Where `instance`'s output went: its log files under `logs` (torchrun's `RUN/attempt_0/K/`), or here."""
+    if logs is not None:
+        found = sorted(Path(logs).glob(f"*/attempt_*/{instance}/stderr.log"))
+        if found:
+            return f"its output is in {found[-1].with_name('stdout.log')} and {found[-1]}"
+    return "its output is above"
+
+
 def launch_instances(launch: Launch) -> int:
-    """Run the program's instances under torchrun; return the program's exit status."""
+    """Run the program's instances under torchrun; return the program's exit status.
+
+    When an instance fails, torchrun stops the others (SIGTERM) and the launch ends with the status of
+    the instance that failed first, named on stderr with where its output went. An instance never
+    waits for a failed one at its exit (`runtime.distributed._close_process_group`), so a failure while
+    the others wait for it in a collective ends the launch within seconds.
+    """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -244,15 +268,23 @@ def launch_instances(launch: Launch) -> int:
     for name in launch.ignored:
         _say(f"{name} has no effect here: {_POD}.")
     os.environ.update(_environment(launch))
+    logs = None
+    if launch.only_output_from is not None and launch.instances > 1:
+        logs = tempfile.mkdtemp(prefix="poprun-logs-")
+        _say(f"showing instance {launch.only_output_from}'s output only; the others' goes under {logs}")
     try:
-        run(get_args_parser().parse_args(_torchrun_args(launch)))
+        run(get_args_parser().parse_args(_torchrun_args(launch, logs)))
     except ChildFailedError as failed:
-        rank, failure = failed.get_first_failure()
-        status = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
-        _say(f"instance {rank} exited with status {status}.")
-        return status or 1
-    except SignalException as stopped:
-        return 128 + int(stopped.sigval)
+        rank, failure = failed.get_first_failure()  # the first to fail; those torchrun then stopped come after
+        if failure.exitcode >= 0:
+            status, how = failure.exitcode or 1, f"exited with status {failure.exitcode}"
+        else:
+            status, how = 128 - failure.exitcode, f"was killed by signal {-failure.exitcode} (status {128 - failure.exitcode})"
+        stopped = " The other instances were stopped." if launch.instances > 1 else ""
+        _say(f"instance {rank} {how}; {_output_of(rank, logs if rank != launch.only_output_from else None)}.{stopped}")
+        return status
+    except SignalException as signal:
+        return 128 + int(signal.sigval)
     return 0
 
 

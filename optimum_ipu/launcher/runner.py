@@ -61,11 +61,19 @@ def print_user_traceback(error: BaseException, user_files: tuple[str, ...]) -> N
     An error with no frame of the user's code shows no frames at all. Above all a script or cell that
     does not parse, whose `SyntaxError` comes from the launcher compiling it: it prints the file or
     cell, the line, the caret and the message, exactly what `python SCRIPT` prints for it.
+
+    Like the interpreter, it then records `error` as the unhandled one (`sys.last_type`, `last_value`,
+    `last_traceback`; `last_exc` from 3.12): at exit, the runtime reads there that the program failed,
+    and leaves its process group without waiting for the other processes (a peer may be blocked in a
+    collective that waits for this one; see `runtime.distributed._close_process_group`).
     """
     tb = error.__traceback__
     while tb is not None and not _is_user_frame(tb.tb_frame.f_code.co_filename, user_files):
         tb = tb.tb_next
     traceback.print_exception(type(error), error, tb, file=sys.stderr)
+    sys.last_type, sys.last_value, sys.last_traceback = type(error), error, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = error
 
 
 def where_in_user_code(error: BaseException, user_files: tuple[str, ...]) -> str:

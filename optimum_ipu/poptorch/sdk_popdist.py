@@ -74,25 +74,44 @@ def getNumInstances() -> int:
     return _env_int("WORLD_SIZE", 1)
 
 
+def _hand_set(name: str, value: int, why: str) -> ValueError:
+    return ValueError(
+        f"{name}={value} cannot be: {why}. poprun sets it for the instances it launches; launch the program "
+        "with poprun (--num-instances, --num-replicas, --ipus-per-replica) rather than setting it by hand."
+    )
+
+
 def getNumTotalReplicas() -> int:
-    """The replicas of the whole run (`poprun --num-replicas`; one per instance outside poprun)."""
-    return _env_int(TOTAL_REPLICAS_ENV, getNumInstances())
+    """The replicas of the whole run (`poprun --num-replicas`; one per instance outside poprun).
+
+    Raises `ValueError` for a value no launch can have (set by hand): fewer replicas than one per
+    instance, or a number the instances cannot share equally.
+    """
+    instances = getNumInstances()
+    total = _env_int(TOTAL_REPLICAS_ENV, instances)
+    if total < 1:
+        raise _hand_set(TOTAL_REPLICAS_ENV, total, "a launch runs at least one replica per instance")
+    if total % instances:
+        multiples = [instances * max(1, total // instances), instances * (total // instances + 1)]
+        raise _hand_set(
+            TOTAL_REPLICAS_ENV, total,
+            f"the {instances} instances each run the same number of replicas, so the replicas must be a multiple "
+            f"of {instances} ({' or '.join(map(str, dict.fromkeys(multiples)))})",
+        )  # fmt: skip
+    return total
 
 
 def getNumLocalReplicas() -> int:
     """The replicas this instance runs: total replicas / instances (poprun checks that it divides)."""
-    total, instances = getNumTotalReplicas(), getNumInstances()
-    if total % instances:
-        raise ValueError(
-            f"{TOTAL_REPLICAS_ENV}={total} is not a multiple of the {instances} instances: each instance runs "
-            f"the same number of replicas. Launch with poprun --num-replicas set to a multiple of {instances}."
-        )
-    return total // instances
+    return getNumTotalReplicas() // getNumInstances()
 
 
 def getNumIpusPerReplica() -> int:
     """The IPUs each replica uses (`poprun --ipus-per-replica`; 1 when not given)."""
-    return _env_int(IPUS_PER_REPLICA_ENV, 1)
+    ipus = _env_int(IPUS_PER_REPLICA_ENV, 1)
+    if ipus < 1:
+        raise _hand_set(IPUS_PER_REPLICA_ENV, ipus, "a replica uses at least one IPU")
+    return ipus
 
 
 def init() -> None:
@@ -127,8 +146,8 @@ def Options(ipus_per_replica: int | None = None, **kwargs: Any) -> _PoptorchOpti
     when poprun was given `--ipus-per-replica` too, the two must agree (on a pod, each instance's
     replicas are laid out with poprun's). Other keyword arguments go to `poptorch.Options`.
     """
+    total, launched = getNumTotalReplicas(), getNumIpusPerReplica()  # checked before anything is built
     if ipus_per_replica is not None and IPUS_PER_REPLICA_ENV in os.environ:
-        launched = getNumIpusPerReplica()
         if int(ipus_per_replica) != launched:
             raise ValueError(
                 f"popdist.poptorch.Options(ipus_per_replica={ipus_per_replica}) does not match poprun's "
@@ -142,7 +161,7 @@ def Options(ipus_per_replica: int | None = None, **kwargs: Any) -> _PoptorchOpti
             f"popdist.poptorch.Options() got keyword arguments {sorted(kwargs)} that poptorch.Options() does not "
             "take: call the setters on the options it returns instead (e.g. .deviceIterations(4))."
         ) from None
-    options.replicationFactor(getNumTotalReplicas())
+    options.replicationFactor(total)
     options.Distributed.configureProcessId(getInstanceIndex(), getNumInstances())
     return options
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import atexit
 import gc
+import sys
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -212,6 +214,66 @@ def gloo_threads() -> list[str]:
     return sorted(names)
 
 
+# How long a process waits at exit: for the others to end too, or, when another process failed first,
+# for the launcher to stop this one (see `_close_process_group`).
+EXIT_WAIT = timedelta(seconds=10)
+_EXIT_KEY = "optimum_ipu/exit"
+_LEFT_KEY = "optimum_ipu/left_first"
+
+
+def _ending_on_an_error() -> bool:
+    """Whether this process is ending on an exception its program did not handle.
+
+    The interpreter records such an exception in `sys.last_value` (`sys.last_exc` from 3.12) before
+    the atexit callbacks run; `optimum-ipu run`, which catches the program's exception to print it,
+    records it the same way (`launcher.runner.print_user_traceback`).
+    """
+    return getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
+
+
+def _launch_store():
+    """The key-value store of the launch (torchrun's agent holds it), or None where there is none."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (RuntimeError, ValueError):
+        return None
+
+
+def _leave_first(store) -> bool:
+    """Record that this process leaves before the others reached their exit; True unless another did so first.
+
+    A process whose collective breaks because a peer left (closing its group) fails after that peer,
+    which recorded its leaving before closing: the launch's failure is the peer's.
+    """
+    rank = str(dist.get_rank())
+    try:
+        return store.compare_set(_LEFT_KEY, "", rank) == rank.encode()
+    except RuntimeError:
+        return True
+
+
+def _all_reached_exit(store, timeout: timedelta | None) -> bool:
+    """Note that this process reached its exit, then wait until every process of the group has too,
+    `timeout` at most (None: not at all); whether they all have.
+
+    The wait is on the launch's store, not a collective: a gloo barrier on rank k > 0 waits for rank
+    0 without any time limit (`monitored_barrier`'s timeout is rank 0's only), so a rank 0 blocked in
+    a collective waiting for this process held both until gloo's 30-minute timeout. A process that
+    gave up waiting has still arrived: the others do not wait for it. A store that cannot be reached
+    (its host is gone) ends the wait.
+    """
+    try:
+        if store.add(_EXIT_KEY, 1) >= dist.get_world_size():
+            store.set(_EXIT_KEY + "/all", "1")
+            return True
+        if timeout is None:
+            return False
+        store.wait([_EXIT_KEY + "/all"], timeout)
+        return True
+    except RuntimeError:  # the timeout (DistStoreError is a RuntimeError), or the store's host is gone
+        return False
+
+
 def _close_process_group() -> None:
     """Shut the process groups down together, and end gloo's threads, before the interpreter exits.
 
@@ -222,19 +284,30 @@ def _close_process_group() -> None:
     reference cycle) during the interpreter's finalization. A C++ thread that then needs the GIL
     (freeing the last reference to a tensor a Python object still owns, at the end of a collective)
     is ended by CPython 3.11 with pthread_exit, whose unwinding through a `noexcept` destructor calls
-    std::terminate, the message above. So every process first waits for the others (at most a minute:
-    a peer that died is reported by torchrun anyway), unregisters the groups, lets go of the groups
+    std::terminate, the message above. So every process first waits for the others to reach their
+    exit (`EXIT_WAIT` at most, on the launch's store), unregisters the groups, lets go of the groups
     our objects hold, and collects the garbage: the groups' destructors join gloo's threads while the
     interpreter is whole. Nothing of gloo runs during finalization.
+
+    A process ending on an unhandled exception never waits for the others: they may be blocked in a
+    collective waiting for it, which only its leaving ends (closing its group breaks their collective,
+    its exit makes torchrun stop them). Waiting there held every process of the launch until gloo's
+    30-minute timeout. A process that leaves before the others reached their exit (on an error, or
+    after `EXIT_WAIT`, as after `sys.exit(3)` while a peer waits for it) records it in the store
+    first; a process that then fails, its collective broken by that leaving, waits `EXIT_WAIT` at most
+    for the launcher to stop it, so that the launch ends with the status of the process that left
+    first, and names it.
     """
     if dist.is_available() and dist.is_initialized():
-        try:
-            if dist.get_backend() == "gloo":
-                dist.monitored_barrier(timeout=timedelta(seconds=60))
-            else:
-                dist.barrier()
-        except RuntimeError:
-            pass  # a peer is gone: nothing left to wait for
+        store = _launch_store()
+        if store is None:
+            pass
+        elif _ending_on_an_error():
+            _all_reached_exit(store, None)  # arrived (the others need not wait for it), but waits for none
+            if not _leave_first(store):
+                time.sleep(EXIT_WAIT.total_seconds())  # another process left first: its failure is the launch's
+        elif not _all_reached_exit(store, EXIT_WAIT):
+            _leave_first(store)
         dist.destroy_process_group()
     for holder in list(_GROUP_HOLDERS):
         holder.release_process_groups()

@@ -22,6 +22,7 @@ from optimum_ipu.launcher import horovod_torch as hvd
 from optimum_ipu.launcher import poprun
 
 WORKER = Path(__file__).with_name("_poprun_worker.py")
+HVD_CHECKS = Path(__file__).with_name("_horovod_checks_worker.py")
 PYTHON = sys.executable  # the program poprun launches: an executable, as `python` is on a pod
 gloo = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 
@@ -88,17 +89,35 @@ def test_the_exit_status_is_the_programs(tmp_path):
     assert "instance 1 exited with status 3" in result.stderr
 
 
+@gloo
+def test_horovods_collectives_check_what_the_instances_pass(tmp_path):
+    """A collective the instances call with tensors that do not match (or a root that is no instance) raises on
+    every instance, naming what each passed, instead of a wrong result on one and a hang; the group stays usable."""
+    result = _poprun("--num-instances", "2", sys.executable, str(HVD_CHECKS), str(tmp_path))
+    assert result.returncode == 0, result.stderr[-4000:]
+    seen = [json.loads((tmp_path / f"instance{k}.json").read_text()) for k in (0, 1)]
+    for facts in seen:
+        assert "hvd.allreduce" in facts["allreduce_shapes"]
+        assert "instance 0 passed shape (2,)" in facts["allreduce_shapes"]
+        assert "instance 1 passed shape (3,)" in facts["allreduce_shapes"]
+        assert "torch.int64" in facts["allreduce_dtypes"] and "torch.float32" in facts["allreduce_dtypes"]
+        assert "(1, 2)" in facts["broadcast_shapes"] and "(1, 3)" in facts["broadcast_shapes"]
+        for key, root in (("broadcast_root_2", 2), ("broadcast_root_-1", -1), ("broadcast_object_root_2", 2)):
+            assert f"root_rank={root} names no instance: the 2 instances are 0 and 1" in facts[key], key
+        assert "shape (1, 2)" in facts["allgather_trailing"] and "shape (2, 3)" in facts["allgather_trailing"]
+        assert facts["after"] == [3.0]
+
+
 # -- the command line, without a launch -------------------------------------------------------------
 
 
 def test_poprun_reads_its_options_and_leaves_the_programs_alone():
     launch = poprun.parse(["--num-instance=2", "--num-replicas", "4", "--ipus-per-replica", "2", "-vv",
-                           "--mpi-local-args=-x PATH", "--host", "a,b", "--vv", "-vv", "--future-flag=1",
+                           "--mpi-local-args=-x PATH", "--host", "a,b", "--vv", "-vv",
                            "--vipu-new", "x", PYTHON, "train.py", "--num-instances", "5", "-vv"])  # fmt: skip
     assert (launch.instances, launch.replicas, launch.ipus_per_replica) == (2, 4, 2)
     assert launch.program == [PYTHON, "train.py", "--num-instances", "5", "-vv"]
-    assert launch.ignored == ["-vv", "--mpi-local-args", "--host", "--vv",
-                              "--future-flag (not an option optimum-ipu's poprun knows)", "--vipu-new"]  # fmt: skip
+    assert launch.ignored == ["-vv", "--mpi-local-args", "--host", "--vv", "--vipu-new"]
     assert poprun.parse(["--num-instances", "3", PYTHON]).replicas == 3  # one replica per instance by default
 
 
@@ -115,14 +134,25 @@ def test_poprun_reads_its_options_and_leaves_the_programs_alone():
         (["--num-replicas"], "--num-replicas needs a value", 2),
         (["--only-output-from-instance", "1", PYTHON], "the 1 instances are 0 ... 0", 2),
         (["--nu", "2", PYTHON], "--nu is ambiguous: it could be --num-instances, --num-replicas", 2),
-        (["--frobnicate", PYTHON], "If --frobnicate takes a value, write it as --frobnicate=VALUE", 2),
+        (["--frobnicate", PYTHON], "unknown option --frobnicate: optimum-ipu's poprun reads --num-instances", 2),
+        (["--frobnicate=1", PYTHON], "unknown option --frobnicate: optimum-ipu's poprun reads --num-instances", 2),
+        # a misspelt option is an error naming the right one, whether its value follows it or is attached
+        (["--num-replcias=4", PYTHON], "unknown option --num-replcias: did you mean --num-replicas?", 2),
+        (["--num-replcias", "4", PYTHON], "unknown option --num-replcias: did you mean --num-replicas?", 2),
+        (["--ipus-per-replcia", "2", PYTHON], "did you mean --ipus-per-replica?", 2),
+        (["--executable-cache=/c", PYTHON], None, 0),  # an abbreviation poprun's own parser accepts
         (["-vv=1", PYTHON], "-vv takes no value", 2),
         (["train.py"], "To run a Python file, write `python train.py`", 127),
     ],
 )
 def test_poprun_names_what_to_change(argv, says, status, capsys):
+    if says is None:  # accepted: parsed without a launch
+        assert poprun.parse(argv).program == [PYTHON]
+        return
     assert poprun.main(argv) == status
-    assert says in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert says in err
+    assert "--num-replcias=VALUE" not in err and "no effect" not in err  # the misspelling is not the fix
 
 
 def test_instances_get_popdists_numbers_and_horovod_only_when_it_is_not_installed(monkeypatch):
@@ -181,6 +211,9 @@ def test_horovod_errors_name_the_fix(alone):
         alone.allreduce(torch.ones(1), op=2)  # Horovod's Adasum
     with pytest.raises(ValueError, match="pass model.state_dict"):
         alone.broadcast_parameters({"step": 3}, root_rank=0)
+    for call in (alone.broadcast, alone.broadcast_, alone.broadcast_parameters, alone.broadcast_object):
+        with pytest.raises(ValueError, match=r"root_rank=1 names no instance: the 1 instance is 0\."):
+            call({} if call is alone.broadcast_parameters else torch.ones(1), root_rank=1)
     with pytest.raises(AttributeError, match="DistributedOptimizer is not provided.*trainingModel already"):
         alone.DistributedOptimizer  # noqa: B018
 

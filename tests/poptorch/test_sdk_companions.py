@@ -170,11 +170,6 @@ def test_popdist_errors_name_the_fix(instance_1_of_2):
         popdist.poptorch.Options(ipus_per_replica=4)
     with pytest.raises(TypeError, match=r"got keyword arguments \['replicas'\].*call the setters"):
         popdist.poptorch.Options(replicas=2)
-    instance_1_of_2.setenv("POPDIST_NUM_TOTAL_REPLICAS", "3")
-    with pytest.raises(
-        ValueError, match="not a multiple of the 2 instances.*--num-replicas set to a multiple of 2"
-    ):
-        popdist.getNumLocalReplicas()
     with pytest.raises(
         AttributeError, match="popdist.getReplicaIndexOffset is not provided.*isPopdistEnvSet"
     ):
@@ -183,3 +178,31 @@ def test_popdist_errors_name_the_fix(instance_1_of_2):
 
 def test_without_poprun_ipus_per_replica_is_the_programs(no_launch):
     assert popdist.poptorch.Options(ipus_per_replica=4).replication_factor == 1
+
+
+@pytest.mark.parametrize(
+    "name, value, says",
+    [
+        # 3 replicas cannot be shared by 2 instances, each running the same number
+        ("POPDIST_NUM_TOTAL_REPLICAS", "3", "POPDIST_NUM_TOTAL_REPLICAS=3 cannot be: the 2 instances each run the "
+         "same number of replicas, so the replicas must be a multiple of 2 (2 or 4)"),
+        ("POPDIST_NUM_TOTAL_REPLICAS", "0", "POPDIST_NUM_TOTAL_REPLICAS=0 cannot be: a launch runs at least one "
+         "replica per instance"),
+        ("POPDIST_NUM_TOTAL_REPLICAS", "-2", "POPDIST_NUM_TOTAL_REPLICAS=-2 cannot be"),
+        ("POPDIST_NUM_TOTAL_REPLICAS", "four", "POPDIST_NUM_TOTAL_REPLICAS='four' is not an integer"),
+        ("POPDIST_NUM_IPUS_PER_REPLICA", "0", "POPDIST_NUM_IPUS_PER_REPLICA=0 cannot be: a replica uses at least one IPU"),
+    ],
+)
+def test_popdist_rejects_launch_values_that_cannot_be(instance_1_of_2, name, value, says):
+    """Values set by hand (not by poprun) that no launch can have: every call that reads them says which, and why."""
+    instance_1_of_2.setenv(name, value)
+    reads = [popdist.poptorch.Options]
+    if name == "POPDIST_NUM_TOTAL_REPLICAS":
+        reads += [popdist.getNumTotalReplicas, popdist.getNumLocalReplicas]
+    else:
+        reads += [popdist.getNumIpusPerReplica]
+    for read in reads:
+        with pytest.raises(ValueError) as raised:
+            read()
+        assert says in str(raised.value), read
+        assert "poprun" in str(raised.value)  # where the numbers should come from

@@ -16,7 +16,6 @@ import atexit
 import copy
 import gc
 import threading
-from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -534,11 +533,43 @@ class Holder:
         self.released += 1
 
 
-class FakeShutdown:
-    """torch.distributed's shutdown calls, recorded; `fail` makes the barrier find a dead peer."""
+class FakeStore:
+    """The launch's key-value store, recorded; `others_arrive` says whether the other processes reach their exit
+    in time, `left_first` which rank recorded leaving before this one ("" if none)."""
 
-    def __init__(self, backend="gloo", initialized=True, fail=False):
-        self.backend, self.initialized, self.fail, self.calls = backend, initialized, fail, []
+    def __init__(self, calls, arrived_before=1, others_arrive=True, left_first=""):
+        self.calls, self.count, self.others_arrive, self.left_first = calls, arrived_before, others_arrive, left_first
+
+    def add(self, key, amount):
+        self.calls.append(("add", key, amount))
+        self.count += amount
+        return self.count
+
+    def set(self, key, value):
+        self.calls.append(("set", key, value))
+
+    def wait(self, keys, timeout):
+        self.calls.append(("wait", keys, timeout))
+        if not self.others_arrive:
+            raise dist.DistStoreError("wait timeout after 10000ms")
+
+    def compare_set(self, key, expected, desired):
+        self.calls.append(("compare_set", key, expected, desired))
+        return (self.left_first or desired).encode()
+
+
+class FakeShutdown:
+    """torch.distributed's shutdown calls for rank 1 of 2, recorded; `store` None: the store cannot be had."""
+
+    def __init__(self, initialized=True, store=True, **store_kwargs):
+        self.initialized, self.calls = initialized, []
+        self.store = FakeStore(self.calls, **store_kwargs) if store else None
+        self.distributed_c10d = SimpleNamespace(_get_default_store=self._get_default_store)
+
+    def _get_default_store(self):
+        if self.store is None:
+            raise ValueError("Default process group has not been initialized")
+        return self.store
 
     def is_available(self):
         return True
@@ -546,41 +577,49 @@ class FakeShutdown:
     def is_initialized(self):
         return self.initialized
 
-    def get_backend(self):
-        return self.backend
+    def get_rank(self):
+        return 1
 
-    def monitored_barrier(self, timeout=None):
-        self.calls.append(("monitored_barrier", timeout))
-        if self.fail:
-            raise RuntimeError("Rank 1 failed to pass monitoredBarrier")
-
-    def barrier(self):
-        self.calls.append(("barrier",))
-        if self.fail:
-            raise RuntimeError("NCCL communicator was aborted")
+    def get_world_size(self):
+        return 2
 
     def destroy_process_group(self):
         self.calls.append(("destroy",))
 
 
-WAIT = ("monitored_barrier", timedelta(seconds=60))
+EXIT, ALL, LEFT = "optimum_ipu/exit", "optimum_ipu/exit/all", "optimum_ipu/left_first"
+ARRIVE = ("add", EXIT, 1)
+WAIT = ("wait", [ALL], distributed.EXIT_WAIT)
+LEAVE_FIRST = ("compare_set", LEFT, "", "1")
+SLEEP = ("sleep", distributed.EXIT_WAIT.total_seconds())
 
 
 @pytest.mark.parametrize(
-    "backend, initialized, fail, calls",
+    "failed, fake, calls",
     [
-        ("gloo", True, False, [WAIT, ("destroy",)]),
-        ("nccl", True, False, [("barrier",), ("destroy",)]),
-        ("gloo", True, True, [WAIT, ("destroy",)]),
-        ("nccl", True, True, [("barrier",), ("destroy",)]),
-        ("gloo", False, False, []),
+        # ending normally: the other process had reached its exit, or does within EXIT_WAIT
+        (False, dict(arrived_before=1), [ARRIVE, ("set", ALL, "1"), ("destroy",)]),
+        (False, dict(arrived_before=0), [ARRIVE, WAIT, ("destroy",)]),
+        # ... or does not (it waits in a collective for this one): this one leaves first, and says so
+        (False, dict(arrived_before=0, others_arrive=False), [ARRIVE, WAIT, LEAVE_FIRST, ("destroy",)]),
+        # ending on an error: never waits for the others, and leaves first ...
+        (True, dict(arrived_before=0), [ARRIVE, LEAVE_FIRST, ("destroy",)]),
+        # ... unless another process left first (its leaving broke this one's collective): then the launcher
+        # stops this one, EXIT_WAIT at most, and the launch's failure is the other's
+        (True, dict(arrived_before=0, left_first="0"), [ARRIVE, LEAVE_FIRST, SLEEP, ("destroy",)]),
+        (True, dict(store=False), [("destroy",)]),  # no store to record in
+        (False, dict(store=False), [("destroy",)]),
+        (False, dict(initialized=False), []),
     ],
 )
-def test_closing_waits_a_minute_at_most_for_the_peers_then_releases_every_holder(
-    monkeypatch, backend, initialized, fail, calls
-):
-    shutdown = FakeShutdown(backend, initialized, fail)
+def test_closing_waits_for_the_others_only_on_a_normal_exit_and_at_most_exit_wait(monkeypatch, failed, fake, calls):
+    shutdown = FakeShutdown(**fake)
     monkeypatch.setattr(distributed, "dist", shutdown)
+    monkeypatch.setattr(distributed.time, "sleep", lambda seconds: shutdown.calls.append(("sleep", seconds)))
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        monkeypatch.delattr(distributed.sys, name, raising=False)
+    if failed:  # as the interpreter records an exception the program did not handle
+        monkeypatch.setattr(distributed.sys, "last_value", RuntimeError("the program failed"), raising=False)
     holders = [Holder(), Holder()]
     for holder in holders:
         hold_process_groups(holder)
