@@ -71,6 +71,15 @@ class CallLayout:
         """Samples one call consumes."""
         return self.micro_batches * micro_batch_size
 
+    def describe(self, micro_batch_size: int = 1, training: bool = True) -> str:
+        """The combined batch's arithmetic as text, e.g. "micro-batch 2 × gradient accumulation 16 ×
+        replicas 4 × device iterations 1 = 128" (an inference call names no accumulation)."""
+        factors = [("micro-batch", micro_batch_size)]
+        if training:
+            factors.append(("gradient accumulation", self.gradient_accumulation_steps))
+        factors += [("replicas", self.replication_factor), ("device iterations", self.device_iterations)]
+        return " × ".join(f"{name} {value}" for name, value in factors) + f" = {self.combined_batch(micro_batch_size)}"
+
     def gradient_divisor(self, reduction: str = "mean") -> int:
         """What the summed gradients of an update are divided by: replicas x accumulation for PopTorch's
         mean reduction (the default of both front ends), 1 for its sum."""

@@ -34,18 +34,16 @@ from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.checkpoints import AtomicCheckpoints
 from optimum_ipu.compiling import compile_inference, compile_training
 from optimum_ipu.configuration.schema import FIELD_DEFAULTS
+from optimum_ipu.costmodel.workload import StateTypes
 from optimum_ipu.overrides import overridden
 from optimum_ipu.pipelining import to_pipelined
 from optimum_ipu.pipelining.pipeline import untied_output_projection
-from optimum_ipu.runtime.batches import batch_size_of, cast_floating, move_to, pad_by_repeating
-from optimum_ipu.runtime.distributed import build_process_replicas, hold_process_groups
-from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
+from optimum_ipu.runtime.batches import batch_size_of, cast_floating, pad_by_repeating
+from optimum_ipu.runtime.distributed import hold_process_groups
+from optimum_ipu.runtime.executor import InferenceExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
-from optimum_ipu.runtime.loss_scaling import LossScaler
-from optimum_ipu.runtime.optimizers import LAMB, AdamW, IPUOptimizer, accumulator_dtype
-from optimum_ipu.runtime.replicas import ReplicaStreams
-from optimum_ipu.runtime.stages import PipelineStages, check_supported
 from optimum_ipu.training_args import IPUTrainingArguments, resolve_ipu_config
+from optimum_ipu.training_calls import TrainingCalls, ipu_optimizer
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +152,31 @@ def _load_whole_batches(loader) -> None:
         batch_sampler.process_index = 0
 
 
+def _checked_arguments(model, args, tokenizer, kwargs: dict[str, Any]) -> IPUTrainingArguments:
+    """IPUTrainer's arguments, checked: a model (no `model_init`), IPU training arguments (a default set
+    when none), and Optimum Graphcore's `tokenizer=` moved to `processing_class` in `kwargs`."""
+    if model is None:
+        raise ValueError("IPUTrainer needs a model; `model_init` is not supported on the simulated IPU.")
+    if kwargs.get("model_init") is not None:
+        raise ValueError(
+            "IPUTrainer does not support `model_init` (hyper-parameter search); pass `model`."
+        )
+    if tokenizer is not None:
+        if kwargs.get("processing_class") is not None:
+            raise ValueError(
+                "Pass either `tokenizer=` (the Optimum Graphcore spelling) or `processing_class=`."
+            )
+        kwargs["processing_class"] = tokenizer
+    if args is None:
+        args = IPUTrainingArguments(output_dir="tmp_trainer")
+    if not isinstance(args, IPUTrainingArguments):
+        raise TypeError(
+            f"IPUTrainer needs IPUTrainingArguments, got {type(args).__name__}: build "
+            "`IPUTrainingArguments(...)` with the same fields (it accepts every TrainingArguments field)."
+        )
+    return args
+
+
 class _ShardedModel(nn.Module):
     """What the Trainer's prediction step calls as its model: one inference call on the simulated IPU.
 
@@ -213,26 +236,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         hardware: str = "mk2",
         **kwargs,
     ):
-        if model is None:
-            raise ValueError("IPUTrainer needs a model; `model_init` is not supported on the simulated IPU.")
-        if kwargs.get("model_init") is not None:
-            raise ValueError(
-                "IPUTrainer does not support `model_init` (hyper-parameter search); pass `model`."
-            )
-        if tokenizer is not None:
-            if kwargs.get("processing_class") is not None:
-                raise ValueError(
-                    "Pass either `tokenizer=` (the Optimum Graphcore spelling) or `processing_class=`."
-                )
-            kwargs["processing_class"] = tokenizer
-        if args is None:
-            args = IPUTrainingArguments(output_dir="tmp_trainer")
-        if not isinstance(args, IPUTrainingArguments):
-            raise TypeError(
-                f"IPUTrainer needs IPUTrainingArguments, got {type(args).__name__}: build "
-                "`IPUTrainingArguments(...)` with the same fields (it accepts every TrainingArguments field)."
-            )
-
+        args = _checked_arguments(model, args, tokenizer, kwargs)
         self.ipu_config = resolve_ipu_config(
             args, model_name_or_path=getattr(model, "name_or_path", None) or None, ipu_config=ipu_config
         ).train()
@@ -255,19 +259,12 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         self._ipu_devices = [args.device] * self.ipu_config.ipus_per_replica if args.world_size > 1 else None
         self._pipelined.parallelize(self._ipu_devices)
         self._mode = "training"
-        self._executable: TrainingExecutable | None = None
-        self.loss_scaler = LossScaler(args.loss_scaling or 1.0, auto=bool(self.ipu_config.auto_loss_scaling))
-        self.replica_streams = ReplicaStreams(args.seed, self.ipu_config.replication_factor)
-        # Under torchrun: this process's replicas (or pipeline stage); checked before any work.
-        self.process_replicas = build_process_replicas(
-            self.ipu_config.replication_factor, self.ipu_config.ipus_per_replica, args.device
-        )
-        self._stages: PipelineStages | None = None
-        self._process_state_stale = False  # see `_gather_process_state`
+        # The host calls of training (`training_calls.py`): the loss scaler, replica streams and processes.
+        self._calls = TrainingCalls(self._pipelined, self.ipu_config, args, self.fp16_compute, self.compute_loss)
+        self.loss_scaler, self.replica_streams = self._calls.loss_scaler, self._calls.replica_streams
+        self.process_replicas = self._calls.process_replicas
         if self.process_replicas is not None:
             hold_process_groups(self)
-        if self.process_replicas is not None and self.process_replicas.layout.stages > 1:
-            check_supported(self._pipelined)
         self.compile_report = None
         self.compile_seconds: float | None = None
         self.inference_report = None
@@ -347,58 +344,18 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         moment in fp16, the second moment in fp32 (its `create_optimizer` in 0.7). With `--fp32` every
         state is fp32, and without `--lamb` the optimizer transformers would pick (`--optim`) is used,
         so an fp32 run matches plain transformers. Either way the optimizer's state dict also carries
-        the loss scaler and the replicas' random streams (see `_carry_run_state`).
+        the loss scaler and the replicas' random streams (`TrainingCalls.carry_in`).
         """
         if self.optimizer is not None:
             return self.optimizer
         args = self.args
         if args.fp32 and not args.lamb:
-            self._carry_run_state(super().create_optimizer(model))
+            self._calls.carry_in(super().create_optimizer(model))
             return self.optimizer
         model = model if model is not None else self.model
-        decay = set(self.get_decay_parameter_names(model))
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for n, p in named if n in decay], "weight_decay": args.weight_decay},
-            {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
-        ]
-        half = torch.float32 if args.fp32 else torch.float16
-        common = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), stochastic_rounding=not args.fp32,
-                      seed=args.seed, accum_type=half, first_order_momentum_accum_type=half,
-                      second_order_momentum_accum_type=torch.float32)  # fmt: skip
-        if args.lamb:
-            self.optimizer = LAMB(
-                groups, eps=args.adam_epsilon, bias_correction=not args.lamb_no_bias_correction, **common
-            )
-        else:
-            self.optimizer = AdamW(groups, eps=args.adam_epsilon, **common)
-        self._carry_run_state(self.optimizer)
+        self.optimizer = ipu_optimizer(model, set(self.get_decay_parameter_names(model)), args)
+        self._calls.carry_in(self.optimizer)
         return self.optimizer
-
-    def _carry_run_state(self, optimizer: torch.optim.Optimizer) -> None:
-        """Save and restore the loss scaler and replica streams with the optimizer (`optimizer.pt`).
-
-        Uses torch's public optimizer state-dict hooks, so the Trainer's own checkpointing carries
-        them; the executable reads the restored objects when it is built.
-        """
-
-        def save(_optimizer, state_dict):
-            state_dict["ipu_run_state"] = {
-                "loss_scaler": self.loss_scaler.state_dict(),
-                "replica_streams": self.replica_streams.state_dict(),
-            }
-            return state_dict
-
-        def load(_optimizer, state_dict):
-            state_dict = dict(state_dict)
-            run_state = state_dict.pop("ipu_run_state", None)
-            if run_state is not None:
-                self.loss_scaler.load_state_dict(run_state["loss_scaler"])
-                self.replica_streams.load_state_dict(run_state["replica_streams"])
-            return state_dict
-
-        optimizer.register_state_dict_post_hook(save)
-        optimizer.register_load_state_dict_pre_hook(load)
 
     # -- training ----------------------------------------------------------------------------
 
@@ -416,18 +373,12 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
                 self._pipelined, self.ipu_config, sample_batch=cast_floating(sample, self._model_dtype),
                 micro_batch_size=self.args.per_device_train_batch_size, hardware=self.hardware,
                 optimizer_name="lamb" if self.args.lamb else "adamw", fp32=self.args.fp32,
-                fp16_compute=self.fp16_compute, state_types=self._optimizer_state_types(),
-                memory_check=self.args.ipu_memory_check,
+                fp16_compute=self.fp16_compute, memory_check=self.args.ipu_memory_check,
+                # the state types of an optimizer given to the trainer, else Optimum Graphcore's for the precision
+                state_types=None if self.optimizer is None else StateTypes.of_optimizer(self.optimizer),
             )  # fmt: skip
         self.compile_report = compiled.report
         self.compile_seconds = compiled.seconds  # the log's "Compiled model in N secs"
-
-    def _optimizer_state_types(self):
-        """The state types the memory estimate prices: those of an optimizer given to the trainer, else
-        the ones `create_optimizer` will use (Optimum Graphcore's for the precision)."""
-        from optimum_ipu.costmodel.workload import StateTypes
-
-        return None if self.optimizer is None else StateTypes.of_optimizer(self.optimizer)
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """Compile (checks and hardware report, excluded from speed metrics), then train as transformers does."""
@@ -450,74 +401,19 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         self._gather_process_state()  # every process leaves training with the whole, current state
         return output
 
-    def _build_executable(self, model: nn.Module) -> TrainingExecutable:
-        model = self.accelerator.unwrap_model(model)  # gradients are reduced by the executable, not DDP
-        return TrainingExecutable(
-            model,
-            CallLayout.from_ipu_config(self.ipu_config),
-            loss_fn=lambda micro_batch: self.compute_loss(model, micro_batch),
-            optimizer=self.optimizer,
-            loss_scaler=self.loss_scaler,
-            streams=self.replica_streams,
-            max_grad_norm=self.args.max_grad_norm,
-            fp16_compute=self.fp16_compute,
-            replicas=self.process_replicas,
-            stages=self._build_stages(),
-            # The optimizer's gradient accumulator type (fp16 for fp16 training, see create_optimizer).
-            accumulator_dtype=accumulator_dtype(self.optimizer),
-        )
-
-    def _build_stages(self) -> PipelineStages | None:
-        """This process's pipeline stage when the stages are processes (see `runtime.distributed`)."""
-        processes = self.process_replicas
-        if processes is None or processes.layout.stages == 1:
-            return None
-        model = self._pipelined.module
-        self._stages = PipelineStages(
-            self._pipelined, stage=processes.stage, num_stages=processes.layout.stages, group=processes.pp_group,
-            n_microbatches=self.ipu_config.gradient_accumulation_steps,
-            loss_fn=lambda _stage_model, micro_batch: self.compute_loss(model, micro_batch),
-            schedule="1f1b",  # the IPU's ramp-up / steady state / ramp-down order
-        )  # fmt: skip
-        return self._stages
-
     def training_step(
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch=None
     ) -> torch.Tensor:
         """One host call on the combined batch; returns the mean micro-batch loss for logging."""
         self._use_mode("training")
-        inner = getattr(self.optimizer, "optimizer", self.optimizer)
-        if self._executable is None or self._executable.optimizer is not inner:
-            if not self.args.fp32 and not isinstance(inner, IPUOptimizer):
-                raise TypeError(
-                    f"fp16 weights need an IPU optimizer (fp32 math, stochastic rounding); got {type(inner).__name__} "
-                    "from `optimizers=`. Pass optimum_ipu.runtime.optimizers.AdamW / LAMB, or train with --fp32."
-                )
-            self._executable = self._build_executable(model)
-        self._executable(move_to(inputs, self.args.device))
-        self._process_state_stale = self.process_replicas is not None
-        return self._executable.last_losses.nanmean().to(self.args.device)
+        # Gradients are reduced by the executable, not DDP: it runs the unwrapped model.
+        return self._calls.step(self.accelerator.unwrap_model(model), self.optimizer, inputs)
 
     # -- processes -----------------------------------------------------------------------------
 
     def _gather_process_state(self) -> None:
-        """Give every process what rank 0 saves and what evaluation reads, when a step changed it.
-
-        With one process per pipeline stage, each updates only its stage's weights and optimizer
-        state; with replicas in several processes, each advances only its own replicas' random
-        streams. Nothing reads them between saves and evaluations, so the steps pay for no exchange:
-        the methods that save or evaluate call this first (not a callback reading the control
-        flags, which an epoch-end save or a user's callback would bypass), and training ends with it.
-        Every process runs the same steps and calls, so the collectives match.
-        """
-        if not self._process_state_stale:
-            return
-        self.process_replicas.share_streams(self.replica_streams)
-        if self._stages is not None:
-            self._stages.broadcast_weights()
-            if self.optimizer is not None:
-                self._stages.broadcast_optimizer_state(self.optimizer)
-        self._process_state_stale = False
+        """Give every process what rank 0 saves and what evaluation reads (`TrainingCalls.gather_process_state`)."""
+        self._calls.gather_process_state(self.optimizer)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         self._gather_process_state()
@@ -596,13 +492,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         The Trainer's `grad_norm` is replaced by the executable's: the Trainer measures gradients
         after the executable has applied and released them.
         """
-        own: dict[str, float] = {}
-        if "loss" in logs and self._executable is not None:
-            if self._executable.last_grad_norm is not None and "grad_norm" in logs:
-                own["grad_norm"] = round(self._executable.last_grad_norm, 6)
-            if not self.args.fp32 or self.args.loss_scaling:
-                own["loss_scale"] = self.loss_scaler.scale
-                own["skipped_updates"] = self.loss_scaler.skipped_updates
+        own = self._calls.log_entries(logs)
         report = self.compile_report if "train_samples_per_second" in logs else None
         if any(k.endswith("_samples_per_second") and not k.startswith("train") for k in logs):
             report = self.inference_report or report

@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "costmodel": 5,
     "compiling": 6,
     "training_args": 7,
+    "training_calls": 7,
     "generation": 7,
     "trainer": 8,
     "trainer_seq2seq": 9,

@@ -282,7 +282,7 @@ def test_optimizer_state_types_are_optimum_graphcores(tmp_path, fp32, lamb):
     assert (state["exp_avg"].dtype, state["exp_avg_sq"].dtype) == (half, torch.float32)
     if not fp32 or lamb:  # IPU optimizers; an fp32 run without --lamb takes transformers' own optimizer
         assert trainer.optimizer.optimizer.accum_type == half  # inside accelerate's wrapper
-    assert trainer._executable.gradients.dtype == half
+    assert trainer._calls.executable.gradients.dtype == half
 
 
 def test_auto_loss_scaling_in_the_ipu_config_file_alone_turns_it_on(tmp_path):

@@ -21,8 +21,9 @@ from typing import Any, ClassVar
 
 from optimum_ipu._quoting import clipped, shown
 from optimum_ipu.call_layout import CallLayout
-from optimum_ipu.configuration.legacy import METADATA_KEYS, n_ipu_from_pod_type, normalize_config_dict
+from optimum_ipu.configuration.legacy import n_ipu_from_pod_type
 from optimum_ipu.configuration.parsing import parse_overrides
+from optimum_ipu.configuration.reading import read_json, settings_from_raw, token_from_overrides
 from optimum_ipu.configuration.schema import (
     CONFIG_NAME,
     DERIVABLE,
@@ -37,8 +38,10 @@ from optimum_ipu.configuration.schema import (
     attribute_for_mode,
     close_matches,
     derive_defaults,
+    replicas_for_n_ipu,
     validate_value,
     validate_values,
+    values_with_defaults,
 )
 
 __all__ = ["CONFIG_NAME", "IPUConfig", "IPUConfigError", "n_ipu_from_pod_type"]
@@ -69,7 +72,50 @@ class _ModeManaged:
         obj.__setattr__(self.field, value)
 
 
-class IPUConfig:
+class _Modes:
+    """A config's mode, "training" or "inference", and the names it reads in each: `IPUConfig`'s mode API
+    (Optimum Graphcore's `train()`, `eval()`, `mode` and `_get_managed_attr_mode_name`)."""
+
+    modes: ClassVar[tuple[str, ...]] = MODES
+
+    @property
+    def mode(self) -> str:
+        """ "training" or "inference": which value the mode-managed attributes read and write.
+
+        Setting it to anything else raises `IPUConfigError` (a `ValueError`); nothing is validated on
+        a switch, since construction and `update()` check both modes.
+        """
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        if value not in self.modes:
+            raise IPUConfigError(  # Optimum Graphcore's sentence first, then ours
+                f"`IPUConfig` mode can only take values in {self.modes}: got {shown(value)}. "
+                "Switch with `ipu_config.train()` or `ipu_config.eval()`."
+            )
+        object.__setattr__(self, "_mode", value)
+
+    def train(self):
+        """Switch to training mode; returns self."""
+        self.mode = "training"
+        return self
+
+    def eval(self):
+        """Switch to inference mode (managed attributes read their `inference_` twin); returns self."""
+        self.mode = "inference"
+        return self
+
+    def _get_managed_attr_mode_name(self, attr: str) -> str:
+        """The attribute `attr` stands for in the current mode: `inference_<attr>` in inference mode.
+
+        Unchanged for an attribute without an `inference_` twin, or in training mode. Optimum
+        Graphcore's model code (and ours, in messages) uses it to name the attribute in use.
+        """
+        return attribute_for_mode(attr, self._mode)
+
+
+class IPUConfig(_Modes):
     """An Optimum Graphcore IPU configuration: pipelining, replication, batching and memory settings.
 
     Attributes are those of `ipu_config.json`, declared once in `schema.FIELDS` (name, default, type,
@@ -90,8 +136,6 @@ class IPUConfig:
     config came from ("local", "hub", "hub-cache" or "bundled"); they are not written to the JSON.
     """
 
-    modes: ClassVar[tuple[str, ...]] = MODES
-
     def __init__(self, **values: Any) -> None:
         """Build a config from keyword values (the fields of `schema.FIELDS`, whose defaults apply to
         the others); `None` on a derivable attribute derives it. Raises `IPUConfigError` if invalid.
@@ -104,60 +148,13 @@ class IPUConfig:
             raise TypeError(
                 f"{type(self).__name__}.__init__() got an unexpected keyword argument {shown(unknown)}"
             )
-        given = {}
-        for name, field in FIELDS.items():
-            value = values.get(name, field.init_default)
-            # `None` for a list or dict default, or Optimum Graphcore 0.7's "not set": the default
-            if value is None and (
-                field.none_is_default or field.init_default is None and not field.accepts_none
-            ):
-                value = copy.deepcopy(field.default)
-            validate_value(name, value)
-            given[name] = value
+        given = values_with_defaults(values)
         object.__setattr__(self, "_mode", "training")
         object.__setattr__(self, "_explicit", {name for name in DERIVABLE if given[name] is not None})
         object.__setattr__(self, "source", None)
         object.__setattr__(self, "source_path", None)
         self.__dict__.update(copy.deepcopy(given))
         self._refresh()
-
-    # ----- modes ---------------------------------------------------------------------------------
-
-    @property
-    def mode(self) -> str:
-        """ "training" or "inference": which value the mode-managed attributes read and write.
-
-        Setting it to anything else raises `IPUConfigError` (a `ValueError`); nothing is validated on
-        a switch, since construction and `update()` check both modes.
-        """
-        return self._mode
-
-    @mode.setter
-    def mode(self, value: str) -> None:
-        if value not in self.modes:
-            raise IPUConfigError(  # Optimum Graphcore's sentence first, then ours
-                f"`IPUConfig` mode can only take values in {self.modes}: got {shown(value)}. "
-                "Switch with `ipu_config.train()` or `ipu_config.eval()`."
-            )
-        object.__setattr__(self, "_mode", value)
-
-    def train(self) -> IPUConfig:
-        """Switch to training mode; returns self."""
-        self.mode = "training"
-        return self
-
-    def eval(self) -> IPUConfig:
-        """Switch to inference mode (managed attributes read their `inference_` twin); returns self."""
-        self.mode = "inference"
-        return self
-
-    def _get_managed_attr_mode_name(self, attr: str) -> str:
-        """The attribute `attr` stands for in the current mode: `inference_<attr>` in inference mode.
-
-        Unchanged for an attribute without an `inference_` twin, or in training mode. Optimum
-        Graphcore's model code (and ours, in messages) uses it to name the attribute in use.
-        """
-        return attribute_for_mode(attr, self._mode)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "mode":
@@ -243,22 +240,7 @@ class IPUConfig:
 
     def describe_combined_batch(self, micro_batch: int = 1, for_inference: bool = False) -> str:
         """The combined-batch arithmetic as text, e.g. "micro-batch 2 × gradient accumulation 16 × ... = 128"."""
-        v = self.__dict__
-        if for_inference:
-            factors = [
-                ("micro-batch", micro_batch),
-                ("replicas", v["inference_replication_factor"]),
-                ("device iterations", v["inference_device_iterations"]),
-            ]
-        else:
-            factors = [
-                ("micro-batch", micro_batch),
-                ("gradient accumulation", v["gradient_accumulation_steps"]),
-                ("replicas", v["replication_factor"]),
-                ("device iterations", v["device_iterations"]),
-            ]
-        total = micro_batch * self.batch_size_factor(for_inference)
-        return " × ".join(f"{name} {value}" for name, value in factors) + f" = {total}"
+        return CallLayout.from_ipu_config(self, for_inference).describe(micro_batch, training=not for_inference)
 
     def num_ipus(self, for_inference: bool = False) -> int:
         """IPUs used in all: replicas × IPUs per replica, for training or inference."""
@@ -275,29 +257,8 @@ class IPUConfig:
             IPUConfigError: naming `n_ipu` and `ipus_per_replica` when they do not divide.
         """
         v = self.__dict__
-        ipus, inference_ipus = v["ipus_per_replica"], v["inference_ipus_per_replica"]
-        if not isinstance(n_ipu, int) or n_ipu < 1 or n_ipu % ipus:
-            raise IPUConfigError(
-                f"n_ipu={n_ipu} is not a multiple of ipus_per_replica={ipus}: replication_factor = n_ipu // "
-                f"ipus_per_replica must use every IPU. Use n_ipu a multiple of {ipus}, or change ipus_per_replica."
-            )
-        if n_ipu < inference_ipus:
-            raise IPUConfigError(
-                f"n_ipu={n_ipu} is smaller than inference_ipus_per_replica={inference_ipus}: one inference "
-                "replica does not fit."
-            )
-        if n_ipu % inference_ipus:
-            logger.warning(
-                "n_ipu=%d is not a multiple of inference_ipus_per_replica=%d: inference uses %d replicas and "
-                "leaves %d IPUs idle.",
-                n_ipu,
-                inference_ipus,
-                n_ipu // inference_ipus,
-                n_ipu % inference_ipus,
-            )
-        return self.update(
-            replication_factor=n_ipu // ipus, inference_replication_factor=n_ipu // inference_ipus
-        )
+        training, inference = replicas_for_n_ipu(n_ipu, v["ipus_per_replica"], v["inference_ipus_per_replica"])
+        return self.update(replication_factor=training, inference_replication_factor=inference)
 
     # ----- PopTorch ------------------------------------------------------------------------------
 
@@ -355,30 +316,8 @@ class IPUConfig:
 
     @classmethod
     def _from_raw(cls, raw, origin, pod_type, n_ipu, strict, overrides) -> IPUConfig:
-        if not isinstance(raw, dict):
-            raise IPUConfigError(f"IPU config {origin} is not a JSON object but {type(raw).__name__}.")
-        normalized = normalize_config_dict(raw, pod_type=pod_type, n_ipu=n_ipu)
-        # transformers writes `transformers_version` into every model config.json: a metadata key, quietly
-        # ignored, so it must not count as a key that makes the file an IPU config.
-        settings = [key for key in raw if key not in METADATA_KEYS]
-        if settings and len(normalized.unknown) == len(settings) and ("model_type" in raw or "architectures" in raw):
-            model_type = raw.get("model_type", "?")
-            raise IPUConfigError(
-                f"IPU config {origin} is a model's configuration (model_type {model_type!r}), not an IPU config: "
-                "none of its keys is an `IPUConfig` attribute. Give the IPU config instead: a folder or file "
-                "holding ipu_config.json, or a Hub id such as Graphcore/bert-base-ipu."
-            )
-        if strict and normalized.unknown:
-            raise IPUConfigError(
-                f"IPU config {origin} has unknown keys: "
-                + ", ".join(f"`{k}`{close_matches(k)}" for k in normalized.unknown)
-                + " (strict=True). Remove them, or load with strict=False to ignore them with a warning."
-            )
-        message = normalized.message(origin)
-        if message:
-            logger.warning(message)
         try:
-            config = cls(**normalized.values)
+            config = cls(**settings_from_raw(raw, origin, pod_type, n_ipu, strict))
         except IPUConfigError as error:  # the same class, so a wrong type is still a TypeError
             raise type(error)(f"IPU config {origin}: {error}") from None
         return config.update(**overrides) if overrides else config
@@ -416,13 +355,7 @@ class IPUConfig:
         """
         from optimum_ipu.configuration.hub import resolve_config_file
 
-        if "use_auth_token" in overrides:
-            old_token = overrides.pop("use_auth_token")
-            if isinstance(old_token, str) and token is not None and old_token != token:
-                raise ValueError("Pass either `token=` or its older spelling `use_auth_token=`, not both.")
-            if old_token is not None:
-                logger.warning("`use_auth_token` is deprecated in transformers v5; read as `token=`.")
-            token = token if token is not None else old_token
+        token = token_from_overrides(token, overrides)
         found = resolve_config_file(
             name_or_path,
             revision=revision,
@@ -431,13 +364,7 @@ class IPUConfig:
             local_files_only=local_files_only,
         )
         origin = f"{found.path} ({found.source})"
-        try:
-            raw = json.loads(_read_text(Path(found.path), origin))
-        except json.JSONDecodeError as error:
-            raise IPUConfigError(
-                f"IPU config {origin} is not valid JSON: {error}. Fix the file there (keys and strings in double "
-                'quotes, no trailing commas, e.g. {"layers_per_ipu": [0, 4, 4, 4]}), or give another config.'
-            ) from None
+        raw = read_json(Path(found.path), origin)
         config = cls._from_raw(raw, origin, pod_type, n_ipu, strict, overrides)
         config.source, config.source_path = found.source, str(found.path)
         return config
@@ -460,23 +387,6 @@ class IPUConfig:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__} {self.to_json_string()}"
-
-
-def _read_text(path: Path, origin: str) -> str:
-    """The file's text as UTF-8 (JSON's encoding); an `IPUConfigError` naming the file for UTF-16 or binary."""
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8-sig")  # a byte order mark (Windows editors write one) is skipped
-    except UnicodeDecodeError as error:
-        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-            raise IPUConfigError(
-                f"IPU config {origin} is UTF-16 text (a byte order mark starts it), not UTF-8: save it as UTF-8 "
-                "(in PowerShell, Set-Content -Encoding utf8; in an editor, the encoding menu)."
-            ) from None
-        raise IPUConfigError(
-            f"IPU config {origin} is not text in UTF-8 ({error.reason} at byte {error.start}): give the "
-            'ipu_config.json of an IPU config (a JSON object such as {"layers_per_ipu": [0, 4, 4, 4]}).'
-        ) from None
 
 
 def _init_signature() -> inspect.Signature:

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from optimum_ipu._quoting import shown  # every quoted value is bounded (_quoting.py)
+
+logger = logging.getLogger(__name__)
 
 CONFIG_NAME = "ipu_config.json"
 
@@ -399,3 +402,44 @@ def validate_values(values: Mapping[str, Any]) -> None:
         _check_matmul(values, prefix)
         for kind in _SERIALIZED:
             _check_serialization(values, prefix, kind)
+
+
+def values_with_defaults(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every field's value for a new config: those given in `values`, each checked, the defaults for
+    the others. `None` for a list or dict default, or Optimum Graphcore 0.7's "not set", is the default."""
+    given = {}
+    for name, field in FIELDS.items():
+        value = values.get(name, field.init_default)
+        if value is None and (field.none_is_default or field.init_default is None and not field.accepts_none):
+            value = copy.deepcopy(field.default)
+        validate_value(name, value)
+        given[name] = value
+    return given
+
+
+def replicas_for_n_ipu(n_ipu: Any, ipus_per_replica: int, inference_ipus_per_replica: int) -> tuple[int, int]:
+    """The (training, inference) replication factors that fill `n_ipu` IPUs (`IPUConfig.for_n_ipu`).
+
+    Training must use every IPU, so `n_ipu` must be a multiple of `ipus_per_replica`. Inference takes
+    as many whole replicas as fit (at least one) and says so when IPUs are left idle.
+
+    Raises:
+        IPUConfigError: naming `n_ipu` and the IPUs per replica when they do not divide or fit.
+    """
+    ipus, inference_ipus = ipus_per_replica, inference_ipus_per_replica
+    if not isinstance(n_ipu, int) or n_ipu < 1 or n_ipu % ipus:
+        raise IPUConfigError(
+            f"n_ipu={n_ipu} is not a multiple of ipus_per_replica={ipus}: replication_factor = n_ipu // "
+            f"ipus_per_replica must use every IPU. Use n_ipu a multiple of {ipus}, or change ipus_per_replica."
+        )
+    if n_ipu < inference_ipus:
+        raise IPUConfigError(
+            f"n_ipu={n_ipu} is smaller than inference_ipus_per_replica={inference_ipus}: one inference "
+            "replica does not fit."
+        )
+    if n_ipu % inference_ipus:
+        logger.warning(
+            "n_ipu=%d is not a multiple of inference_ipus_per_replica=%d: inference uses %d replicas and "
+            "leaves %d IPUs idle.", n_ipu, inference_ipus, n_ipu // inference_ipus, n_ipu % inference_ipus,
+        )  # fmt: skip
+    return n_ipu // ipus, n_ipu // inference_ipus
