@@ -383,12 +383,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """Compile (checks and hardware report, excluded from speed metrics), then train as transformers does."""
         self._use_mode("training")
-        cfg = self.ipu_config
-        logger.info(
-            "Combined batch: micro-batch %d x gradient accumulation %d x replicas %d x device iterations %d = %d",
-            self.args.per_device_train_batch_size, cfg.gradient_accumulation_steps, cfg.replication_factor,
-            cfg.device_iterations, self.args.train_batch_size,
-        )  # fmt: skip
+        logger.info("Combined batch: %s", self.ipu_config.describe_combined_batch(self.args.per_device_train_batch_size))
         self._compile_for_training()
         if self.args.compile_only:
             if self.compile_report is not None and self.args.should_save:
