@@ -3,7 +3,9 @@
 A combined batch is batch_size x deviceIterations x (replicationFactor / input group size) x
 gradientAccumulation samples; PopTorch's default is `drop_last=True`. `DataLoaderMode.Async` and
 `AsyncRebatched` load ahead in worker processes (torch's own workers, at least one) so the next
-combined batch is ready while the model runs, as `AsynchronousDataAccessor` does on PopTorch.
+combined batch is ready while the model runs, as `AsynchronousDataAccessor` does on PopTorch. Rebatching
+(`AsyncRebatched`, or `Async` with `drop_last=False`, as on PopTorch) re-cuts the workers' batches into
+combined batches in the calling process, so every sample comes back once.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.poptorch import _distributed
 from optimum_ipu.poptorch._host_call import input_layout
 from optimum_ipu.poptorch._logging import Error, logger
+from optimum_ipu.poptorch.custom_args import flatten_custom, rebuild_custom
 from optimum_ipu.poptorch.enums import DataLoaderMode
 from optimum_ipu.poptorch.options import Options
 
@@ -81,6 +84,49 @@ class _YieldsAtLeastOne:
         return item
 
 
+def _rows(batch: Any) -> int:
+    """The samples a collated batch holds: dim 0 of its first tensor (custom types through their parsers)."""
+    tensors = flatten_custom(batch)
+    return tensors[0].shape[0] if tensors else 0
+
+
+def _concatenated(batches: list[Any]) -> Any:
+    """Consecutive collated batches of one structure as one: each tensor concatenated on dim 0, found and
+    rebuilt as PopTorch does (`flatten_custom`, so a registered custom argument type is combined too)."""
+    if len(batches) == 1:
+        return batches[0]
+    columns = zip(*(flatten_custom(batch) for batch in batches))
+    return rebuild_custom(batches[0], (torch.cat(column) for column in columns))
+
+
+def _rows_of(batch: Any, rows: slice) -> Any:
+    """`batch` with each tensor cut to `rows` on dim 0."""
+    return rebuild_custom(batch, (tensor[rows] for tensor in flatten_custom(batch)))
+
+
+def _rebatched(batches: Iterator[Any], size: int, drop_last: bool) -> Iterator[Any]:
+    """`batches` (any sizes, e.g. the workers' `rebatched_worker_size` ones) re-cut into batches of `size`
+    samples, in order; what is left at the end is one last, smaller batch unless `drop_last`. So no sample
+    is lost to a worker's incomplete batch (`DataLoaderMode.AsyncRebatched`)."""
+    pending: list[Any] = []
+    held = 0
+    for batch in batches:
+        pending.append(batch)
+        held += _rows(batch)
+        while held >= size:
+            whole = _concatenated(pending)
+            yield _rows_of(whole, slice(0, size))
+            held -= size
+            pending = [_rows_of(whole, slice(size, None))] if held else []
+    if held and not drop_last:
+        yield _concatenated(pending)
+
+
+def _rebatched_length(samples: int, size: int, drop_last: bool) -> int:
+    """Batches `_rebatched` yields from `samples` samples."""
+    return samples // size + (1 if samples % size and not drop_last else 0)
+
+
 _SAID_MODES: set[str] = set()
 
 
@@ -115,7 +161,10 @@ class DataLoader(torch.utils.data.DataLoader):
         auto_distributed_partitioning: under torchrun, hand each process its replicas' part of every
             combined batch, or the whole combined batch when the replicas are not a multiple of the
             processes (stage processes); default True; False: each process's dataset is its own.
-        async_options, rebatched_worker_size: accepted for PopTorch compatibility.
+        async_options: accepted for PopTorch compatibility (torch's workers load ahead).
+        rebatched_worker_size: with `AsyncRebatched`, the workers' batch size (at most the combined batch,
+            its default); their batches are re-cut into combined batches, so none of an iterable dataset's
+            samples is lost to a worker's incomplete batch.
         **kwargs: passed to `torch.utils.data.DataLoader`.
     """
 
@@ -143,6 +192,9 @@ class DataLoader(torch.utils.data.DataLoader):
         self._mode = _mode_as_poptorch_reads_it(mode)
         factor = combined_batch_factor(options)
         self._combined_batch_size = None if batch_size is None else batch_size * factor
+        rebatch = self._rebatched_size(drop_last, rebatched_worker_size)
+        self._rebatch: int | None = None  # the size the workers' batches are re-cut into, when they are
+        self._rebatch_drop_last = drop_last
         if self._combined_batch_size is not None and drop_last is False and hasattr(dataset, "__len__"):
             if len(dataset) % self._combined_batch_size:
                 logger.warning(
@@ -181,10 +233,45 @@ class DataLoader(torch.utils.data.DataLoader):
                 dataset, num_workers=num_workers, persistent_workers=persistent_workers, **kwargs
             )
             return
+        loaded_batch, loaded_drop_last = self._combined_batch_size, drop_last
+        if rebatch is not None:  # the workers load smaller batches, or keep their leftovers: re-cut here
+            self._rebatch = rebatch
+            loaded_batch, loaded_drop_last = rebatched_worker_size or rebatch, False
         super().__init__(
-            dataset, batch_size=self._combined_batch_size, shuffle=bool(shuffle), num_workers=num_workers,
-            drop_last=drop_last, persistent_workers=persistent_workers, **kwargs,
+            dataset, batch_size=loaded_batch, shuffle=bool(shuffle), num_workers=num_workers,
+            drop_last=loaded_drop_last, persistent_workers=persistent_workers, **kwargs,
         )  # fmt: skip
+
+    def _rebatched_size(self, drop_last: bool, worker_size: int | None) -> int | None:
+        """The combined batch the loader re-cuts the workers' batches into, or None when it does not.
+
+        PopTorch rebatches in `AsyncRebatched` mode, and in `Async` mode with `drop_last=False` (so the
+        leftover comes back as one last batch); its workers load `rebatched_worker_size` samples at a time
+        (default: the combined batch). Rebatching is what keeps an iterable dataset's samples: each worker's
+        incomplete last batch is combined with the others' instead of dropped.
+        """
+        size = self._combined_batch_size
+        rebatch = self._mode == DataLoaderMode.AsyncRebatched or (
+            self._mode == DataLoaderMode.Async and not drop_last and size is not None and size > 1
+        )
+        if not rebatch or size is None:
+            return None
+        if worker_size is not None and (
+            isinstance(worker_size, bool) or not isinstance(worker_size, int) or not 1 <= worker_size <= size
+        ):
+            raise Error(
+                f"The rebatched_worker_size ({worker_size!r}) must be <= to the combined batch size ({size}): the "
+                f"workers' batches are combined into batches of {size}. Pass an integer from 1 to {size}, or "
+                "leave rebatched_worker_size at None (the combined batch size)."
+            )
+        return size
+
+    def __len__(self) -> int:
+        """Items per epoch: torch's count, or, when rebatching, the combined batches of the dataset's samples
+        (the last, smaller one counted when `drop_last=False`)."""
+        if self._rebatch is not None:
+            return _rebatched_length(len(self.dataset), self._rebatch, self._rebatch_drop_last)
+        return super().__len__()
 
     def _check_holds_a_combined_batch(
         self, dataset, sampler, batch_size: int, drop_last: bool, shared: bool
@@ -211,8 +298,11 @@ class DataLoader(torch.utils.data.DataLoader):
             raise Error(_no_batch(f"{what} {count} samples, fewer than {batch}", size, drop_last))
 
     def __iter__(self) -> Iterator[Any]:
-        """torch's iterator; over an iterable dataset, one that raises if it ends before its first batch."""
+        """torch's iterator (re-cut into combined batches when rebatching); over an iterable dataset, one that
+        raises if it ends before its first batch."""
         iterator = super().__iter__()
+        if self._rebatch is not None:
+            iterator = _rebatched(iterator, self._rebatch, self._rebatch_drop_last)
         return iterator if self._empty_message is None else _YieldsAtLeastOne(iterator, self._empty_message)
 
     @property
