@@ -122,8 +122,21 @@ def _rebatched(batches: Iterator[Any], size: int, drop_last: bool) -> Iterator[A
         yield _concatenated(pending)
 
 
+def _combined(batches: Iterator[Any], count: int, drop_last: bool) -> Iterator[Any]:
+    """Each `count` consecutive `batches` concatenated into one (a user's batch sampler's batches into
+    combined batches, as PopTorch does); an incomplete last group too unless `drop_last`."""
+    group: list[Any] = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == count:
+            yield _concatenated(group)
+            group = []
+    if group and not drop_last:
+        yield _concatenated(group)
+
+
 def _rebatched_length(samples: int, size: int, drop_last: bool) -> int:
-    """Batches `_rebatched` yields from `samples` samples."""
+    """Items `_rebatched` yields from `samples` samples (and `_combined` from `samples` batches)."""
     return samples // size + (1 if samples % size and not drop_last else 0)
 
 
@@ -165,6 +178,11 @@ class DataLoader(torch.utils.data.DataLoader):
         rebatched_worker_size: with `AsyncRebatched`, the workers' batch size (at most the combined batch,
             its default); their batches are re-cut into combined batches, so none of an iterable dataset's
             samples is lost to a worker's incomplete batch.
+        batch_sampler: PopTorch 3.4's: a sampler of index batches (the micro-batches); each item concatenates
+            deviceIterations x (replicas / input group size) x gradientAccumulation consecutive ones (custom
+            argument types through their registered parsers), the last incomplete group only with
+            `drop_last=False`. Excludes `batch_size` and `shuffle`, and, in several processes,
+            `auto_distributed_partitioning` (PopTorch's errors).
         **kwargs: passed to `torch.utils.data.DataLoader`.
     """
 
@@ -181,6 +199,7 @@ class DataLoader(torch.utils.data.DataLoader):
         mode: DataLoaderMode = DataLoaderMode.Sync,
         async_options: dict | None = None,
         rebatched_worker_size: int | None = None,
+        batch_sampler: Any = None,
         **kwargs: Any,
     ):
         if not isinstance(options, Options):
@@ -191,6 +210,20 @@ class DataLoader(torch.utils.data.DataLoader):
         self._options = options
         self._mode = _mode_as_poptorch_reads_it(mode)
         factor = combined_batch_factor(options)
+        self._combine = 1  # sampler batches per item (a user's batch_sampler)
+        if batch_sampler is not None:
+            batch_size = self._batch_sampler_size(batch_sampler, batch_size, shuffle, auto_distributed_partitioning)
+            self._combined_batch_size = None if batch_size is None else batch_size * factor
+            self._combine, self._rebatch, self._rebatch_drop_last = factor, None, drop_last
+            self._empty_message = None
+            self._check_batch_sampler_length(batch_sampler, drop_last)
+            if self._mode != DataLoaderMode.Sync and num_workers == 0:
+                num_workers = 1  # an asynchronous loader loads in a worker process
+            super().__init__(
+                dataset, batch_sampler=batch_sampler, num_workers=num_workers,
+                persistent_workers=num_workers > 0 if persistent_workers is None else persistent_workers, **kwargs,
+            )  # fmt: skip
+            return
         self._combined_batch_size = None if batch_size is None else batch_size * factor
         rebatch = self._rebatched_size(drop_last, rebatched_worker_size)
         self._rebatch: int | None = None  # the size the workers' batches are re-cut into, when they are
@@ -271,7 +304,51 @@ class DataLoader(torch.utils.data.DataLoader):
         (the last, smaller one counted when `drop_last=False`)."""
         if self._rebatch is not None:
             return _rebatched_length(len(self.dataset), self._rebatch, self._rebatch_drop_last)
+        if self._combine > 1:
+            return _rebatched_length(len(self.batch_sampler), self._combine, self._rebatch_drop_last)
         return super().__len__()
+
+    def _batch_sampler_size(self, batch_sampler: Any, batch_size: int | None, shuffle: bool | None,
+                            auto_distributed_partitioning: bool) -> int | None:  # fmt: skip
+        """PopTorch's checks of a user's `batch_sampler`, and the micro-batch it implies: the sampler's
+        `batch_size` when it has one (torch's `BatchSampler` does), else `batch_size` (1 unless given)."""
+        if batch_size != 1 or shuffle:
+            raise Error(
+                "`batch_sampler` option is mutually exclusive with batch_size, shuffle. Got "
+                f"batch_size={batch_size!r}, shuffle={shuffle!r}: the batch sampler's batches are the micro-batches "
+                "(its batch_size), and it decides the order; leave batch_size and shuffle out (or shuffle inside "
+                "the sampler)."
+            )
+        if _distributed.processes(self._options) > 1 and auto_distributed_partitioning:
+            raise Error(
+                "`batch_sampler` option is mutually exclusive with auto_distributed_partitioning=True. Pass "
+                "auto_distributed_partitioning=False and give each process its own batches (a batch sampler over "
+                f"a torch DistributedSampler for process {self._options.Distributed.processId} of "
+                f"{self._options.Distributed.numProcesses})."
+            )
+        return getattr(batch_sampler, "batch_size", batch_size)
+
+    def _check_batch_sampler_length(self, batch_sampler: Any, drop_last: bool) -> None:
+        """An `Error` if the sampler (when it has a length) gives fewer batches than one item combines, which
+        would yield nothing; PopTorch's warning when its last item will be smaller (`drop_last=False`)."""
+        try:
+            count = len(batch_sampler)
+        except (TypeError, NotImplementedError):
+            return
+        factor = self._combine
+        if count == 0 or (drop_last and count < factor):
+            raise Error(
+                f"The batch_sampler gives {count} batches, fewer than the {factor} consecutive batches one item "
+                "combines (deviceIterations x replicas / input group size x gradientAccumulation): this DataLoader "
+                "yields no batch, so a loop over it would run no step. Use fewer device iterations, less "
+                "gradient accumulation or fewer replicas, drop_last=False, or a sampler with more batches."
+            )
+        if not drop_last and count % factor:
+            logger.warning(
+                "The number of batches generated by the batch sampler (%d) is not divisible by the number of "
+                "batches combined per step (%d) and drop_last=False: the last item combines %d of them. Use "
+                "drop_last=True to leave them out.", count, factor, count % factor,
+            )  # fmt: skip
 
     def _check_holds_a_combined_batch(
         self, dataset, sampler, batch_size: int, drop_last: bool, shared: bool
@@ -303,6 +380,8 @@ class DataLoader(torch.utils.data.DataLoader):
         iterator = super().__iter__()
         if self._rebatch is not None:
             iterator = _rebatched(iterator, self._rebatch, self._rebatch_drop_last)
+        if self._combine > 1:
+            iterator = _combined(iterator, self._combine, self._rebatch_drop_last)
         return iterator if self._empty_message is None else _YieldsAtLeastOne(iterator, self._empty_message)
 
     @property

@@ -95,3 +95,95 @@ def test_a_rebatched_worker_size_above_the_combined_batch_is_an_error_naming_bot
     with pytest.raises(poptorch.Error, match=r"rebatched_worker_size \(9\) must be <= to the combined batch size \(8\)"):
         poptorch.DataLoader(poptorch.Options().deviceIterations(2), Numbered(30), batch_size=4,
                             mode=poptorch.DataLoaderMode.AsyncRebatched, rebatched_worker_size=9)  # fmt: skip
+
+
+# -- 3. a user's batch_sampler -------------------------------------------------------------------------
+def plain_loop(dataset, batch_sampler, combine: int, drop_last: bool, **kwargs) -> list:
+    """The reference: torch's loader over the sampler's batches, `combine` consecutive ones concatenated."""
+    batches = list(torch.utils.data.DataLoader(dataset, batch_sampler=batch_sampler, **kwargs))
+    groups = [batches[i : i + combine] for i in range(0, len(batches), combine)]
+    if groups and len(groups[-1]) < combine and drop_last:
+        groups.pop()
+    return [torch.cat(group).tolist() for group in groups]
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_a_batch_sampler_gives_di_x_replicas_x_ga_consecutive_sampler_batches_per_item(drop_last):
+    """23 samples in sampler batches of 2 (the last of 1): 12 batches; DI 2 x GA 3 = 6 per item, so 2 items."""
+    opts = poptorch.Options().deviceIterations(2)
+    opts.Training.gradientAccumulation(3)
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(range(23)), 2, drop_last=False)
+    loader = poptorch.DataLoader(opts, Numbered(23), batch_sampler=sampler, drop_last=drop_last)
+    assert [b.tolist() for b in loader] == plain_loop(Numbered(23), sampler, 6, drop_last)
+    assert loader.combinedBatchSize == 2 * 6
+    assert len(loader) == 2
+
+
+def test_a_batch_sampler_of_7_batches_without_drop_last_ends_with_the_leftover_batch():
+    """7 sampler batches, 3 per item (replicas): items of batches 0-2, 3-5, then 6 alone."""
+    opts = poptorch.Options().replicationFactor(3)
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(range(14)), 2, drop_last=False)
+    loader = poptorch.DataLoader(opts, Numbered(14), batch_sampler=sampler, drop_last=False)
+    assert [b.tolist() for b in loader] == [[0.0, 1, 2, 3, 4, 5], [6.0, 7, 8, 9, 10, 11], [12.0, 13]]
+    assert len(loader) == 3
+
+
+def test_a_batch_sampler_of_a_distributed_sampler_as_lightning_injects_it_works_under_device_iterations():
+    """Lightning's validate/predict hand PopTorch's DataLoader a BatchSampler over a DistributedSampler (or a
+    SequentialSampler) with batch_size=1, shuffle=False, sampler=None, drop_last=False."""
+    dataset = torch.utils.data.TensorDataset(torch.arange(40.0), torch.arange(40) % 3)
+    shard = torch.utils.data.DistributedSampler(dataset, num_replicas=2, rank=1, shuffle=False)
+    sampler = torch.utils.data.BatchSampler(shard, 4, drop_last=False)
+    opts = poptorch.Options().deviceIterations(2)
+    loader = poptorch.DataLoader(opts, dataset, batch_size=1, shuffle=False, sampler=None, drop_last=False,
+                                 batch_sampler=sampler, num_workers=1, mode=poptorch.DataLoaderMode.Async)  # fmt: skip
+    items = list(loader)
+    reference = list(torch.utils.data.DataLoader(dataset, batch_sampler=sampler))  # 5 batches of 4
+    assert [x.tolist() for x, _ in items] == [torch.cat([r[0] for r in reference[i : i + 2]]).tolist()
+                                              for i in (0, 2, 4)]  # fmt: skip
+    assert [y.tolist() for _, y in items] == [torch.cat([r[1] for r in reference[i : i + 2]]).tolist()
+                                              for i in (0, 2, 4)]  # fmt: skip
+    assert loader.combinedBatchSize == 8 and len(loader) == 3
+    model = poptorch.inferenceModel(torch.nn.Identity(), opts)
+    assert torch.equal(model(items[0][0]), items[0][0])
+
+
+class Pair:
+    """A custom argument type: the wrappers and the DataLoader find its tensors through its parser."""
+
+    def __init__(self, data: torch.Tensor, label: torch.Tensor):
+        self.data, self.label = data, label
+
+
+class PairParser(poptorch.ICustomArgParser):
+    def yieldTensors(self, struct):
+        yield struct.data
+        yield struct.label
+
+    def reconstruct(self, original_structure, tensor_iterator):
+        return Pair(*tensor_iterator)
+
+
+def test_a_batch_sampler_combines_a_custom_type_through_its_registered_parser():
+    poptorch.registerCustomArgParser(Pair, PairParser())
+    try:
+        def collate(samples):
+            return Pair(torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples]))
+
+        dataset = torch.utils.data.TensorDataset(torch.arange(12.0), -torch.arange(12.0))
+        sampler = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(dataset), 3, drop_last=True)
+        items = list(poptorch.DataLoader(poptorch.Options().deviceIterations(2), dataset, batch_sampler=sampler,
+                                         collate_fn=collate))  # fmt: skip
+        assert [type(item) for item in items] == [Pair, Pair]
+        assert [item.data.tolist() for item in items] == [list(range(6)), list(range(6, 12))]
+        assert [item.label.tolist() for item in items] == [[-v for v in range(6)], [-v for v in range(6, 12)]]
+    finally:
+        poptorch.registerCustomArgParser(Pair, None)
+
+
+def test_a_batch_sampler_with_batch_size_or_shuffle_is_poptorchs_error():
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(range(8)), 2, drop_last=False)
+    with pytest.raises(poptorch.Error, match=r"`batch_sampler` option is mutually exclusive with batch_size, shuffle"):
+        poptorch.DataLoader(poptorch.Options(), Numbered(8), batch_size=2, batch_sampler=sampler)
+    with pytest.raises(poptorch.Error, match=r"mutually exclusive with batch_size, shuffle.*shuffle=True"):
+        poptorch.DataLoader(poptorch.Options(), Numbered(8), shuffle=True, batch_sampler=sampler)
