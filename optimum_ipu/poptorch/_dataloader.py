@@ -46,7 +46,11 @@ def _combined_batch(options: Options, batch_size: int, shared: bool) -> tuple[in
     if processes > 1 and not shared:  # each process's own dataset feeds its replicas only
         replicas.append(f"processes({processes})")
     factors.append(replicas[0] if len(replicas) == 1 else f"({' / '.join(replicas)})")
-    size = batch_size * combined_batch_factor(options) * (processes if shared else 1)
+    layout = _distributed.loader_replicas(options)
+    sharing = 1 if layout is None else layout[0] // len(layout[1])  # processes sharing each run's batch
+    if shared and sharing > 1 and processes == 1:  # configureProcessId: each process's replicas its own
+        factors.append(f"processes({sharing})")
+    size = batch_size * combined_batch_factor(options) * (sharing if shared else 1)
     return size, " x ".join(factors)
 
 
@@ -247,24 +251,28 @@ class DataLoader(torch.utils.data.DataLoader):
         if persistent_workers is None:
             persistent_workers = num_workers > 0
         if share and not isinstance(dataset, torch.utils.data.IterableDataset):
-            # Under torchrun: one shuffle for every process, and each takes its replicas' samples (every
-            # replica's when the processes do not split the replicas: stage processes).
+            # Several processes: one shuffle for every process, and each takes its replicas' samples (every
+            # replica's when the processes run pipeline stages under torchrun).
             sampler = kwargs.pop("sampler", None)
             if sampler is None:
+                seed = options.random_seed if options.exists("random_seed") else None
                 sampler = (
-                    _distributed.SharedShuffle(dataset)
+                    _distributed.SharedShuffle(dataset, seed)
                     if shuffle
                     else torch.utils.data.SequentialSampler(dataset)
                 )
-            run = CallLayout(options.device_iterations, options.replication_factor,
+            replicas = options.replication_factor
+            run_replicas, local = _distributed.loader_replicas(options) or (replicas, range(replicas))
+            run = CallLayout(options.device_iterations, run_replicas,
                              options.Training.gradient_accumulation)  # every process's replicas
-            kwargs["batch_sampler"] = _distributed.LocalReplicaBatches(
+            batches = _distributed.LocalReplicaBatches(
                 torch.utils.data.BatchSampler(sampler, run.combined_batch(batch_size), drop_last),
-                batch_size, run, _distributed.local_replicas(options),
+                batch_size, run, local,
             )  # fmt: skip
             super().__init__(
-                dataset, num_workers=num_workers, persistent_workers=persistent_workers, **kwargs
-            )
+                dataset, batch_sampler=batches, num_workers=num_workers, persistent_workers=persistent_workers,
+                **kwargs,
+            )  # fmt: skip
             return
         loaded_batch, loaded_drop_last = self._combined_batch_size, drop_last
         if rebatch is not None:  # the workers load smaller batches, or keep their leftovers: re-cut here

@@ -187,3 +187,47 @@ def test_a_batch_sampler_with_batch_size_or_shuffle_is_poptorchs_error():
         poptorch.DataLoader(poptorch.Options(), Numbered(8), batch_size=2, batch_sampler=sampler)
     with pytest.raises(poptorch.Error, match=r"mutually exclusive with batch_size, shuffle.*shuffle=True"):
         poptorch.DataLoader(poptorch.Options(), Numbered(8), shuffle=True, batch_sampler=sampler)
+
+
+# -- 2. processes named by configureProcessId, without torchrun ------------------------------------------
+def process_options(process: int, processes: int, replicas: int = 1, seed: int | None = None) -> poptorch.Options:
+    opts = poptorch.Options().replicationFactor(replicas)
+    if seed is not None:
+        opts.randomSeed(seed)
+    opts.Distributed.configureProcessId(process, processes)
+    return opts
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch):
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_configure_process_id_hands_each_of_3_processes_a_third_of_the_dataset(no_torchrun):
+    """PopTorch's multi-host loader: each process's replicationFactor(1) is its own, so the run has 3 replicas
+    and process k is handed replica k's samples: in every 12 samples, the k-th 4."""
+    items = [list(poptorch.DataLoader(process_options(k, 3), Numbered(100), batch_size=4)) for k in range(3)]
+    for k in range(3):
+        assert [b.tolist() for b in items[k]] == [[12.0 * n + 4 * k + m for m in range(4)] for n in range(8)]
+    assert sorted(v for k in range(3) for v in seen(items[k])) == list(range(96))
+    assert [len(poptorch.DataLoader(process_options(k, 3), Numbered(100), batch_size=4)) for k in range(3)] == [8] * 3
+
+
+def test_configure_process_id_shuffles_alike_in_every_process_from_the_options_seed(no_torchrun):
+    """No process group to share a seed: every process shuffles with opts.randomSeed, so the 2 shards of an
+    epoch are disjoint and cover the dataset, and each epoch is another shuffle."""
+    loaders = [poptorch.DataLoader(process_options(k, 2, replicas=2, seed=7), Numbered(40), batch_size=4,
+                                   shuffle=True) for k in range(2)]  # fmt: skip
+    epochs = [[seen(loader) for _ in range(2)] for loader in loaders]
+    for epoch in range(2):
+        assert sorted(epochs[0][epoch] + epochs[1][epoch]) == list(range(40))
+    assert epochs[0][0] != epochs[0][1]
+    again = poptorch.DataLoader(process_options(0, 2, replicas=2, seed=7), Numbered(40), batch_size=4, shuffle=True)
+    assert seen(again) == epochs[0][0]
+
+
+def test_a_shuffle_over_processes_without_a_seed_or_torchrun_is_poptorchs_error(no_torchrun):
+    with pytest.raises(poptorch.Error, match=r"you must set poptorch.Options.randomSeed\(\) to ensure that tensors "
+                                             r"are in the same order in all processes.*randomSeed\(42\)"):  # fmt: skip
+        poptorch.DataLoader(process_options(0, 2, replicas=2), Numbered(40), batch_size=4, shuffle=True)
