@@ -139,9 +139,9 @@ def _combined(batches: Iterator[Any], count: int, drop_last: bool) -> Iterator[A
         yield _concatenated(group)
 
 
-def _rebatched_length(samples: int, size: int, drop_last: bool) -> int:
-    """Items `_rebatched` yields from `samples` samples (and `_combined` from `samples` batches)."""
-    return samples // size + (1 if samples % size and not drop_last else 0)
+def _items_of(count: int, per_item: int, drop_last: bool) -> int:
+    """Items made of `per_item` samples (`_rebatched`) or batches (`_combined`) out of `count`."""
+    return count // per_item + (1 if count % per_item and not drop_last else 0)
 
 
 _SAID_MODES: set[str] = set()
@@ -214,24 +214,24 @@ class DataLoader(torch.utils.data.DataLoader):
         self._options = options
         self._mode = _mode_as_poptorch_reads_it(mode)
         factor = combined_batch_factor(options)
-        self._combine = 1  # sampler batches per item (a user's batch_sampler)
+        self._combine = 1  # a user's batch_sampler: its batches per item
+        self._rebatch: int | None = None  # the size the workers' batches are re-cut into, when they are
+        self._drop_last_item = drop_last  # an incomplete last item (rebatched or combined) is dropped
+        self._empty_message: str | None = None  # an iterable dataset's: checked when iterated
+        if self._mode != DataLoaderMode.Sync and num_workers == 0:
+            num_workers = 1  # an asynchronous loader loads in a worker process
+        if persistent_workers is None:
+            persistent_workers = num_workers > 0
         if batch_sampler is not None:
             batch_size = self._batch_sampler_size(batch_sampler, batch_size, shuffle, auto_distributed_partitioning)
             self._combined_batch_size = None if batch_size is None else batch_size * factor
-            self._combine, self._rebatch, self._rebatch_drop_last = factor, None, drop_last
-            self._empty_message = None
+            self._combine = factor
             self._check_batch_sampler_length(batch_sampler, drop_last)
-            if self._mode != DataLoaderMode.Sync and num_workers == 0:
-                num_workers = 1  # an asynchronous loader loads in a worker process
-            super().__init__(
-                dataset, batch_sampler=batch_sampler, num_workers=num_workers,
-                persistent_workers=num_workers > 0 if persistent_workers is None else persistent_workers, **kwargs,
-            )  # fmt: skip
+            super().__init__(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
+                             persistent_workers=persistent_workers, **kwargs)  # fmt: skip
             return
         self._combined_batch_size = None if batch_size is None else batch_size * factor
         rebatch = self._rebatched_size(drop_last, rebatched_worker_size)
-        self._rebatch: int | None = None  # the size the workers' batches are re-cut into, when they are
-        self._rebatch_drop_last = drop_last
         if self._combined_batch_size is not None and drop_last is False and hasattr(dataset, "__len__"):
             if len(dataset) % self._combined_batch_size:
                 logger.warning(
@@ -243,13 +243,8 @@ class DataLoader(torch.utils.data.DataLoader):
         share = (
             _distributed.processes(options) > 1 and auto_distributed_partitioning and batch_size is not None
         )
-        self._empty_message: str | None = None  # an iterable dataset's: checked when iterated
         if self._combined_batch_size is not None:
             self._check_holds_a_combined_batch(dataset, kwargs.get("sampler"), batch_size, drop_last, share)
-        if self._mode != DataLoaderMode.Sync and num_workers == 0:
-            num_workers = 1  # an asynchronous loader loads in a worker process
-        if persistent_workers is None:
-            persistent_workers = num_workers > 0
         if share and not isinstance(dataset, torch.utils.data.IterableDataset):
             # Several processes: one shuffle for every process, and each takes its replicas' samples (every
             # replica's when the processes run pipeline stages under torchrun).
@@ -311,9 +306,9 @@ class DataLoader(torch.utils.data.DataLoader):
         """Items per epoch: torch's count, or, when rebatching, the combined batches of the dataset's samples
         (the last, smaller one counted when `drop_last=False`)."""
         if self._rebatch is not None:
-            return _rebatched_length(len(self.dataset), self._rebatch, self._rebatch_drop_last)
+            return _items_of(len(self.dataset), self._rebatch, self._drop_last_item)
         if self._combine > 1:
-            return _rebatched_length(len(self.batch_sampler), self._combine, self._rebatch_drop_last)
+            return _items_of(len(self.batch_sampler), self._combine, self._drop_last_item)
         return super().__len__()
 
     def _batch_sampler_size(self, batch_sampler: Any, batch_size: int | None, shuffle: bool | None,
@@ -387,9 +382,9 @@ class DataLoader(torch.utils.data.DataLoader):
         raises if it ends before its first batch."""
         iterator = super().__iter__()
         if self._rebatch is not None:
-            iterator = _rebatched(iterator, self._rebatch, self._rebatch_drop_last)
+            iterator = _rebatched(iterator, self._rebatch, self._drop_last_item)
         if self._combine > 1:
-            iterator = _combined(iterator, self._combine, self._rebatch_drop_last)
+            iterator = _combined(iterator, self._combine, self._drop_last_item)
         return iterator if self._empty_message is None else _YieldsAtLeastOne(iterator, self._empty_message)
 
     @property
