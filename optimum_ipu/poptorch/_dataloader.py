@@ -3,7 +3,9 @@
 A combined batch is batch_size x deviceIterations x (replicationFactor / input group size) x
 gradientAccumulation samples; PopTorch's default is `drop_last=True`. `DataLoaderMode.Async` and
 `AsyncRebatched` load ahead in worker processes (torch's own workers, at least one) so the next
-combined batch is ready while the model runs, as `AsynchronousDataAccessor` does on PopTorch.
+combined batch is ready while the model runs, as `AsynchronousDataAccessor` does on PopTorch. Rebatching
+(`AsyncRebatched`, or `Async` with `drop_last=False`, as on PopTorch) re-cuts the workers' batches into
+combined batches in the calling process, so every sample comes back once.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.poptorch import _distributed
 from optimum_ipu.poptorch._host_call import input_layout
 from optimum_ipu.poptorch._logging import Error, logger
+from optimum_ipu.poptorch.custom_args import flatten_custom, rebuild_custom
 from optimum_ipu.poptorch.enums import DataLoaderMode
 from optimum_ipu.poptorch.options import Options
 
@@ -43,7 +46,11 @@ def _combined_batch(options: Options, batch_size: int, shared: bool) -> tuple[in
     if processes > 1 and not shared:  # each process's own dataset feeds its replicas only
         replicas.append(f"processes({processes})")
     factors.append(replicas[0] if len(replicas) == 1 else f"({' / '.join(replicas)})")
-    size = batch_size * combined_batch_factor(options) * (processes if shared else 1)
+    layout = _distributed.loader_replicas(options)
+    sharing = 1 if layout is None else layout[0] // len(layout[1])  # processes sharing each run's batch
+    if shared and sharing > 1 and processes == 1:  # configureProcessId: each process's replicas its own
+        factors.append(f"processes({sharing})")
+    size = batch_size * combined_batch_factor(options) * (sharing if shared else 1)
     return size, " x ".join(factors)
 
 
@@ -81,6 +88,62 @@ class _YieldsAtLeastOne:
         return item
 
 
+def _rows(batch: Any) -> int:
+    """The samples a collated batch holds: dim 0 of its first tensor (custom types through their parsers)."""
+    tensors = flatten_custom(batch)
+    return tensors[0].shape[0] if tensors else 0
+
+
+def _concatenated(batches: list[Any]) -> Any:
+    """Consecutive collated batches of one structure as one: each tensor concatenated on dim 0, found and
+    rebuilt as PopTorch does (`flatten_custom`, so a registered custom argument type is combined too)."""
+    if len(batches) == 1:
+        return batches[0]
+    columns = zip(*(flatten_custom(batch) for batch in batches))
+    return rebuild_custom(batches[0], (torch.cat(column) for column in columns))
+
+
+def _rows_of(batch: Any, rows: slice) -> Any:
+    """`batch` with each tensor cut to `rows` on dim 0."""
+    return rebuild_custom(batch, (tensor[rows] for tensor in flatten_custom(batch)))
+
+
+def _rebatched(batches: Iterator[Any], size: int, drop_last: bool) -> Iterator[Any]:
+    """`batches` (any sizes, e.g. the workers' `rebatched_worker_size` ones) re-cut into batches of `size`
+    samples, in order; what is left at the end is one last, smaller batch unless `drop_last`. So no sample
+    is lost to a worker's incomplete batch (`DataLoaderMode.AsyncRebatched`)."""
+    pending: list[Any] = []
+    held = 0
+    for batch in batches:
+        pending.append(batch)
+        held += _rows(batch)
+        while held >= size:
+            whole = _concatenated(pending)
+            yield _rows_of(whole, slice(0, size))
+            held -= size
+            pending = [_rows_of(whole, slice(size, None))] if held else []
+    if held and not drop_last:
+        yield _concatenated(pending)
+
+
+def _combined(batches: Iterator[Any], count: int, drop_last: bool) -> Iterator[Any]:
+    """Each `count` consecutive `batches` concatenated into one (a user's batch sampler's batches into
+    combined batches, as PopTorch does); an incomplete last group too unless `drop_last`."""
+    group: list[Any] = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == count:
+            yield _concatenated(group)
+            group = []
+    if group and not drop_last:
+        yield _concatenated(group)
+
+
+def _items_of(count: int, per_item: int, drop_last: bool) -> int:
+    """Items made of `per_item` samples (`_rebatched`) or batches (`_combined`) out of `count`."""
+    return count // per_item + (1 if count % per_item and not drop_last else 0)
+
+
 _SAID_MODES: set[str] = set()
 
 
@@ -115,7 +178,15 @@ class DataLoader(torch.utils.data.DataLoader):
         auto_distributed_partitioning: under torchrun, hand each process its replicas' part of every
             combined batch, or the whole combined batch when the replicas are not a multiple of the
             processes (stage processes); default True; False: each process's dataset is its own.
-        async_options, rebatched_worker_size: accepted for PopTorch compatibility.
+        async_options: accepted for PopTorch compatibility (torch's workers load ahead).
+        rebatched_worker_size: with `AsyncRebatched`, the workers' batch size (at most the combined batch,
+            its default); their batches are re-cut into combined batches, so none of an iterable dataset's
+            samples is lost to a worker's incomplete batch.
+        batch_sampler: PopTorch 3.4's: a sampler of index batches (the micro-batches); each item concatenates
+            deviceIterations x (replicas / input group size) x gradientAccumulation consecutive ones (custom
+            argument types through their registered parsers), the last incomplete group only with
+            `drop_last=False`. Excludes `batch_size` and `shuffle`, and, in several processes,
+            `auto_distributed_partitioning` (PopTorch's errors).
         **kwargs: passed to `torch.utils.data.DataLoader`.
     """
 
@@ -132,6 +203,7 @@ class DataLoader(torch.utils.data.DataLoader):
         mode: DataLoaderMode = DataLoaderMode.Sync,
         async_options: dict | None = None,
         rebatched_worker_size: int | None = None,
+        batch_sampler: Any = None,
         **kwargs: Any,
     ):
         if not isinstance(options, Options):
@@ -142,7 +214,24 @@ class DataLoader(torch.utils.data.DataLoader):
         self._options = options
         self._mode = _mode_as_poptorch_reads_it(mode)
         factor = combined_batch_factor(options)
+        self._combine = 1  # a user's batch_sampler: its batches per item
+        self._rebatch: int | None = None  # the size the workers' batches are re-cut into, when they are
+        self._drop_last_item = drop_last  # an incomplete last item (rebatched or combined) is dropped
+        self._empty_message: str | None = None  # an iterable dataset's: checked when iterated
+        if self._mode != DataLoaderMode.Sync and num_workers == 0:
+            num_workers = 1  # an asynchronous loader loads in a worker process
+        if persistent_workers is None:
+            persistent_workers = num_workers > 0
+        if batch_sampler is not None:
+            batch_size = self._batch_sampler_size(batch_sampler, batch_size, shuffle, auto_distributed_partitioning)
+            self._combined_batch_size = None if batch_size is None else batch_size * factor
+            self._combine = factor
+            self._check_batch_sampler_length(batch_sampler, drop_last)
+            super().__init__(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
+                             persistent_workers=persistent_workers, **kwargs)  # fmt: skip
+            return
         self._combined_batch_size = None if batch_size is None else batch_size * factor
+        rebatch = self._rebatched_size(drop_last, rebatched_worker_size)
         if self._combined_batch_size is not None and drop_last is False and hasattr(dataset, "__len__"):
             if len(dataset) % self._combined_batch_size:
                 logger.warning(
@@ -154,37 +243,115 @@ class DataLoader(torch.utils.data.DataLoader):
         share = (
             _distributed.processes(options) > 1 and auto_distributed_partitioning and batch_size is not None
         )
-        self._empty_message: str | None = None  # an iterable dataset's: checked when iterated
         if self._combined_batch_size is not None:
             self._check_holds_a_combined_batch(dataset, kwargs.get("sampler"), batch_size, drop_last, share)
-        if self._mode != DataLoaderMode.Sync and num_workers == 0:
-            num_workers = 1  # an asynchronous loader loads in a worker process
-        if persistent_workers is None:
-            persistent_workers = num_workers > 0
         if share and not isinstance(dataset, torch.utils.data.IterableDataset):
-            # Under torchrun: one shuffle for every process, and each takes its replicas' samples (every
-            # replica's when the processes do not split the replicas: stage processes).
+            # Several processes: one shuffle for every process, and each takes its replicas' samples (every
+            # replica's when the processes run pipeline stages under torchrun).
             sampler = kwargs.pop("sampler", None)
             if sampler is None:
+                seed = options.random_seed if options.exists("random_seed") else None
                 sampler = (
-                    _distributed.SharedShuffle(dataset)
+                    _distributed.SharedShuffle(dataset, seed)
                     if shuffle
                     else torch.utils.data.SequentialSampler(dataset)
                 )
-            run = CallLayout(options.device_iterations, options.replication_factor,
+            replicas = options.replication_factor
+            run_replicas, local = _distributed.loader_replicas(options) or (replicas, range(replicas))
+            run = CallLayout(options.device_iterations, run_replicas,
                              options.Training.gradient_accumulation)  # every process's replicas
-            kwargs["batch_sampler"] = _distributed.LocalReplicaBatches(
+            batches = _distributed.LocalReplicaBatches(
                 torch.utils.data.BatchSampler(sampler, run.combined_batch(batch_size), drop_last),
-                batch_size, run, _distributed.local_replicas(options),
+                batch_size, run, local,
             )  # fmt: skip
             super().__init__(
-                dataset, num_workers=num_workers, persistent_workers=persistent_workers, **kwargs
-            )
+                dataset, batch_sampler=batches, num_workers=num_workers, persistent_workers=persistent_workers,
+                **kwargs,
+            )  # fmt: skip
             return
+        loaded_batch, loaded_drop_last = self._combined_batch_size, drop_last
+        if rebatch is not None:  # the workers load smaller batches, or keep their leftovers: re-cut here
+            self._rebatch = rebatch
+            loaded_batch, loaded_drop_last = rebatched_worker_size or rebatch, False
         super().__init__(
-            dataset, batch_size=self._combined_batch_size, shuffle=bool(shuffle), num_workers=num_workers,
-            drop_last=drop_last, persistent_workers=persistent_workers, **kwargs,
+            dataset, batch_size=loaded_batch, shuffle=bool(shuffle), num_workers=num_workers,
+            drop_last=loaded_drop_last, persistent_workers=persistent_workers, **kwargs,
         )  # fmt: skip
+
+    def _rebatched_size(self, drop_last: bool, worker_size: int | None) -> int | None:
+        """The combined batch the loader re-cuts the workers' batches into, or None when it does not.
+
+        PopTorch rebatches in `AsyncRebatched` mode, and in `Async` mode with `drop_last=False` (so the
+        leftover comes back as one last batch); its workers load `rebatched_worker_size` samples at a time
+        (default: the combined batch). Rebatching is what keeps an iterable dataset's samples: each worker's
+        incomplete last batch is combined with the others' instead of dropped.
+        """
+        size = self._combined_batch_size
+        rebatch = self._mode == DataLoaderMode.AsyncRebatched or (
+            self._mode == DataLoaderMode.Async and not drop_last and size is not None and size > 1
+        )
+        if not rebatch or size is None:
+            return None
+        if worker_size is not None and (
+            isinstance(worker_size, bool) or not isinstance(worker_size, int) or not 1 <= worker_size <= size
+        ):
+            raise Error(
+                f"The rebatched_worker_size ({worker_size!r}) must be <= to the combined batch size ({size}): the "
+                f"workers' batches are combined into batches of {size}. Pass an integer from 1 to {size}, or "
+                "leave rebatched_worker_size at None (the combined batch size)."
+            )
+        return size
+
+    def __len__(self) -> int:
+        """Items per epoch: torch's count, or, when rebatching, the combined batches of the dataset's samples
+        (the last, smaller one counted when `drop_last=False`)."""
+        if self._rebatch is not None:
+            return _items_of(len(self.dataset), self._rebatch, self._drop_last_item)
+        if self._combine > 1:
+            return _items_of(len(self.batch_sampler), self._combine, self._drop_last_item)
+        return super().__len__()
+
+    def _batch_sampler_size(self, batch_sampler: Any, batch_size: int | None, shuffle: bool | None,
+                            auto_distributed_partitioning: bool) -> int | None:  # fmt: skip
+        """PopTorch's checks of a user's `batch_sampler`, and the micro-batch it implies: the sampler's
+        `batch_size` when it has one (torch's `BatchSampler` does), else `batch_size` (1 unless given)."""
+        if batch_size != 1 or shuffle:
+            raise Error(
+                "`batch_sampler` option is mutually exclusive with batch_size, shuffle. Got "
+                f"batch_size={batch_size!r}, shuffle={shuffle!r}: the batch sampler's batches are the micro-batches "
+                "(its batch_size), and it decides the order; leave batch_size and shuffle out (or shuffle inside "
+                "the sampler)."
+            )
+        if _distributed.processes(self._options) > 1 and auto_distributed_partitioning:
+            raise Error(
+                "`batch_sampler` option is mutually exclusive with auto_distributed_partitioning=True. Pass "
+                "auto_distributed_partitioning=False and give each process its own batches (a batch sampler over "
+                f"a torch DistributedSampler for process {self._options.Distributed.processId} of "
+                f"{self._options.Distributed.numProcesses})."
+            )
+        return getattr(batch_sampler, "batch_size", batch_size)
+
+    def _check_batch_sampler_length(self, batch_sampler: Any, drop_last: bool) -> None:
+        """An `Error` if the sampler (when it has a length) gives fewer batches than one item combines, which
+        would yield nothing; PopTorch's warning when its last item will be smaller (`drop_last=False`)."""
+        try:
+            count = len(batch_sampler)
+        except (TypeError, NotImplementedError):
+            return
+        factor = self._combine
+        if count == 0 or (drop_last and count < factor):
+            raise Error(
+                f"The batch_sampler gives {count} batches, fewer than the {factor} consecutive batches one item "
+                "combines (deviceIterations x replicas / input group size x gradientAccumulation): this DataLoader "
+                "yields no batch, so a loop over it would run no step. Use fewer device iterations, less "
+                "gradient accumulation or fewer replicas, drop_last=False, or a sampler with more batches."
+            )
+        if not drop_last and count % factor:
+            logger.warning(
+                "The number of batches generated by the batch sampler (%d) is not divisible by the number of "
+                "batches combined per step (%d) and drop_last=False: the last item combines %d of them. Use "
+                "drop_last=True to leave them out.", count, factor, count % factor,
+            )  # fmt: skip
 
     def _check_holds_a_combined_batch(
         self, dataset, sampler, batch_size: int, drop_last: bool, shared: bool
@@ -211,8 +378,13 @@ class DataLoader(torch.utils.data.DataLoader):
             raise Error(_no_batch(f"{what} {count} samples, fewer than {batch}", size, drop_last))
 
     def __iter__(self) -> Iterator[Any]:
-        """torch's iterator; over an iterable dataset, one that raises if it ends before its first batch."""
+        """torch's iterator (re-cut into combined batches when rebatching); over an iterable dataset, one that
+        raises if it ends before its first batch."""
         iterator = super().__iter__()
+        if self._rebatch is not None:
+            iterator = _rebatched(iterator, self._rebatch, self._drop_last_item)
+        if self._combine > 1:
+            iterator = _combined(iterator, self._combine, self._drop_last_item)
         return iterator if self._empty_message is None else _YieldsAtLeastOne(iterator, self._empty_message)
 
     @property

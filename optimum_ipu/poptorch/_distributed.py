@@ -8,7 +8,13 @@ so every process applies the same update).
 
 The data follows the replicas: `poptorch.DataLoader` hands each process only its replicas' part of
 every combined batch (batch_size x DI x R/P x GA samples, the samples those replicas get in the
-one-process run), with one shuffle shared by all processes (process 0 draws the seed).
+one-process run), with one shuffle shared by all processes (process 0 draws the seed; with no process
+group to send it, every process seeds its shuffle with `opts.randomSeed`, as PopTorch does).
+
+`opts.Distributed.configureProcessId(k, P)` with no torchrun (PopTorch's multi-host launch: each host
+runs its own program and nothing is exchanged) cannot run stage processes: when R is not a multiple of
+P, each process's R replicas are its own, as on PopTorch, and its DataLoader is handed replicas
+k*R ... (k+1)*R - 1 of a run of R x P replicas (`loader_replicas`), so each process gets 1/P of the data.
 
 When R is not a multiple of P, the processes do not split the replicas: each is handed the whole
 combined batch, a pipelined training model of N stages runs as P / N pipelines of N stage processes
@@ -18,6 +24,7 @@ every process.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import torch
@@ -27,7 +34,8 @@ from optimum_ipu.call_layout import CallLayout, replicas_of_process
 from optimum_ipu.poptorch._logging import Error
 from optimum_ipu.runtime.distributed import processes_share_replicas, valid_process_counts
 
-__all__ = ["data_processes", "join_process_group", "local_replicas", "processes"]
+__all__ = ["data_processes", "join_process_group", "loader_replicas", "local_replicas", "process_group_available",
+           "processes"]  # fmt: skip
 
 
 def processes(options) -> int:
@@ -58,6 +66,34 @@ def local_replicas(options) -> range:
     """The replicas whose samples this process is handed (all of them unless the processes split them)."""
     count = data_processes(options)
     return replicas_of_process(options.replication_factor, count, options.Distributed.processId if count > 1 else 0)
+
+
+def process_group_available() -> bool:
+    """Whether the processes can exchange values: a torch.distributed group is up, or torchrun's rendezvous
+    variables are set (`join_process_group` can join one). `configureProcessId` alone sets neither."""
+    if not dist.is_available():
+        return False
+    rendezvous = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+    return dist.is_initialized() or all(name in os.environ for name in rendezvous)
+
+
+def loader_replicas(options) -> tuple[int, range] | None:
+    """How a DataLoader shares the data out: (the replicas of the run whose combined batches it lays out,
+    this process's slice of them), or None when every process is handed every combined batch.
+
+    Processes that split `replicationFactor` R: (R, `local_replicas`). Processes with no process group
+    that do not split R (`configureProcessId` without torchrun): each runs its R replicas as its own,
+    so (R x P, this process's R of them). Otherwise (one process, or stage processes): None.
+    """
+    count = processes(options)
+    if count == 1:
+        return None
+    if data_processes(options) > 1:
+        return options.replication_factor, local_replicas(options)
+    if process_group_available():
+        return None
+    run = options.replication_factor * count
+    return run, replicas_of_process(run, count, options.Distributed.processId)
 
 
 def layout_error(replicas: int, count: int, stages: int) -> Error:
@@ -95,17 +131,33 @@ def broadcast_module(module: torch.nn.Module) -> None:
 
 
 class SharedShuffle(torch.utils.data.RandomSampler):
-    """torch's RandomSampler, with the seed of each pass drawn by process 0 for every process.
+    """torch's RandomSampler, shuffling alike in every process.
 
-    Each process draws as torch's sampler does (so the random state advances alike) and uses process
-    0's draw: the processes shuffle alike, and like a one-process run seeded the same.
+    With a process group (torchrun), process 0 draws each pass's seed for every process: each process
+    draws as torch's sampler does (so the random state advances alike) and uses process 0's draw, so
+    the processes shuffle alike, and like a one-process run seeded the same. With none (PopTorch's
+    `configureProcessId` launch), every process shuffles with its own generator seeded from
+    `opts.randomSeed`, as PopTorch does, each pass continuing the generator (another order per epoch).
     """
 
+    def __init__(self, data_source, seed: int | None):
+        self._broadcast = process_group_available()
+        if not self._broadcast and seed is None:
+            raise Error(
+                "When using auto_distributed_partitioning you must set poptorch.Options.randomSeed() to ensure "
+                "that tensors are in the same order in all processes. There is no process group (no torchrun) "
+                "to share a seed through: call opts.randomSeed(42) (any int, the same in every process), or "
+                "shuffle=False."
+            )
+        generator = None if self._broadcast else torch.Generator().manual_seed(seed)
+        super().__init__(data_source, generator=generator)
+
     def __iter__(self) -> Iterator[int]:
-        join_process_group()
-        seed = [int(torch.empty((), dtype=torch.int64).random_().item())]
-        dist.broadcast_object_list(seed, src=0)
-        self.generator = torch.Generator().manual_seed(seed[0])
+        if self._broadcast:
+            join_process_group()
+            seed = [int(torch.empty((), dtype=torch.int64).random_().item())]
+            dist.broadcast_object_list(seed, src=0)
+            self.generator = torch.Generator().manual_seed(seed[0])
         yield from super().__iter__()
 
 

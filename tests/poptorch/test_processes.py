@@ -31,8 +31,11 @@ def test_replicas_that_the_processes_cannot_share_are_an_error_naming_both():
         model.compile(torch.randn(2 * 3 * 3, 2))
 
 
-def test_processes_that_do_not_split_the_replicas_are_each_handed_every_replica():
-    """R=1 over 2 processes (stage processes): each process gets the whole combined batch, one shuffle."""
+def test_processes_that_do_not_split_the_replicas_are_each_handed_every_replica(monkeypatch):
+    """R=1 over 2 torchrun processes (stage processes): each process gets the whole combined batch, one
+    shuffle. (Without torchrun's process group there are no stage processes: tests/poptorch/test_dataloader.py.)"""
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
     dataset = torch.utils.data.TensorDataset(torch.arange(96.0))
     whole = next(iter(poptorch.DataLoader(options(0, 1, replicas=1), dataset, batch_size=4)))[0]
     for process in (0, 1):
