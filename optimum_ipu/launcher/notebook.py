@@ -287,7 +287,7 @@ def _kernel_builtins() -> Iterator[None]:
     try:
         yield
     finally:
-        del builtins.display
+        vars(builtins).pop("display", None)  # a cell may have deleted or replaced it
 
 
 def _stopped_by_exit(notebook: Path, cell: CodeCell, cells: list[CodeCell], exit_: SystemExit) -> int:
