@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "training_args": 7,
     "generation": 7,
     "trainer": 8,
+    "sdk": 8,
     "trainer_seq2seq": 9,
     "poptorch": 9,
     "launcher": 9,

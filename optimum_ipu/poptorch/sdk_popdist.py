@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from optimum_ipu.poptorch import _distributed
 from optimum_ipu.poptorch.options import Options as _PoptorchOptions
+from optimum_ipu.sdk import launch as contract
 
 __all__ = [
     "Options",
@@ -41,11 +42,6 @@ __all__ = [
     "init",
     "isPopdistEnvSet",
 ]
-
-# Written by poprun for the instances it launches, read here: the names are the contract between them.
-TOTAL_REPLICAS_ENV = "POPDIST_NUM_TOTAL_REPLICAS"
-IPUS_PER_REPLICA_ENV = "POPDIST_NUM_IPUS_PER_REPLICA"
-
 
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
@@ -61,17 +57,17 @@ def _env_int(name: str, default: int) -> int:
 
 def isPopdistEnvSet() -> bool:
     """True in an instance launched by `poprun`; False otherwise (a plain `python` or `torchrun` launch)."""
-    return TOTAL_REPLICAS_ENV in os.environ
+    return contract.launched_by_poprun(os.environ)
 
 
 def getInstanceIndex() -> int:
     """This instance's index, 0 ... N-1 (torchrun's `RANK`; 0 outside a launch)."""
-    return _env_int("RANK", 0)
+    return _env_int(contract.INSTANCE_ENV, 0)
 
 
 def getNumInstances() -> int:
     """How many instances the launch runs (torchrun's `WORLD_SIZE`; 1 outside a launch)."""
-    return _env_int("WORLD_SIZE", 1)
+    return _env_int(contract.INSTANCES_ENV, 1)
 
 
 def _hand_set(name: str, value: int, why: str) -> ValueError:
@@ -88,16 +84,12 @@ def getNumTotalReplicas() -> int:
     instance, or a number the instances cannot share equally.
     """
     instances = getNumInstances()
-    total = _env_int(TOTAL_REPLICAS_ENV, instances)
-    if total < 1:
-        raise _hand_set(TOTAL_REPLICAS_ENV, total, "a launch runs at least one replica per instance")
-    if total % instances:
-        multiples = [instances * max(1, total // instances), instances * (total // instances + 1)]
-        raise _hand_set(
-            TOTAL_REPLICAS_ENV, total,
-            f"the {instances} instances each run the same number of replicas, so the replicas must be a multiple "
-            f"of {instances} ({' or '.join(map(str, dict.fromkeys(multiples)))})",
-        )  # fmt: skip
+    total = _env_int(contract.TOTAL_REPLICAS_ENV, instances)
+    problem = contract.replicas_problem(total, instances)
+    if problem and total >= 1:
+        problem += f" ({' or '.join(map(str, contract.replica_counts(total, instances)))})"
+    if problem:
+        raise _hand_set(contract.TOTAL_REPLICAS_ENV, total, problem)
     return total
 
 
@@ -108,9 +100,10 @@ def getNumLocalReplicas() -> int:
 
 def getNumIpusPerReplica() -> int:
     """The IPUs each replica uses (`poprun --ipus-per-replica`; 1 when not given)."""
-    ipus = _env_int(IPUS_PER_REPLICA_ENV, 1)
-    if ipus < 1:
-        raise _hand_set(IPUS_PER_REPLICA_ENV, ipus, "a replica uses at least one IPU")
+    ipus = _env_int(contract.IPUS_PER_REPLICA_ENV, 1)
+    problem = contract.ipus_problem(ipus)
+    if problem:
+        raise _hand_set(contract.IPUS_PER_REPLICA_ENV, ipus, problem)
     return ipus
 
 
@@ -147,7 +140,7 @@ def Options(ipus_per_replica: int | None = None, **kwargs: Any) -> _PoptorchOpti
     replicas are laid out with poprun's). Other keyword arguments go to `poptorch.Options`.
     """
     total, launched = getNumTotalReplicas(), getNumIpusPerReplica()  # checked before anything is built
-    if ipus_per_replica is not None and IPUS_PER_REPLICA_ENV in os.environ:
+    if ipus_per_replica is not None and contract.IPUS_PER_REPLICA_ENV in os.environ:
         if int(ipus_per_replica) != launched:
             raise ValueError(
                 f"popdist.poptorch.Options(ipus_per_replica={ipus_per_replica}) does not match poprun's "

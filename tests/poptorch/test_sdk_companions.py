@@ -185,7 +185,7 @@ def test_without_poprun_ipus_per_replica_is_the_programs(no_launch):
     [
         # 3 replicas cannot be shared by 2 instances, each running the same number
         ("POPDIST_NUM_TOTAL_REPLICAS", "3", "POPDIST_NUM_TOTAL_REPLICAS=3 cannot be: the 2 instances each run the "
-         "same number of replicas, so the replicas must be a multiple of 2 (2 or 4)"),
+         "same number of replicas (replicas / instances), so the replicas must be a multiple of 2 (2 or 4)"),
         ("POPDIST_NUM_TOTAL_REPLICAS", "0", "POPDIST_NUM_TOTAL_REPLICAS=0 cannot be: a launch runs at least one "
          "replica per instance"),
         ("POPDIST_NUM_TOTAL_REPLICAS", "-2", "POPDIST_NUM_TOTAL_REPLICAS=-2 cannot be"),
@@ -206,3 +206,22 @@ def test_popdist_rejects_launch_values_that_cannot_be(instance_1_of_2, name, val
             read()
         assert says in str(raised.value), read
         assert "poprun" in str(raised.value)  # where the numbers should come from
+
+
+@pytest.mark.parametrize("cuda, backend", [(False, "gloo"), (True, "cpu:gloo,cuda:nccl")])
+def test_every_join_of_the_process_group_takes_the_runtimes_backend(no_launch, cuda, backend):
+    """PopTorch's processes, popdist.init() and horovod's init() join the group with one backend choice."""
+    from optimum_ipu.launcher import horovod_torch as hvd
+    from optimum_ipu.runtime import distributed
+
+    joined = []
+    no_launch.setattr(distributed.torch.cuda, "is_available", lambda: cuda)
+    no_launch.setattr(torch.distributed, "is_initialized", lambda: False)
+    no_launch.setattr(torch.distributed, "init_process_group", lambda backend: joined.append(backend))
+    no_launch.setenv("WORLD_SIZE", "2")
+    assert distributed.process_group_backend() == backend
+    _distributed.join_process_group()
+    popdist.init()
+    hvd.init()
+    hvd.shutdown()
+    assert joined == [backend] * 3
