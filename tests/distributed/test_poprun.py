@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from optimum_ipu.launcher import horovod_torch as hvd
-from optimum_ipu.launcher import poprun
+from optimum_ipu.sdk import horovod_torch as hvd
+from optimum_ipu.sdk import poprun
 
 WORKER = Path(__file__).with_name("_poprun_worker.py")
 HVD_CHECKS = Path(__file__).with_name("_horovod_checks_worker.py")
@@ -35,7 +35,7 @@ def _run(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def _poprun(*args: str) -> subprocess.CompletedProcess:
-    return _run([sys.executable, "-m", "optimum_ipu.launcher.poprun", *args])
+    return _run([sys.executable, "-m", "optimum_ipu.sdk.poprun", *args])
 
 
 def _one_process_and_poprun(tmp_path: Path, replicas: int) -> tuple[dict, dict, Path]:
@@ -246,7 +246,7 @@ def test_horovod_errors_name_the_fix(alone):
 
 
 def test_examples_utils_load_lib_checks_the_source_and_loads_nothing(tmp_path, caplog):
-    from optimum_ipu.launcher.examples_utils_stand_in import load_lib
+    from optimum_ipu.sdk.examples_utils import load_lib
 
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_lib(tmp_path / "missing.cpp")

@@ -10,10 +10,9 @@ import enum
 import pytest
 import torch
 
-import optimum_ipu.poptorch.sdk_popart as sdk_popart
+import optimum_ipu.sdk.popart as sdk_popart
 import popart
 import popdist
-import popdist.poptorch
 import poptorch
 from optimum_ipu.poptorch import _distributed
 
@@ -40,8 +39,23 @@ POPART_3_4 = {
 # -- popart --------------------------------------------------------------------------------------------
 
 
-def test_popart_is_the_optimum_ipu_module_and_says_it_is_a_stand_in():
+def test_the_sdk_names_are_the_same_module_objects_as_the_implementation():
+    """popart, popdist and poptorch, as the SDK names them, are optimum-ipu's modules (one implementation)."""
+    import importlib
+
+    import optimum_ipu.poptorch
+    import optimum_ipu.poptorch.optim
+    import optimum_ipu.sdk.popdist
+    import optimum_ipu.sdk.popdist.poptorch
+
     assert popart is sdk_popart
+    assert popdist is optimum_ipu.sdk.popdist and popdist.poptorch is optimum_ipu.sdk.popdist.poptorch
+    assert importlib.import_module("popdist.poptorch") is optimum_ipu.sdk.popdist.poptorch
+    assert poptorch is optimum_ipu.poptorch and importlib.import_module("poptorch.optim") is optimum_ipu.poptorch.optim
+    assert popdist.poptorch.Options is optimum_ipu.sdk.popdist.poptorch.Options
+
+
+def test_popart_says_it_is_a_stand_in():
     assert popart.__version__.startswith("3.4.0+")
     assert "optimum-ipu's stand-in" in popart.versionString()
 
@@ -211,8 +225,8 @@ def test_popdist_rejects_launch_values_that_cannot_be(instance_1_of_2, name, val
 @pytest.mark.parametrize("cuda, backend", [(False, "gloo"), (True, "cpu:gloo,cuda:nccl")])
 def test_every_join_of_the_process_group_takes_the_runtimes_backend(no_launch, cuda, backend):
     """PopTorch's processes, popdist.init() and horovod's init() join the group with one backend choice."""
-    from optimum_ipu.launcher import horovod_torch as hvd
     from optimum_ipu.runtime import distributed
+    from optimum_ipu.sdk import horovod_torch as hvd
 
     joined = []
     no_launch.setattr(distributed.torch.cuda, "is_available", lambda: cuda)
