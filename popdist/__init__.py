@@ -1,31 +1,15 @@
-"""The Poplar SDK's `popdist` import name, provided by optimum-ipu: `optimum_ipu.poptorch.sdk_popdist`'s calls.
+"""The Poplar SDK's `popdist` import name, provided by optimum-ipu: this package *is* `optimum_ipu.sdk.popdist`.
 
-What a PopTorch program launched by `poprun` asks about its launch (`isPopdistEnvSet`,
-`getInstanceIndex`, `getNumTotalReplicas`, ...), read from the environment poprun's torchrun launch
-sets; `popdist.poptorch.Options` builds the program's `poptorch.Options` for its instance.
+`import popdist`, `import popdist.poptorch` and `from popdist import ...` all reach the same module
+objects as `optimum_ipu.sdk.popdist` (one implementation, two names): what a PopTorch program
+launched by `poprun` asks about its launch (`isPopdistEnvSet`, `getInstanceIndex`, ...), and
+`popdist.poptorch.Options` for its instance.
 """
 
-from optimum_ipu.poptorch.sdk_popdist import (  # noqa: F401 - __getattr__ names what is not provided
-    __getattr__,
-    execute_on_instances,
-    getInstanceIndex,
-    getNumInstances,
-    getNumIpusPerReplica,
-    getNumLocalReplicas,
-    getNumTotalReplicas,
-    init,
-    isPopdistEnvSet,
-)
-from popdist import poptorch  # imported here too, so `popdist.poptorch` is there after `import popdist`
+import sys
 
-__all__ = [
-    "execute_on_instances",
-    "getInstanceIndex",
-    "getNumInstances",
-    "getNumIpusPerReplica",
-    "getNumLocalReplicas",
-    "getNumTotalReplicas",
-    "init",
-    "isPopdistEnvSet",
-    "poptorch",
-]
+import optimum_ipu.sdk.popdist  # noqa: F401 - imports the implementation, whose modules are aliased below
+
+for _name, _module in list(sys.modules.items()):
+    if _name == "optimum_ipu.sdk.popdist" or _name.startswith("optimum_ipu.sdk.popdist."):
+        sys.modules["popdist" + _name[len("optimum_ipu.sdk.popdist") :]] = _module

@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "trainer_seq2seq": 9,
     "poptorch": 9,
     "launcher": 9,
+    "sdk": 10,
     "compat": 10,
     "commands": 11,
     "cli": 12,

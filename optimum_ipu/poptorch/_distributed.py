@@ -118,9 +118,11 @@ def layout_error(replicas: int, count: int, stages: int) -> Error:
 
 def join_process_group() -> None:
     """Join torchrun's process group (once): gloo for CPU tensors, NCCL beside it for GPU ones."""
+    from optimum_ipu.runtime.distributed import process_group_backend
+
     if dist.is_initialized():
         return
-    dist.init_process_group(backend="cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group(backend=process_group_backend())
 
 
 def broadcast_module(module: torch.nn.Module) -> None:

@@ -100,6 +100,13 @@ def _valid_sizes(replication_factor: int, ipus_per_replica: int) -> str:
     return ", ".join(str(s) for s in valid_process_counts(replication_factor, ipus_per_replica))
 
 
+def process_group_backend() -> str:
+    """The backend every process group of ours is made with: gloo for CPU tensors, and, where CUDA is
+    available, NCCL beside it for GPU ones (`cpu:gloo,cuda:nccl`). PopTorch's processes, popdist's
+    `init()` and `horovod.torch`'s `init()` join one group with it, so whichever comes first serves all."""
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
 class ProcessReplicas:
     """This process's replicas of a run spread over `torch.distributed` processes.
 

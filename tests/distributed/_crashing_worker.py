@@ -21,7 +21,7 @@ import torch
 try:
     import horovod.torch as hvd  # poprun serves the stand-in under this name
 except ImportError:
-    from optimum_ipu.launcher import horovod_torch as hvd
+    from optimum_ipu.sdk import horovod_torch as hvd
 
 
 def fail(how: str) -> None:

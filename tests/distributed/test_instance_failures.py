@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs torc
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             "--monitor_interval=0.1"]  # fmt: skip
-POPRUN = [sys.executable, "-m", "optimum_ipu.launcher.poprun", "--num-instances", "2"]
+POPRUN = [sys.executable, "-m", "optimum_ipu.sdk.poprun", "--num-instances", "2"]
 
 
 def _stop(process: subprocess.Popen, marker: str) -> None:

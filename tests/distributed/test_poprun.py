@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from optimum_ipu.launcher import horovod_torch as hvd
-from optimum_ipu.launcher import poprun
+from optimum_ipu.sdk import horovod_torch as hvd
+from optimum_ipu.sdk import poprun
 
 WORKER = Path(__file__).with_name("_poprun_worker.py")
 HVD_CHECKS = Path(__file__).with_name("_horovod_checks_worker.py")
@@ -35,7 +35,7 @@ def _run(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def _poprun(*args: str) -> subprocess.CompletedProcess:
-    return _run([sys.executable, "-m", "optimum_ipu.launcher.poprun", *args])
+    return _run([sys.executable, "-m", "optimum_ipu.sdk.poprun", *args])
 
 
 def _one_process_and_poprun(tmp_path: Path, replicas: int) -> tuple[dict, dict, Path]:
@@ -155,6 +155,33 @@ def test_poprun_names_what_to_change(argv, says, status, capsys):
     assert "--num-replcias=VALUE" not in err and "no effect" not in err  # the misspelling is not the fix
 
 
+@pytest.mark.parametrize("instances", [1, 2, 3, 4])
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4, 6, 8])
+def test_poprun_and_popdist_keep_one_launch_contract(instances, replicas, monkeypatch):
+    """What poprun launches, popdist reads back as launched; what poprun refuses, popdist refuses when set by hand."""
+    import popdist
+
+    for name in ("RANK", "WORLD_SIZE", "POPDIST_NUM_TOTAL_REPLICAS", "POPDIST_NUM_IPUS_PER_REPLICA"):
+        monkeypatch.delenv(name, raising=False)
+    argv = ["--num-instances", str(instances), "--num-replicas", str(replicas), "--ipus-per-replica", "2", PYTHON]
+    try:
+        env = poprun._environment(poprun.parse(argv))
+    except poprun.PoprunError:
+        env = None
+    monkeypatch.setenv("WORLD_SIZE", str(instances))
+    monkeypatch.setenv("RANK", str(instances - 1))
+    monkeypatch.setenv("POPDIST_NUM_TOTAL_REPLICAS", str(replicas))
+    for name, value in (env or {}).items():
+        monkeypatch.setenv(name, value)
+    if env is None:
+        with pytest.raises(ValueError, match="cannot be"):
+            popdist.getNumTotalReplicas()
+    else:
+        assert popdist.isPopdistEnvSet()
+        assert (popdist.getNumTotalReplicas(), popdist.getNumLocalReplicas(), popdist.getNumIpusPerReplica()) == (
+            replicas, replicas // instances, 2)  # fmt: skip
+
+
 def test_instances_get_popdists_numbers_and_horovod_only_when_it_is_not_installed(monkeypatch):
     launch = poprun.parse(["--num-instances", "2", "--num-replicas", "4", "--ipus-per-replica", "2", PYTHON])
     monkeypatch.setenv("PYTHONPATH", "/theirs")
@@ -219,7 +246,7 @@ def test_horovod_errors_name_the_fix(alone):
 
 
 def test_examples_utils_load_lib_checks_the_source_and_loads_nothing(tmp_path, caplog):
-    from optimum_ipu.launcher.examples_utils_stand_in import load_lib
+    from optimum_ipu.sdk.examples_utils import load_lib
 
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_lib(tmp_path / "missing.cpp")

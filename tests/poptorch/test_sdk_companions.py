@@ -10,10 +10,9 @@ import enum
 import pytest
 import torch
 
-import optimum_ipu.poptorch.sdk_popart as sdk_popart
+import optimum_ipu.sdk.popart as sdk_popart
 import popart
 import popdist
-import popdist.poptorch
 import poptorch
 from optimum_ipu.poptorch import _distributed
 
@@ -40,8 +39,23 @@ POPART_3_4 = {
 # -- popart --------------------------------------------------------------------------------------------
 
 
-def test_popart_is_the_optimum_ipu_module_and_says_it_is_a_stand_in():
+def test_the_sdk_names_are_the_same_module_objects_as_the_implementation():
+    """popart, popdist and poptorch, as the SDK names them, are optimum-ipu's modules (one implementation)."""
+    import importlib
+
+    import optimum_ipu.poptorch
+    import optimum_ipu.poptorch.optim
+    import optimum_ipu.sdk.popdist
+    import optimum_ipu.sdk.popdist.poptorch
+
     assert popart is sdk_popart
+    assert popdist is optimum_ipu.sdk.popdist and popdist.poptorch is optimum_ipu.sdk.popdist.poptorch
+    assert importlib.import_module("popdist.poptorch") is optimum_ipu.sdk.popdist.poptorch
+    assert poptorch is optimum_ipu.poptorch and importlib.import_module("poptorch.optim") is optimum_ipu.poptorch.optim
+    assert popdist.poptorch.Options is optimum_ipu.sdk.popdist.poptorch.Options
+
+
+def test_popart_says_it_is_a_stand_in():
     assert popart.__version__.startswith("3.4.0+")
     assert "optimum-ipu's stand-in" in popart.versionString()
 
@@ -185,7 +199,7 @@ def test_without_poprun_ipus_per_replica_is_the_programs(no_launch):
     [
         # 3 replicas cannot be shared by 2 instances, each running the same number
         ("POPDIST_NUM_TOTAL_REPLICAS", "3", "POPDIST_NUM_TOTAL_REPLICAS=3 cannot be: the 2 instances each run the "
-         "same number of replicas, so the replicas must be a multiple of 2 (2 or 4)"),
+         "same number of replicas (replicas / instances), so the replicas must be a multiple of 2 (2 or 4)"),
         ("POPDIST_NUM_TOTAL_REPLICAS", "0", "POPDIST_NUM_TOTAL_REPLICAS=0 cannot be: a launch runs at least one "
          "replica per instance"),
         ("POPDIST_NUM_TOTAL_REPLICAS", "-2", "POPDIST_NUM_TOTAL_REPLICAS=-2 cannot be"),
@@ -206,3 +220,22 @@ def test_popdist_rejects_launch_values_that_cannot_be(instance_1_of_2, name, val
             read()
         assert says in str(raised.value), read
         assert "poprun" in str(raised.value)  # where the numbers should come from
+
+
+@pytest.mark.parametrize("cuda, backend", [(False, "gloo"), (True, "cpu:gloo,cuda:nccl")])
+def test_every_join_of_the_process_group_takes_the_runtimes_backend(no_launch, cuda, backend):
+    """PopTorch's processes, popdist.init() and horovod's init() join the group with one backend choice."""
+    from optimum_ipu.runtime import distributed
+    from optimum_ipu.sdk import horovod_torch as hvd
+
+    joined = []
+    no_launch.setattr(distributed.torch.cuda, "is_available", lambda: cuda)
+    no_launch.setattr(torch.distributed, "is_initialized", lambda: False)
+    no_launch.setattr(torch.distributed, "init_process_group", lambda backend: joined.append(backend))
+    no_launch.setenv("WORLD_SIZE", "2")
+    assert distributed.process_group_backend() == backend
+    _distributed.join_process_group()
+    popdist.init()
+    hvd.init()
+    hvd.shutdown()
+    assert joined == [backend] * 3

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from optimum_ipu.runtime.distributed import _close_process_group
+from optimum_ipu.runtime.distributed import _close_process_group, process_group_backend
+from optimum_ipu.sdk import launch as contract
 
 __all__ = [
     "Average",
@@ -85,8 +86,8 @@ def init(*args: Any, **kwargs: Any) -> None:
     first serves all three; it is shut down in step by every process at exit.
     """
     global _initialized, _closes_at_exit
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+    if int(os.environ.get(contract.INSTANCES_ENV, "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group(backend=process_group_backend())
     if _distributed() and not _closes_at_exit:
         # Every process leaves the group together, before the interpreter's finalization (the reason is in
         # runtime.distributed); a PopTorch model registers the same, and the second call finds nothing to do.
@@ -101,7 +102,7 @@ def init(*args: Any, **kwargs: Any) -> None:
 
 def _launch_rank() -> int:
     """This process's rank in the launch, before or without `init()` (torchrun's `RANK`)."""
-    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get(contract.INSTANCE_ENV, "0"))
 
 
 def shutdown() -> None:
@@ -201,13 +202,13 @@ def rank() -> int:
 def local_rank() -> int:
     """This process's index on this machine (torchrun's `LOCAL_RANK`; every instance runs on this one)."""
     _check_initialized()
-    return int(os.environ.get("LOCAL_RANK", "0"))
+    return int(os.environ.get(contract.LOCAL_INSTANCE_ENV, "0"))
 
 
 def local_size() -> int:
     """Processes on this machine (torchrun's `LOCAL_WORLD_SIZE`)."""
     _check_initialized()
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return int(os.environ.get(contract.LOCAL_INSTANCES_ENV, "1"))
 
 
 def _reduce_op(average: bool | None, op: ReduceOp | None) -> ReduceOp:

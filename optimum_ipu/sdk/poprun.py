@@ -4,8 +4,8 @@ On an IPU-POD, `poprun --num-instances N --num-replicas R python train.py ...` s
 (host processes) of the program, each running R / N replicas, over V-IPU partitions, hosts and MPI.
 Here the N instances are N processes of this machine started by torchrun (`torch.distributed.run`,
 a c10d rendezvous on localhost), which gives each its `RANK` / `WORLD_SIZE`; poprun adds what PopDist
-reads beyond that (`POPDIST_NUM_TOTAL_REPLICAS`, `POPDIST_NUM_IPUS_PER_REPLICA`, see
-`optimum_ipu.poptorch.sdk_popdist`). The instances also get optimum-ipu's `horovod.torch` and
+reads beyond that (`POPDIST_NUM_TOTAL_REPLICAS`, `POPDIST_NUM_IPUS_PER_REPLICA`: the launch contract,
+`optimum_ipu.sdk.launch`, which popdist reads them with). The instances also get optimum-ipu's `horovod.torch` and
 `examples_utils.load_lib` (`poprun_stand_ins/` on their `PYTHONPATH`), each only when the real package is
 not installed: a real installation is never shadowed.
 
@@ -30,11 +30,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from optimum_ipu.sdk import launch as contract
+
 __all__ = ["Launch", "PoprunError", "launch_instances", "main", "parse"]
 
-# Read by popdist in the instances (optimum_ipu.poptorch.sdk_popdist); the names are the contract between them.
-TOTAL_REPLICAS_ENV = "POPDIST_NUM_TOTAL_REPLICAS"
-IPUS_PER_REPLICA_ENV = "POPDIST_NUM_IPUS_PER_REPLICA"
 
 # Folders the instances find a stand-in package in (`for_<package>/<package>/`), each put on their
 # `PYTHONPATH` only when that package is not installed: a real installation is never shadowed.
@@ -193,12 +192,12 @@ def _check(launch: Launch) -> None:
             "poprun --num-instances 2 --num-replicas 2 python train.py."
         )
     n, r = launch.instances, launch.replicas
-    if r % n:
-        multiples = f"{n * max(1, r // n)}" + (f" or {n * (r // n + 1)}" if r // n else "")
-        divisors = [d for d in range(1, r + 1) if r % d == 0]
+    problem = contract.replicas_problem(r, n)
+    if problem:
         raise PoprunError(
-            f"--num-replicas {r} is not a multiple of --num-instances {n}: every instance runs the same number of "
-            f"replicas (R / N). Use --num-replicas {multiples}, or --num-instances {' or '.join(map(str, divisors))}."
+            f"--num-replicas {r} cannot run on --num-instances {n}: {problem}. Use --num-replicas "
+            f"{' or '.join(map(str, contract.replica_counts(r, n)))}, or --num-instances "
+            f"{' or '.join(map(str, contract.instance_counts(r)))}."
         )
     if launch.only_output_from is not None and launch.only_output_from >= n:
         raise PoprunError(
@@ -222,12 +221,10 @@ def _say(message: str) -> None:
 
 def _environment(launch: Launch) -> dict[str, str]:
     """The variables the instances get on top of poprun's own environment (torchrun adds RANK and the rest)."""
-    env = {TOTAL_REPLICAS_ENV: str(launch.replicas)}
+    env = contract.environment(launch.replicas, launch.ipus_per_replica)
     # torchrun would set 1 thread per instance (and say so in a banner); share this machine's cores instead.
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(max(1, cores // launch.instances))
-    if launch.ipus_per_replica is not None:
-        env[IPUS_PER_REPLICA_ENV] = str(launch.ipus_per_replica)
     served = [str(STAND_INS / f"for_{name}") for name in STAND_IN_PACKAGES if importlib.util.find_spec(name) is None]
     if served:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (*served, os.environ.get("PYTHONPATH")) if p)

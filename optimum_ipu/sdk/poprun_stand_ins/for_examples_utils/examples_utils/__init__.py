@@ -7,7 +7,7 @@ the C++ custom operations they ship. Here those operations run by name through `
 that the source exists and says once that it loads nothing.
 """
 
-from optimum_ipu.launcher.examples_utils_stand_in import load_lib
+from optimum_ipu.sdk.examples_utils import load_lib
 
 __all__ = ["load_lib"]
 __version__ = "0.0.0+optimum_ipu"

@@ -1,12 +1,13 @@
-"""`popdist` and `popdist.poptorch`: what a PopTorch program launched by `poprun` asks about its launch.
+"""`popdist`: what a PopTorch program launched by `poprun` asks about its launch.
 
 On an IPU-POD, `poprun --num-instances N --num-replicas R program` starts N instances (host
 processes) of the program, each running R / N of the replicas, and PopDist tells each instance who
-it is. Here `poprun` (`optimum_ipu/launcher/poprun.py`) starts the N instances with torchrun, so
-the instance index and count are torchrun's `RANK` and `WORLD_SIZE`; poprun adds the two numbers
-torchrun has no word for, in `POPDIST_NUM_TOTAL_REPLICAS` and `POPDIST_NUM_IPUS_PER_REPLICA`. Outside
-poprun `isPopdistEnvSet()` is False and the counts describe one instance with one replica (under a
-plain torchrun: one replica per process).
+it is. Here `poprun` (`optimum_ipu.sdk.poprun`) starts the N instances with torchrun, so the
+instance index and count are torchrun's `RANK` and `WORLD_SIZE`; poprun adds the two numbers
+torchrun has no word for, in `POPDIST_NUM_TOTAL_REPLICAS` and `POPDIST_NUM_IPUS_PER_REPLICA` (the
+launch contract, `optimum_ipu.sdk.launch`, judges them). Outside poprun `isPopdistEnvSet()` is False
+and the counts describe one instance with one replica (under a plain torchrun: one replica per
+process).
 
 `popdist.poptorch.Options()` is a plain `poptorch.Options` laid out for the optimum-ipu runtime's
 processes (`_distributed`): `replicationFactor` is the *whole run's* replica count R and
@@ -16,7 +17,8 @@ run equals the one-process run with R replicas. (PopTorch on a pod sets the inst
 its DataLoader and all-reduce then do the same split. A program that reads `opts.replication_factor`
 sees R here; `popdist.getNumLocalReplicas()` is R / N in both.)
 
-The top-level `popdist` package re-exports this module's functions; `popdist.poptorch` its `Options`.
+`popdist.poptorch` is the submodule `poptorch` of this package. The top-level `popdist` is this
+package under the SDK's name (the same module objects).
 """
 
 from __future__ import annotations
@@ -28,10 +30,9 @@ from typing import Any
 import torch.distributed as dist
 
 from optimum_ipu.poptorch import _distributed
-from optimum_ipu.poptorch.options import Options as _PoptorchOptions
+from optimum_ipu.sdk import launch as contract
 
 __all__ = [
-    "Options",
     "execute_on_instances",
     "getInstanceIndex",
     "getNumInstances",
@@ -40,12 +41,8 @@ __all__ = [
     "getNumTotalReplicas",
     "init",
     "isPopdistEnvSet",
+    "poptorch",
 ]
-
-# Written by poprun for the instances it launches, read here: the names are the contract between them.
-TOTAL_REPLICAS_ENV = "POPDIST_NUM_TOTAL_REPLICAS"
-IPUS_PER_REPLICA_ENV = "POPDIST_NUM_IPUS_PER_REPLICA"
-
 
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
@@ -61,17 +58,17 @@ def _env_int(name: str, default: int) -> int:
 
 def isPopdistEnvSet() -> bool:
     """True in an instance launched by `poprun`; False otherwise (a plain `python` or `torchrun` launch)."""
-    return TOTAL_REPLICAS_ENV in os.environ
+    return contract.launched_by_poprun(os.environ)
 
 
 def getInstanceIndex() -> int:
     """This instance's index, 0 ... N-1 (torchrun's `RANK`; 0 outside a launch)."""
-    return _env_int("RANK", 0)
+    return _env_int(contract.INSTANCE_ENV, 0)
 
 
 def getNumInstances() -> int:
     """How many instances the launch runs (torchrun's `WORLD_SIZE`; 1 outside a launch)."""
-    return _env_int("WORLD_SIZE", 1)
+    return _env_int(contract.INSTANCES_ENV, 1)
 
 
 def _hand_set(name: str, value: int, why: str) -> ValueError:
@@ -88,16 +85,12 @@ def getNumTotalReplicas() -> int:
     instance, or a number the instances cannot share equally.
     """
     instances = getNumInstances()
-    total = _env_int(TOTAL_REPLICAS_ENV, instances)
-    if total < 1:
-        raise _hand_set(TOTAL_REPLICAS_ENV, total, "a launch runs at least one replica per instance")
-    if total % instances:
-        multiples = [instances * max(1, total // instances), instances * (total // instances + 1)]
-        raise _hand_set(
-            TOTAL_REPLICAS_ENV, total,
-            f"the {instances} instances each run the same number of replicas, so the replicas must be a multiple "
-            f"of {instances} ({' or '.join(map(str, dict.fromkeys(multiples)))})",
-        )  # fmt: skip
+    total = _env_int(contract.TOTAL_REPLICAS_ENV, instances)
+    problem = contract.replicas_problem(total, instances)
+    if problem and total >= 1:
+        problem += f" ({' or '.join(map(str, contract.replica_counts(total, instances)))})"
+    if problem:
+        raise _hand_set(contract.TOTAL_REPLICAS_ENV, total, problem)
     return total
 
 
@@ -108,9 +101,10 @@ def getNumLocalReplicas() -> int:
 
 def getNumIpusPerReplica() -> int:
     """The IPUs each replica uses (`poprun --ipus-per-replica`; 1 when not given)."""
-    ipus = _env_int(IPUS_PER_REPLICA_ENV, 1)
-    if ipus < 1:
-        raise _hand_set(IPUS_PER_REPLICA_ENV, ipus, "a replica uses at least one IPU")
+    ipus = _env_int(contract.IPUS_PER_REPLICA_ENV, 1)
+    problem = contract.ipus_problem(ipus)
+    if problem:
+        raise _hand_set(contract.IPUS_PER_REPLICA_ENV, ipus, problem)
     return ipus
 
 
@@ -137,41 +131,15 @@ def execute_on_instances(instances: set[int], fn: Callable[..., Any], *args: Any
     return result
 
 
-def Options(ipus_per_replica: int | None = None, **kwargs: Any) -> _PoptorchOptions:
-    """A `poptorch.Options` laid out for this instance of a poprun launch; chain other setters on it.
-
-    Sets `replicationFactor(getNumTotalReplicas())` (the whole run's replicas, of which this instance
-    runs `getNumLocalReplicas()`) and `Distributed.configureProcessId(getInstanceIndex(),
-    getNumInstances())`. `ipus_per_replica` is the model's IPUs per replica, as the program passes it;
-    when poprun was given `--ipus-per-replica` too, the two must agree (on a pod, each instance's
-    replicas are laid out with poprun's). Other keyword arguments go to `poptorch.Options`.
-    """
-    total, launched = getNumTotalReplicas(), getNumIpusPerReplica()  # checked before anything is built
-    if ipus_per_replica is not None and IPUS_PER_REPLICA_ENV in os.environ:
-        if int(ipus_per_replica) != launched:
-            raise ValueError(
-                f"popdist.poptorch.Options(ipus_per_replica={ipus_per_replica}) does not match poprun's "
-                f"--ipus-per-replica {launched}: each replica of the model uses {ipus_per_replica} IPUs. Launch "
-                f"with poprun --ipus-per-replica {ipus_per_replica} (or leave the flag out)."
-            )
-    try:
-        options = _PoptorchOptions(**kwargs)
-    except TypeError:
-        raise TypeError(
-            f"popdist.poptorch.Options() got keyword arguments {sorted(kwargs)} that poptorch.Options() does not "
-            "take: call the setters on the options it returns instead (e.g. .deviceIterations(4))."
-        ) from None
-    options.replicationFactor(total)
-    options.Distributed.configureProcessId(getInstanceIndex(), getNumInstances())
-    return options
-
-
 def __getattr__(name: str):
     """Any other PopDist name: an `AttributeError` naming what this stand-in provides."""
     if name.startswith("__"):
         raise AttributeError(name)
     raise AttributeError(
         f"popdist.{name} is not provided by optimum-ipu's popdist, which has "
-        f"{', '.join(n for n in __all__ if n != 'Options')} and popdist.poptorch.Options (the PopTorch calls "
+        f"{', '.join(n for n in __all__ if n != 'poptorch')} and popdist.poptorch.Options (the PopTorch calls "
         "of Graphcore's applications)."
     )
+
+
+from optimum_ipu.sdk.popdist import poptorch  # noqa: E402 - the submodule needs the calls above
