@@ -17,7 +17,8 @@ model, when a training model of the same module has newer weights; device -> hos
 batch arithmetic of a call (`_host_call`), the trace of one micro-batch (`_trace`), the placement
 checks and the process layout (`_placement`), the optimizer as PopTorch uses it (`_optimizer_use`),
 what a call returns (`_outputs`), the compile report (`_report`), stage processes (`_stages`), saved
-executables (`_export`) and anchors (`_anchors`).
+executables (`_export`), anchors (`_anchors`), the device's copy of the weights (`_device_weights`) and
+the inputs a compiled model takes (`_compiled_inputs`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch import _anchors, _export, _outputs, _stages, custom_args
+from optimum_ipu.poptorch._compiled_inputs import check_inputs
 from optimum_ipu.poptorch._device_weights import DeviceWeights
 from optimum_ipu.poptorch._executables import build_executable, check_wrap
 from optimum_ipu.poptorch._host_call import HostCall
@@ -349,8 +351,10 @@ class PoplarExecutor:
         leaves, self._spec = pytree.tree_flatten((args, kwargs))
         if self._executable is None:
             self.compile(*args, **kwargs)
-        elif not self._attached:
-            self.attachToDevice()
+        else:
+            check_inputs(self._user_model.forward, self._example, args, kwargs)  # as compiled: PopTorch's errors
+            if not self._attached:
+                self.attachToDevice()
         if not self._training:
             self._weights_of_training_model()
         self._call.check_batch(leaves)
