@@ -498,3 +498,21 @@ def test_only_atomic_checkpoints_overrides_private_trainer_methods():
         and not owner.__module__.startswith("transformers")
     }
     assert not elsewhere, f"private Trainer methods overridden outside AtomicCheckpoints: {sorted(elsewhere)}"
+
+
+def test_ipu_trainer_skips_an_update_whose_loss_is_not_finite(tmp_path):
+    """IPUTrainer keeps Optimum Graphcore's rule (users rely on it): the weights stay as they were; PopTorch
+    programs apply such an update as the IPU does (`tests/poptorch/test_non_finite_loss.py`)."""
+
+    class InfiniteLoss(IPUTrainer):
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            return super().compute_loss(model, inputs, *args, **kwargs) * float("inf")
+
+    model = tiny_qa()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer = InfiniteLoss(model, two_ipu_config(), ipu_args(tmp_path, fp32=True, max_steps=1),
+                           train_dataset=PatternQA(16))  # fmt: skip
+    trainer.train()
+    assert trainer.loss_scaler.skipped_updates == 1
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name

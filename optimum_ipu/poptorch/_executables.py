@@ -76,6 +76,7 @@ def build_executable(wrapper) -> TrainingExecutable | InferenceExecutable:
         streams=wrapper._streams, fp16_compute=fp16_compute_of(model),
         reduction="sum" if reduction == ReductionType.Sum else "mean",
         measure_grad_norm=False,  # PopTorch returns no gradient norm: measured only to clip
+        skip_non_finite_updates=False,  # the IPU applies an update with non-finite gradients (NaN weights)
         stages=wrapper._stages, optimizer=wrapper._optimizer, **training_settings(wrapper._optimizer, options),
     )  # fmt: skip
 

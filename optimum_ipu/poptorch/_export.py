@@ -31,7 +31,7 @@ from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch._logging import Error
 
-__all__ = ["example_inputs", "example_of", "export", "load", "read"]
+__all__ = ["ExampleTensor", "example_inputs", "example_of", "export", "load", "read"]
 
 FORMAT = "optimum-ipu poptorch executable v1"
 
@@ -42,6 +42,9 @@ class _ExampleTensor:
 
     shape: tuple[int, ...]
     dtype: torch.dtype
+
+
+ExampleTensor = _ExampleTensor  # a tensor input as compiled for (`_compiled_inputs`); saved files name the class
 
 
 def _rebuild_defaultdict(default_factory, items: dict) -> collections.defaultdict:

@@ -8,15 +8,17 @@ device iteration, gradients reduced over accumulation steps and replicas (Mean o
 every micro-batch are recorded on the way and returned as PopTorch's `OutputMode` says
 (`_outputs.select_outputs`). The loss returned is the forward's value, before loss scaling.
 
-Weights are the user's own tensors, so a training model and an inference model of one module see each
-other's weights at once (PopTorch copies them lazily; the result is the same), and
-`copyWeightsToHost/ToDevice` have nothing to copy.
+The compiled model runs on its own copy of the weights (`_device_weights`), as PopTorch's runs on the
+IPU's: host -> device when it compiles or attaches, at `copyWeightsToDevice()` and, for an inference
+model, when a training model of the same module has newer weights; device -> host at
+`copyWeightsToHost()` and after every training call.
 
 `PoplarExecutor` holds PopTorch's API and runs compile and calls; each concern is its own file: the
 batch arithmetic of a call (`_host_call`), the trace of one micro-batch (`_trace`), the placement
 checks and the process layout (`_placement`), the optimizer as PopTorch uses it (`_optimizer_use`),
 what a call returns (`_outputs`), the compile report (`_report`), stage processes (`_stages`), saved
-executables (`_export`) and anchors (`_anchors`).
+executables (`_export`), anchors (`_anchors`), the device's copy of the weights (`_device_weights`) and
+the inputs a compiled model takes (`_compiled_inputs`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch import _anchors, _export, _outputs, _stages, custom_args
+from optimum_ipu.poptorch._compiled_inputs import check_inputs
+from optimum_ipu.poptorch._device_weights import DeviceWeights
 from optimum_ipu.poptorch._executables import build_executable, check_wrap
 from optimum_ipu.poptorch._host_call import HostCall
 from optimum_ipu.poptorch._ipu_context import running_model
@@ -118,6 +122,10 @@ class PoplarExecutor:
         self.compile_result = None  # the cost model's report of the last compile (optimum-ipu's addition)
         self._calls = 0  # host calls run (getLatency / cycleCount answer for the last one)
         self._anchor_memory: dict[str, torch.Tensor] = {}  # the last call's anchored tensors
+        self._device_weights = DeviceWeights(model)  # what the compiled model runs on
+        # A training model: counts its copies device -> host. An inference model: the count of the training
+        # model of the same module when it last copied host -> device (PopTorch's `_host_weights_version`).
+        self._host_weights_version = 0
 
     # -- the module it wraps ---------------------------------------------------------------------
     @property
@@ -191,10 +199,11 @@ class PoplarExecutor:
             self._user_model, self._traced, self._options, self._training, self._optimizer, self.num_ipus,
             bool(self._recomputed),
         )  # fmt: skip
-        self._executable = build_executable(self)
+        self._executable = build_executable(self)  # under torchrun: every process holds process 0's weights
         self._example = _export.example_of(args, kwargs)
         self._attached = True
         self._loss_index = None
+        self._write_weights_to_device()  # attaching writes the host's weights to the device
 
     def compileAndExport(self, filename: str, *args: Any, export_model: bool = True, **kwargs: Any) -> None:
         """Compile for inputs like `args` / `kwargs` (unless compiled already) and save to `filename` for `poptorch.load`.
@@ -246,11 +255,13 @@ class PoplarExecutor:
             self._stages.broadcast_optimizer_state(self._optimizer)
 
     def attachToDevice(self) -> None:
+        """Attach again after `detachFromDevice`: as PopTorch's, this writes the host's weights to the device."""
         if self._executable is None:
             raise Error(NOT_COMPILED)
         if self._attached:
             raise Error("Device is already attached")
         self._attached = True
+        self._write_weights_to_device()
 
     def getTensorNames(self) -> list[str]:
         """The tensors `opts.anchorTensor` may name: each parameter, and in training its `Gradient___` and
@@ -274,13 +285,43 @@ class PoplarExecutor:
         return cycle_count(self.compile_result if self._calls else None, self._options, self._executable is not None)
 
     def copyWeightsToHost(self) -> None:
-        """Nothing to copy: the host module's tensors are the ones the simulated IPU updates."""
+        """Copy the device's weights and buffers into the module's (`model.parameters()`, its buffers)."""
+        if self._executable is None:
+            raise Error(NOT_COMPILED)
+        self._device_weights.read_to_host()
+        self._host_weights_version += 1
 
     def copyWeightsToDevice(self) -> None:
-        """Nothing to copy: the simulated IPU reads the host module's tensors."""
+        """Copy the module's weights and buffers to the device (implicit when the model compiles or attaches)."""
+        if self._executable is None:
+            raise Error(NOT_COMPILED)
+        self._write_weights_to_device()
 
     def copyWeightsToHostIfNeeded(self) -> bool:
+        """Whether the host's weights were out of date and have been copied: never here, as a training call
+        copies them to the host as it ends (PopTorch copies at the host's first read after it)."""
         return False
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True):
+        """Load `state_dict` into the module and, when attached, copy it to the device (as PopTorch's)."""
+        out = self._user_model.load_state_dict(state_dict, strict)
+        if self._executable is not None and self._attached:
+            self._write_weights_to_device()
+        return out
+
+    def _write_weights_to_device(self) -> None:
+        """host -> device; an inference model notes the training model's weights it now holds."""
+        self._device_weights.write_from_host()
+        trainer = None if self._training else _training_wrappers.get(self._user_model)
+        if trainer is not None:
+            self._host_weights_version = trainer._host_weights_version
+
+    def _weights_of_training_model(self) -> None:
+        """An inference model: take the weights a training model of the same module copied to the host
+        since this model last copied host -> device (PopTorch's implicit `copyWeightsToDevice()`)."""
+        trainer = _training_wrappers.get(self._user_model)
+        if trainer is not None and trainer._host_weights_version != self._host_weights_version:
+            self._write_weights_to_device()
 
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Use `optimizer`'s current hyper-parameters from the next call on (PopTorch reads them only here)."""
@@ -300,6 +341,7 @@ class PoplarExecutor:
         """Free the executable (and the module, for wrapping again); a later call compiles again."""
         self._executable = None
         self._attached = False
+        self._device_weights.clear()  # the host has the trained weights: every training call copied them
         if self._training and _training_wrappers.get(self._user_model) is self:
             del _training_wrappers[self._user_model]
 
@@ -309,8 +351,12 @@ class PoplarExecutor:
         leaves, self._spec = pytree.tree_flatten((args, kwargs))
         if self._executable is None:
             self.compile(*args, **kwargs)
-        elif not self._attached:
-            self._attached = True
+        else:
+            check_inputs(self._user_model.forward, self._example, args, kwargs)  # as compiled: PopTorch's errors
+            if not self._attached:
+                self.attachToDevice()
+        if not self._training:
+            self._weights_of_training_model()
         self._call.check_batch(leaves)
         first = self._reference_tensor()
         batch = {
@@ -320,10 +366,16 @@ class PoplarExecutor:
         self._recorded = []
         anchors = _anchors.AnchorRecorder(self._user_model, self._options.anchored_tensors)
         try:
-            with training_flags_kept(self._user_model), constants_as_traced(self._constants):
+            with (
+                training_flags_kept(self._user_model),
+                constants_as_traced(self._constants),
+                self._device_weights.in_use(),
+            ):
                 recorded = self._run(batch, leaves, anchors)
         finally:
             self._recorded = []
+        if self._training:  # device -> host: PopTorch copies lazily, at the host's first read
+            self.copyWeightsToHost()
         self._anchor_memory = anchors.results(*self._call.output_mode())
         self._calls += 1
         di, ga, _, _ = self._call.counts()
@@ -352,14 +404,24 @@ class PoplarExecutor:
             for _ in range(self._call.inputs.device_iterations):
                 anchors.record_weights()
         if self._constants:  # outputs may be constants themselves: keep the values this call computed
-            recorded = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, recorded)
-        return recorded
+            return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, recorded)
+        # An output that is a weight or buffer (or a view of one) would follow it back to the host's value,
+        # or change with the next call: PopTorch returns its value at the end of this call.
+        held = self._device_weights.storages()
+        return pytree.tree_map(
+            lambda t: t.clone() if isinstance(t, torch.Tensor) and _storage_of(t) in held else t, recorded
+        )
 
     def _output_count(self) -> int:
         """Replicas whose outputs a call returns: this process's, or every replica's for stage processes
         (their inputs held every replica's samples: each process returns what the one-process run does)."""
         return self._options.replication_factor if self._stages is not None else len(self._call.replicas)
 
+
+
+def _storage_of(tensor: torch.Tensor) -> int:
+    """The address of a tensor's storage (a view shares its base's)."""
+    return tensor.untyped_storage().data_ptr()
 
 
 def trainingModel(model: nn.Module, options: Options | None = None, optimizer=None) -> PoplarExecutor:

@@ -1,6 +1,7 @@
 """What compile learns from one micro-batch run through the user's module: where its blocks run.
 
-PopTorch traces the forward once to build its graph. Here one micro-batch runs through the module, without
+PopTorch traces the forward once to build its graph. Here a copy of one micro-batch runs through the module
+(the caller's inputs are never touched: an in-place update of an input is written by the call), without
 gradients, in the mode the wrapper will run it in (a trainingModel's forward may take a branch, and
 blocks, that inference does not), and notes the blocks it enters and their IPUs (`BeginBlock` /
 `Block` / `Stage`), the block each module ran in (for the compile report), and the modules it
@@ -73,13 +74,21 @@ def trace_forward(model: nn.Module, micro: list[Any], spec: pytree.TreeSpec, tra
             torch.no_grad(), torch.random.fork_rng(devices=[]):  # fmt: skip
         model.train(training)
         first = reference_tensor(model)
-        args, kwargs = pytree.tree_map(  # as the executable feeds it: on the model's device and dtype
-            lambda t: t.to(first.device, first.dtype if t.is_floating_point() else t.dtype)
-            if isinstance(t, torch.Tensor) and first is not None and first.is_floating_point() else t,
-            (args, kwargs),
-        )  # fmt: skip
+        args, kwargs = pytree.tree_map(lambda t: _as_fed(t, first), (args, kwargs))
         model(*args, **kwargs)
     return Trace(list(trace), module_blocks, micro, spec, args, kwargs, checkpointed)
+
+
+def _as_fed(value: Any, first: torch.Tensor | None) -> Any:
+    """An input as the executable feeds it (on the model's device, floating inputs in its floating dtype),
+    always a copy: PopTorch's compile runs no forward on the caller's tensors, so an in-place update of an
+    input in `forward()` reaches the caller once per call, by the call's own run, never by the trace."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if first is not None and first.is_floating_point():
+        dtype = first.dtype if value.is_floating_point() else value.dtype
+        return value.to(first.device, dtype, copy=True)
+    return value.clone()
 
 
 @contextlib.contextmanager

@@ -59,6 +59,9 @@ class TrainingExecutable:
             fused pass.
         accumulator_dtype: the gradient accumulator's type (`gradients.GradientAccumulator`): fp32, or
             fp16 as Optimum Graphcore's fp16 training sums the loss-scaled micro-batch gradients.
+        skip_non_finite_updates: skip an update whose gradients are not finite (IPUTrainer, the
+            default: Optimum Graphcore's and transformers' users rely on it), or apply it as computed, the
+            weights becoming NaN as on the IPU (PopTorch programs; `LossScaler.unscale_`).
         stochastic_rounding: write fp16 weights back with stochastic rounding (from
             `rounding_generator`) when the optimizer is a torch optimizer updating them through fp32
             working copies (`optimizers.fp32_working_copies`); an IPU optimizer
@@ -83,6 +86,7 @@ class TrainingExecutable:
         accumulator_dtype: torch.dtype = torch.float32,
         stochastic_rounding: bool = False,
         rounding_generator: torch.Generator | None = None,
+        skip_non_finite_updates: bool = True,
     ):
         if not isinstance(layout, CallLayout):
             raise TypeError(f"TrainingExecutable takes a CallLayout, got {type(layout).__name__}.")
@@ -95,6 +99,7 @@ class TrainingExecutable:
         self.stages = stages
         self.reduction = reduction
         self.measure_grad_norm = measure_grad_norm
+        self.skip_non_finite_updates = skip_non_finite_updates
         self.layout = layout
         self.dtype = next(model.parameters()).dtype
         # Walked once: a walk of the module tree per update costs more than a small model's step.
@@ -181,7 +186,9 @@ class TrainingExecutable:
             self.gradients.hold_(grads)
         clipping = bool(self.max_grad_norm and self.max_grad_norm > 0)
         measured = clipping or self.measure_grad_norm
-        norm = self.loss_scaler.unscale_(grads, divisor, self.replicas, norm=measured)
+        norm = self.loss_scaler.unscale_(
+            grads, divisor, self.replicas, norm=measured, skip_non_finite=self.skip_non_finite_updates
+        )
         self.last_update_applied = norm is not None
         if norm is not None:
             if measured:

@@ -7,7 +7,10 @@ each micro-batch's fp16 gradients into fp32 buffers and `LossScaler.unscale_` do
 division in one fp32 multiply, so no gradient representable at scale S is lost.
 
 A non-finite gradient (an fp16 overflow in some backward) skips the update: the weights and the
-optimizer state are untouched. The global gradient norm is measured only when something reads it
+optimizer state are untouched (`skip_non_finite=True`, IPUTrainer's rule, which Optimum Graphcore's and
+transformers' users rely on). With `skip_non_finite=False` (PopTorch programs: the IPU's own behaviour,
+with a static or an automatic scale) the update is applied as computed and the weights can become NaN;
+an automatic scale still halves. The global gradient norm is measured only when something reads it
 (clipping, the trainer's `grad_norm` log, as in transformers); otherwise one fused pass checks for
 non-finite values and unscales, the way torch's `GradScaler` does.
 
@@ -80,13 +83,20 @@ class LossScaler:
         self.max_scale = max_scale
         self.clean_updates = 0
         self.skipped_updates = 0
+        self.non_finite_updates = 0  # updates applied with non-finite gradients (skip_non_finite=False)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss to call `backward()` on: `loss × S`, in fp32 (`scaled_loss`)."""
         return scaled_loss(loss, self.scale)
 
     def unscale_(
-        self, gradients: Sequence[torch.Tensor], micro_batches: int, replicas=None, *, norm: bool = True
+        self,
+        gradients: Sequence[torch.Tensor],
+        micro_batches: int,
+        replicas=None,
+        *,
+        norm: bool = True,
+        skip_non_finite: bool = True,
     ) -> float | None:
         """Turn fp32 sums of scaled micro-batch gradients into mean true gradients, in place.
 
@@ -97,20 +107,26 @@ class LossScaler:
                 process skips the update on all, and pipeline stages add their parts of the norm.
             norm: measure the global norm (for clipping and the logs). Without it, one fused pass
                 checks and unscales, and a clean update returns NaN ("not measured").
+            skip_non_finite: on a non-finite gradient, skip the update (IPUTrainer) or unscale it and
+                let the caller apply it as computed (PopTorch, as on the IPU).
 
         Returns:
-            The global L2 norm of the true mean gradient (NaN when `norm` is False), or None when an
-            overflow skips the update (the caller drops the gradients).
+            The global L2 norm of the true mean gradient (NaN when `norm` is False; not finite for an
+            update applied with a non-finite gradient), or None when an overflow skips the update (the
+            caller drops the gradients).
         """
         replicas = replicas or LocalReplicas()
         divisor = self.scale * micro_batches
         if not norm and not self.auto:
             if replicas.any(_unscale_and_find_non_finite(gradients, 1.0 / divisor)):
-                return self._skip_update()
+                return self._skip_update() if skip_non_finite else self._apply_non_finite(math.nan)
             return math.nan
         squared = replicas.sum_over_stages(global_norm(gradients) ** 2)
         if replicas.any(not bool(squared.isfinite())):
-            return self._skip_update()
+            if skip_non_finite:
+                return self._skip_update()
+            torch._foreach_mul_(list(gradients), 1.0 / divisor)
+            return self._apply_non_finite(float(squared.sqrt()) / divisor)
         if self.auto:
             above, total = replicas.sum_over_stages(
                 self._counts_above_edge(gradients, micro_batches)
@@ -124,6 +140,21 @@ class LossScaler:
         """An overflow: count the skipped update, adapt the scale; the caller drops the gradients."""
         self.skipped_updates += 1
         self._after_overflow()
+
+    def _apply_non_finite(self, norm: float) -> float:
+        """A non-finite gradient whose update goes ahead (the IPU's behaviour): an automatic scale halves,
+        as PopART's histogram counts the overflow above the edge; said once in the log."""
+        self.non_finite_updates += 1
+        if self.auto:
+            self.scale = max(self.scale / 2, self.min_scale)
+            self.clean_updates = 0
+        if self.non_finite_updates == 1:
+            logger.warning(
+                "Non-finite gradients (loss scale %g): the update is applied as on the IPU, so the weights "
+                "may now hold NaN or inf. Lower the loss scale or check the loss.",
+                self.scale,
+            )
+        return norm
 
     def _counts_above_edge(self, gradients: Sequence[torch.Tensor], micro_batches: int) -> torch.Tensor:
         """[elements above the bin edge, all elements] of the stored (fp16, scaled, mean) gradients.

@@ -289,9 +289,9 @@ def test_a_fresh_executable_has_returned_no_losses_and_skipped_no_update():
 
 
 class _NormRecordingScaler(LossScaler):
-    def unscale_(self, grads, micro_batches, replicas, norm=True):
+    def unscale_(self, grads, micro_batches, replicas, norm=True, **kwargs):
         self.norms = [*getattr(self, "norms", []), norm]
-        return super().unscale_(grads, micro_batches, replicas, norm=norm)
+        return super().unscale_(grads, micro_batches, replicas, norm=norm, **kwargs)
 
 
 @pytest.mark.parametrize("max_grad_norm", [0.0, -1.0])
