@@ -95,3 +95,22 @@ class DeviceWeights:
             for key, t in tensors.items():
                 self._device[key] = t.data
                 t.data = host[key]
+
+
+def write_to_device(wrapper, training_model) -> None:
+    """host -> device for `wrapper` (a `PoplarExecutor`); an inference model notes the weights of the
+    training model of the same module (`training_model`, or None) it now holds.
+
+    `_host_weights_version` counts, on a training model, its copies device -> host; on an inference model,
+    it is that count when it last copied host -> device (PopTorch's `_host_weights_version`).
+    """
+    wrapper._device_weights.write_from_host()
+    if not wrapper._training and training_model is not None:
+        wrapper._host_weights_version = training_model._host_weights_version
+
+
+def follow_training_model(wrapper, training_model) -> None:
+    """An inference model: take the weights a training model of the same module copied to the host since
+    this model last copied host -> device (PopTorch's implicit `copyWeightsToDevice()`)."""
+    if training_model is not None and training_model._host_weights_version != wrapper._host_weights_version:
+        write_to_device(wrapper, training_model)

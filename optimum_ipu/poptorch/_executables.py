@@ -9,12 +9,20 @@ pipeline stage per process), the random streams of the replicas, and the optimiz
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
-from optimum_ipu.poptorch import _distributed, _stages
+from optimum_ipu.poptorch import _anchors, _distributed, _stages
 from optimum_ipu.poptorch._logging import Error
-from optimum_ipu.poptorch._optimizer_use import check_optimizer_parameters, training_settings
+from optimum_ipu.poptorch._optimizer_use import (
+    check_optimizer_parameters,
+    hyperparameters_as_set,
+    training_settings,
+)
+from optimum_ipu.poptorch._recompute import recomputing
 from optimum_ipu.poptorch.enums import ReductionType
 from optimum_ipu.poptorch.optim import AMSGRAD
 from optimum_ipu.runtime.distributed import build_process_replicas
@@ -22,7 +30,7 @@ from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
 from optimum_ipu.runtime.replicas import ReplicaStreams
 
-__all__ = ["build_executable", "check_wrap"]
+__all__ = ["build_executable", "check_wrap", "run_call"]
 
 GA_INFERENCE = (
     "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its default value (1) "
@@ -104,3 +112,40 @@ def _processes(wrapper):
             wrapper, plan, processes.stage, processes.pp_group, call.runtime_layout().gradient_accumulation_steps
         )
     return processes
+
+
+def run_call(wrapper, batch: dict[str, Any], anchors: _anchors.AnchorRecorder) -> list[Any]:
+    """One host call of a compiled wrapper on its runtime-ordered `batch`: every micro-batch's outputs, in
+    PopTorch's [DI][GA][R] order (the training call's updates applied, anchors recorded)."""
+    if wrapper._training:
+        with (
+            hyperparameters_as_set(wrapper._optimizer, wrapper._hyperparameters),
+            recomputing(wrapper._recomputed),
+            anchors.around_updates(wrapper._optimizer),
+        ):
+            wrapper._executable(batch)
+        runtime_order = wrapper._recorded  # this process's replicas, [DI][R][GA]
+        if wrapper._stages is not None:
+            runtime_order = _stages.gather_stage_outputs(
+                wrapper._stages, wrapper._process_replicas, runtime_order, wrapper._call
+            )
+            wrapper._stages.broadcast_weights()  # every process holds the whole updated model
+        recorded = wrapper._call.to_poptorch_order(runtime_order, wrapper._output_count())
+    else:
+        wrapper._executable(batch)
+        recorded = wrapper._recorded
+        for _ in range(wrapper._call.inputs.device_iterations):
+            anchors.record_weights()
+    if wrapper._constants:  # outputs may be constants themselves: keep the values this call computed
+        return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, recorded)
+    # An output that is a weight or buffer (or a view of one) would follow it back to the host's value,
+    # or change with the next call: PopTorch returns its value at the end of this call.
+    held = wrapper._device_weights.storages()
+    return pytree.tree_map(
+        lambda t: t.clone() if isinstance(t, torch.Tensor) and _storage_of(t) in held else t, recorded
+    )
+
+
+def _storage_of(tensor: torch.Tensor) -> int:
+    """The address of a tensor's storage (a view shares its base's)."""
+    return tensor.untyped_storage().data_ptr()

@@ -32,19 +32,17 @@ from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch import _anchors, _export, _outputs, _stages, custom_args
 from optimum_ipu.poptorch._compiled_inputs import check_inputs
-from optimum_ipu.poptorch._device_weights import DeviceWeights
-from optimum_ipu.poptorch._executables import build_executable, check_wrap
+from optimum_ipu.poptorch._device_weights import DeviceWeights, follow_training_model, write_to_device
+from optimum_ipu.poptorch._executables import build_executable, check_wrap, run_call
 from optimum_ipu.poptorch._host_call import HostCall
 from optimum_ipu.poptorch._ipu_context import running_model
 from optimum_ipu.poptorch._logging import Error
 from optimum_ipu.poptorch._optimizer_use import (
     check_optimizer_parameters,
     hyperparameters,
-    hyperparameters_as_set,
     training_settings,
 )
 from optimum_ipu.poptorch._placement import check_placement, plan_stage_processes
-from optimum_ipu.poptorch._recompute import recomputing
 from optimum_ipu.poptorch._report import cycle_count, latency, report_of_compile
 from optimum_ipu.poptorch._trace import (
     constant_tensors,
@@ -123,9 +121,7 @@ class PoplarExecutor:
         self._calls = 0  # host calls run (getLatency / cycleCount answer for the last one)
         self._anchor_memory: dict[str, torch.Tensor] = {}  # the last call's anchored tensors
         self._device_weights = DeviceWeights(model)  # what the compiled model runs on
-        # A training model: counts its copies device -> host. An inference model: the count of the training
-        # model of the same module when it last copied host -> device (PopTorch's `_host_weights_version`).
-        self._host_weights_version = 0
+        self._host_weights_version = 0  # see `_device_weights.write_to_device`
 
     # -- the module it wraps ---------------------------------------------------------------------
     @property
@@ -310,18 +306,8 @@ class PoplarExecutor:
         return out
 
     def _write_weights_to_device(self) -> None:
-        """host -> device; an inference model notes the training model's weights it now holds."""
-        self._device_weights.write_from_host()
-        trainer = None if self._training else _training_wrappers.get(self._user_model)
-        if trainer is not None:
-            self._host_weights_version = trainer._host_weights_version
-
-    def _weights_of_training_model(self) -> None:
-        """An inference model: take the weights a training model of the same module copied to the host
-        since this model last copied host -> device (PopTorch's implicit `copyWeightsToDevice()`)."""
-        trainer = _training_wrappers.get(self._user_model)
-        if trainer is not None and trainer._host_weights_version != self._host_weights_version:
-            self._write_weights_to_device()
+        """host -> device (`_device_weights.write_to_device`)."""
+        write_to_device(self, _training_wrappers.get(self._user_model))
 
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Use `optimizer`'s current hyper-parameters from the next call on (PopTorch reads them only here)."""
@@ -355,8 +341,8 @@ class PoplarExecutor:
             check_inputs(self._user_model.forward, self._example, args, kwargs)  # as compiled: PopTorch's errors
             if not self._attached:
                 self.attachToDevice()
-        if not self._training:
-            self._weights_of_training_model()
+        if not self._training:  # PopTorch's implicit copyWeightsToDevice() after a training model's update
+            follow_training_model(self, _training_wrappers.get(self._user_model))
         self._call.check_batch(leaves)
         first = self._reference_tensor()
         batch = {
@@ -371,7 +357,7 @@ class PoplarExecutor:
                 constants_as_traced(self._constants),
                 self._device_weights.in_use(),
             ):
-                recorded = self._run(batch, leaves, anchors)
+                recorded = run_call(self, batch, anchors)
         finally:
             self._recorded = []
         if self._training:  # device -> host: PopTorch copies lazily, at the host's first read
@@ -384,44 +370,11 @@ class PoplarExecutor:
         _outputs.refuse_backward(outputs)
         return outputs
 
-    def _run(self, batch: dict[str, Any], leaves: list[Any], anchors: _anchors.AnchorRecorder) -> list[Any]:
-        """One host call: every micro-batch's outputs, in PopTorch's [DI][GA][R] order."""
-        if self._training:
-            with (
-                hyperparameters_as_set(self._optimizer, self._hyperparameters),
-                recomputing(self._recomputed),
-                anchors.around_updates(self._optimizer),
-            ):
-                self._executable(batch)
-            runtime_order = self._recorded  # this process's replicas, [DI][R][GA]
-            if self._stages is not None:
-                runtime_order = _stages.gather_stage_outputs(self._stages, self._process_replicas, runtime_order, self._call)
-                self._stages.broadcast_weights()  # every process holds the whole updated model
-            recorded = self._call.to_poptorch_order(runtime_order, self._output_count())
-        else:
-            self._executable(batch)
-            recorded = self._recorded
-            for _ in range(self._call.inputs.device_iterations):
-                anchors.record_weights()
-        if self._constants:  # outputs may be constants themselves: keep the values this call computed
-            return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, recorded)
-        # An output that is a weight or buffer (or a view of one) would follow it back to the host's value,
-        # or change with the next call: PopTorch returns its value at the end of this call.
-        held = self._device_weights.storages()
-        return pytree.tree_map(
-            lambda t: t.clone() if isinstance(t, torch.Tensor) and _storage_of(t) in held else t, recorded
-        )
-
     def _output_count(self) -> int:
         """Replicas whose outputs a call returns: this process's, or every replica's for stage processes
         (their inputs held every replica's samples: each process returns what the one-process run does)."""
         return self._options.replication_factor if self._stages is not None else len(self._call.replicas)
 
-
-
-def _storage_of(tensor: torch.Tensor) -> int:
-    """The address of a tensor's storage (a view shares its base's)."""
-    return tensor.untyped_storage().data_ptr()
 
 
 def trainingModel(model: nn.Module, options: Options | None = None, optimizer=None) -> PoplarExecutor:

@@ -436,6 +436,26 @@ class _JitOptions(_OptionsDict):
         return self
 
 
+# Each option an `Options` stores -> the named setter that checks and stores it (`_Options.set`).
+_GROUPING_SETTER = ("inputReplicaGrouping", ("input_group_size", "input_cgt"))
+_OUTPUT_SETTER = ("outputMode", ("output_mode", "output_return_period"))
+_OPTIONS_SETTERS: dict[str, tuple[str, tuple[str, ...]] | str | None] = {
+    "replication_factor": "replicationFactor", "input_group_size": _GROUPING_SETTER, "input_cgt": _GROUPING_SETTER,
+    "broadcast_buffers": "broadcastBuffers", "device_iterations": "deviceIterations",
+    "auto_round_num_ipus": "autoRoundNumIPUs", "output_mode": _OUTPUT_SETTER, "output_return_period": _OUTPUT_SETTER,
+    "available_memory_proportion": "setAvailableMemoryProportion",
+    "executable_cache_dir": "enableExecutableCaching", "use_ipu_model": "useIpuModel",
+    "anchored_tensors": None, "random_seed": "randomSeed", "ipu_id": "useIpuId",
+    "ipu_version": "useOfflineIpuTarget", "connection_type": "connectionType", "sync_pattern": "syncPattern",
+    "log_dir": "logDir", "max_repeat_logs": "maxRepeatLogs", "model_name": "modelName",
+    "stable_norm": "enableStableNorm", "synthetic_data": "enableSyntheticData",
+    "log_cycle_count": "logCycleCount", "profile_dir": "enableProfiling", "progress_bar": "showCompilationProgressBar",
+    "relax_optimizer_attributes_checks": "relaxOptimizerAttributesChecks",
+    "module_namescope": "_module_namescope", "updatable_named_buffers": "updatableNamedBuffers",
+    "source_excludes": "sourceLocationExcludes",
+}  # fmt: skip
+
+
 class Options(_OptionsDict):
     """Everything that controls how `trainingModel` / `inferenceModel` compile and run a model.
 
@@ -445,23 +465,7 @@ class Options(_OptionsDict):
     (4, 2)
     """
 
-    _GROUPING = ("inputReplicaGrouping", ("input_group_size", "input_cgt"))
-    _OUTPUT = ("outputMode", ("output_mode", "output_return_period"))
-    _SETTERS: ClassVar = {
-        "replication_factor": "replicationFactor", "input_group_size": _GROUPING, "input_cgt": _GROUPING,
-        "broadcast_buffers": "broadcastBuffers", "device_iterations": "deviceIterations",
-        "auto_round_num_ipus": "autoRoundNumIPUs", "output_mode": _OUTPUT, "output_return_period": _OUTPUT,
-        "available_memory_proportion": "setAvailableMemoryProportion",
-        "executable_cache_dir": "enableExecutableCaching", "use_ipu_model": "useIpuModel",
-        "anchored_tensors": None, "random_seed": "randomSeed", "ipu_id": "useIpuId",
-        "ipu_version": "useOfflineIpuTarget", "connection_type": "connectionType", "sync_pattern": "syncPattern",
-        "log_dir": "logDir", "max_repeat_logs": "maxRepeatLogs", "model_name": "modelName",
-        "stable_norm": "enableStableNorm", "synthetic_data": "enableSyntheticData",
-        "log_cycle_count": "logCycleCount", "profile_dir": "enableProfiling", "progress_bar": "showCompilationProgressBar",
-        "relax_optimizer_attributes_checks": "relaxOptimizerAttributesChecks",
-        "module_namescope": "_module_namescope", "updatable_named_buffers": "updatableNamedBuffers",
-        "source_excludes": "sourceLocationExcludes",
-    }  # fmt: skip
+    _SETTERS: ClassVar = _OPTIONS_SETTERS
 
     def __init__(self) -> None:
         popart = _PopartOptions()
@@ -545,11 +549,7 @@ class Options(_OptionsDict):
         known = self.__dict__.get("_replication_known", False)
         if not _is_positive_int(input_group_size):
             r = self.replication_factor
-            fix = (
-                f"{_divisors(r)} (a divisor of replicationFactor({r}))"
-                if known
-                else "a divisor of the replication factor"
-            )
+            fix = f"{_divisors(r)} (a divisor of replicationFactor({r}))" if known else "a divisor of the replication factor"
             raise ValueError(
                 "input_group_size must be a positive integer (the number of replicas that receive the same "
                 f"input), got {shown(input_group_size)}. Use {fix}; 1 means no grouping."
