@@ -24,6 +24,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from optimum_ipu.poptorch._ipu_types import device_dtype
+from optimum_ipu.poptorch._logging import Error
+
 __all__ = ["DeviceWeights"]
 
 
@@ -35,6 +38,7 @@ class DeviceWeights:
         # (module, "_parameters" or "_buffers", name) of every slot holding a tensor, and the tensor in it
         self._slots: list[tuple[nn.Module, str, str, torch.Tensor]] = []
         self._device: dict[int, torch.Tensor] = {}  # id(host tensor) -> its device value
+        self._names: dict[tuple[int, str], str] = {}  # (id(module), slot name) -> the model's name for it
 
     def _tensors(self) -> dict[int, torch.Tensor]:
         """The module's tensors as the slots hold them now, one entry per object (tied weights once)."""
@@ -42,6 +46,11 @@ class DeviceWeights:
 
     def write_from_host(self) -> None:
         """host -> device: the device copy becomes a copy of the module's current parameters and buffers."""
+        self._names = {
+            (id(module), name): f"{prefix}.{name}" if prefix else name
+            for prefix, module in self.model.named_modules()
+            for name in (*module._parameters, *module._buffers)
+        }
         self._slots = [
             (module, kind, name, tensor)
             for module in self.model.modules()
@@ -49,15 +58,15 @@ class DeviceWeights:
             for name, tensor in getattr(module, kind).items()
             if tensor is not None
         ]
-        with torch.no_grad():
-            self._device = {key: t.detach().clone() for key, t in self._tensors().items()}
+        with torch.no_grad():  # float64 becomes float32, as on the IPU (`_ipu_types`)
+            self._device = {key: t.detach().to(device_dtype(t.dtype), copy=True) for key, t in self._tensors().items()}
 
     def read_to_host(self) -> None:
         """device -> host: the module's parameters and buffers take the device's values (in place)."""
         with torch.no_grad():
             for key, tensor in self._tensors().items():
                 device = self._device[key]
-                if tensor.shape == device.shape and tensor.dtype == device.dtype:
+                if tensor.shape == device.shape and device.dtype == device_dtype(tensor.dtype):
                     tensor.copy_(device)
                 else:  # the host module was cast or resized since: the device's value as it is
                     tensor.data = device.clone()
@@ -75,8 +84,9 @@ class DeviceWeights:
         """While active, the module's tensor objects hold the device's values; afterwards the device keeps
         what the call left in them (updated weights, buffers) and the objects get their host values back.
 
-        A forward that put a new tensor in a buffer's slot (`self.x = self.x + 1`) leaves the new value
-        on the device and the host's tensor back in the slot.
+        A forward that removes a buffer or parameter from its module, or puts another tensor in its slot
+        (`self.x = self.x + 1`), raises PopTorch's error once the block ends (the slot gets its tensor
+        back): the IPU's graph has a fixed set of weights, updated in place (`self.x.copy_(...)`).
         """
         tensors = self._tensors()
         host = {key: t.data for key, t in tensors.items()}
@@ -84,18 +94,39 @@ class DeviceWeights:
             t.data = self._device[key]
         try:
             yield
-        finally:
-            for module, kind, name, tensor in self._slots:
+        except BaseException:
+            self._give_back(tensors, host)
+            raise
+        changed = self._give_back(tensors, host)
+        if changed:
+            raise Error(changed)
+
+    def _give_back(self, tensors: dict[int, torch.Tensor], host: dict[int, torch.Tensor]) -> str | None:
+        """End of `in_use`: the slots get their tensors back, the device keeps their values, the objects
+        their host values; returns PopTorch's message for the first slot the forward emptied or refilled."""
+        changed = None
+        for kind, label in (("_buffers", "Buffer"), ("_parameters", "Parameter")):
+            for module, slot_kind, name, tensor in self._slots:
+                if slot_kind != kind:
+                    continue
                 slots = getattr(module, kind)
                 current = slots.get(name)
-                if current is not tensor and current is not None:
-                    self._device[id(tensor)] = current.detach()
-                    tensor.data = self._device[id(tensor)]
-                    slots[name] = tensor
-            for key, t in tensors.items():
-                self._device[key] = t.data
-                t.data = host[key]
-
+                if current is tensor:
+                    continue
+                slots[name] = tensor
+                if changed is None:
+                    qualified = self._names.get((id(module), name), name)
+                    changed = (
+                        f"{label} {qualified} is removed from the model when calling the forward method."
+                        if current is None
+                        else f"{label} {qualified} is reassigned within the model when calling the forward "
+                        f"method. This is not supported. Consider using self.{qualified}.copy_(src) to copy "
+                        "data from a source tensor, where src is the name of the source tensor."
+                    )
+        for key, t in tensors.items():
+            self._device[key] = t.data
+            t.data = host[key]
+        return changed
 
 def write_to_device(wrapper, training_model) -> None:
     """host -> device for `wrapper` (a `PoplarExecutor`); an inference model notes the weights of the

@@ -61,11 +61,12 @@ def check_wrap(model: nn.Module, options, training: bool, optimizer):
     return optimizer
 
 
-def fp16_compute_of(model: nn.Module) -> str | None:
-    """How fp16 ops are computed: None (plain dispatch) for a model with no fp16 weight or buffer, as
-    IPUTrainer does with --fp32; the fp16 layer costs a dispatch per op, which fp32 models skip."""
+def fp16_compute_of(model: nn.Module, half_inputs: bool) -> str | None:
+    """How fp16 ops are computed: None (plain dispatch) for a model with no fp16 weight or buffer that
+    takes no half input, as IPUTrainer does with --fp32; the fp16 layer costs a dispatch per op, which
+    fp32 models skip."""
     tensors = [*model.parameters(), *model.buffers()]
-    if not any(t.dtype == torch.float16 for t in tensors):
+    if not half_inputs and not any(t.dtype == torch.float16 for t in tensors):
         return None
     return resolve_fp16_compute(None, tensors[0].device)
 
@@ -74,14 +75,17 @@ def build_executable(wrapper) -> TrainingExecutable | InferenceExecutable:
     """The runtime's executable of a compiled `PoplarExecutor` (its trace, stage plan and host call set)."""
     call, model = wrapper._call, wrapper._user_model
     if not wrapper._training:
-        return InferenceExecutable(wrapper._micro_model, call.runtime_layout(), fp16_compute=fp16_compute_of(model))
+        return InferenceExecutable(
+            wrapper._micro_model, call.runtime_layout(), fp16_compute=fp16_compute_of(model, wrapper._half_inputs),
+            cast_inputs=False,  # the wrapper feeds them by the IPU's types (`_ipu_types.as_fed`)
+        )
     options = wrapper._options
     seed = options._values.get("random_seed", torch.initial_seed())
     wrapper._streams = wrapper._streams or ReplicaStreams(seed, options.replication_factor)
     reduction = options.Training.accumulation_and_replication_reduction_type
     return TrainingExecutable(
         model, call.runtime_layout(), loss_fn=wrapper._training_loss, replicas=_processes(wrapper),
-        streams=wrapper._streams, fp16_compute=fp16_compute_of(model),
+        streams=wrapper._streams, fp16_compute=fp16_compute_of(model, wrapper._half_inputs), cast_inputs=False,
         reduction="sum" if reduction == ReductionType.Sum else "mean",
         measure_grad_norm=False,  # PopTorch returns no gradient norm: measured only to clip
         skip_non_finite_updates=False,  # the IPU applies an update with non-finite gradients (NaN weights)

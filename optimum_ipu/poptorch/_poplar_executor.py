@@ -17,8 +17,9 @@ model, when a training model of the same module has newer weights; device -> hos
 batch arithmetic of a call (`_host_call`), the trace of one micro-batch (`_trace`), the placement
 checks and the process layout (`_placement`), the optimizer as PopTorch uses it (`_optimizer_use`),
 what a call returns (`_outputs`), the compile report (`_report`), stage processes (`_stages`), saved
-executables (`_export`), anchors (`_anchors`), the device's copy of the weights (`_device_weights`) and
-the inputs a compiled model takes (`_compiled_inputs`).
+executables (`_export`), anchors (`_anchors`), the device's copy of the weights (`_device_weights`), the
+inputs a compiled model takes (`_compiled_inputs`) and the IPU's types (`_ipu_types`: int32 and float32
+results, float64 computed as float32, half activations with float32 weights computed in half).
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ from optimum_ipu.poptorch._device_weights import DeviceWeights, follow_training_
 from optimum_ipu.poptorch._executables import build_executable, check_wrap, run_call
 from optimum_ipu.poptorch._host_call import HostCall
 from optimum_ipu.poptorch._ipu_context import running_model
+from optimum_ipu.poptorch._ipu_types import (
+    as_fed,
+    as_returned,
+    half_inputs_with_float_weights,
+    weights_follow_half_inputs,
+)
 from optimum_ipu.poptorch._logging import Error
 from optimum_ipu.poptorch._optimizer_use import (
     check_optimizer_parameters,
@@ -47,12 +54,12 @@ from optimum_ipu.poptorch._report import cycle_count, latency, report_of_compile
 from optimum_ipu.poptorch._trace import (
     constant_tensors,
     constants_as_traced,
+    fed_as,
     reference_tensor,
     trace_forward,
     training_flags_kept,
 )
 from optimum_ipu.poptorch.options import Options
-from optimum_ipu.runtime.batches import move_to
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.replicas import ReplicaStreams
 
@@ -114,6 +121,7 @@ class PoplarExecutor:
         self._loss_index: int | None = None
         self._streams: ReplicaStreams | None = None
         self._micro_model = _MicroBatchModel(self)
+        self._half_inputs = False  # half inputs, float32 weights: the weights follow (`_ipu_types`)
         self._recomputed: list[nn.Module] = []  # those recomputed in backward (when recomputation is on)
         # (plain tensor attribute, its value when traced): constants of the compiled model
         self._constants: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -149,7 +157,8 @@ class PoplarExecutor:
     def _run_user_model(self, micro: dict[str, Any]) -> Any:
         leaves = [micro[str(i)] for i in range(len(micro))]
         args, kwargs = pytree.tree_unflatten(leaves, self._spec)
-        return self._user_model(*args, **kwargs)
+        with weights_follow_half_inputs(self._half_inputs):
+            return self._user_model(*args, **kwargs)
 
     def _training_loss(self, micro: dict[str, Any]) -> torch.Tensor:
         output = self._run_user_model(micro)
@@ -164,6 +173,10 @@ class PoplarExecutor:
         """The tensor whose device and dtype inputs are fed in (`_trace.reference_tensor`)."""
         return reference_tensor(self._user_model)
 
+    def _fed_as(self) -> tuple[torch.dtype | None, torch.device | None]:
+        """The floating dtype of the model's weights on the device and their device (`_ipu_types.as_fed`)."""
+        return fed_as(self._user_model)
+
     # -- PopTorch's API ------------------------------------------------------------------------------
     @running_model(compiling=True)  # the helpers (for_loop, cond, CPU, ...) see a wrapper at work
     def compile(self, *args: Any, **kwargs: Any) -> None:
@@ -173,23 +186,26 @@ class PoplarExecutor:
         self._call.check_batch(leaves)
         constants = constant_tensors(self._user_model)
         as_traced = [t.detach().clone() for t in constants]
-        buffers = [(b, b.detach().clone()) for b in self._user_model.buffers()]
         _anchors.check_anchors(self._options.anchored_tensors, self._user_model, self._training)
         self._stage_plan = None
-        try:
-            trace = trace_forward(self._user_model, self._call.micro_batch(leaves), spec, self._training)
-            placement = check_placement(self._user_model, trace, self._options, self._training)
-            self.num_ipus, self.num_stages = placement.num_ipus, placement.num_stages
-            self._recomputed, self._traced = placement.recomputed, trace
-            self._stage_plan = plan_stage_processes(
-                self._user_model, trace, self._options, self._training, placement
-            )
-            self._call.run_as_stage_processes(self._stage_plan is not None)
-        finally:
-            # the trace changes no buffer (a forward that updates one runs again on the IPU)
-            with torch.no_grad():
-                for buffer, value in buffers:
-                    buffer.copy_(value)
+        self._half_inputs = half_inputs_with_float_weights(self._user_model, leaves)
+        self._write_weights_to_device()  # attaching writes the host's weights to the device; the trace runs on them
+        with self._device_weights.in_use():
+            buffers = [(b, b.detach().clone()) for b in self._user_model.buffers()]
+            try:
+                trace = trace_forward(
+                    self._user_model, self._call.micro_batch(leaves), spec, self._training, self._half_inputs
+                )
+            finally:
+                # the trace changes no buffer (a forward that updates one runs again on the IPU)
+                with torch.no_grad():
+                    for buffer, value in buffers:
+                        buffer.copy_(value)
+        placement = check_placement(self._user_model, trace, self._options, self._training)
+        self.num_ipus, self.num_stages = placement.num_ipus, placement.num_stages
+        self._recomputed, self._traced = placement.recomputed, trace
+        self._stage_plan = plan_stage_processes(self._user_model, trace, self._options, self._training, placement)
+        self._call.run_as_stage_processes(self._stage_plan is not None)
         self._constants = list(zip(constants, as_traced))
         self.compile_result = report_of_compile(
             self._user_model, self._traced, self._options, self._training, self._optimizer, self.num_ipus,
@@ -199,7 +215,6 @@ class PoplarExecutor:
         self._example = _export.example_of(args, kwargs)
         self._attached = True
         self._loss_index = None
-        self._write_weights_to_device()  # attaching writes the host's weights to the device
 
     def compileAndExport(self, filename: str, *args: Any, export_model: bool = True, **kwargs: Any) -> None:
         """Compile for inputs like `args` / `kwargs` (unless compiled already) and save to `filename` for `poptorch.load`.
@@ -344,11 +359,8 @@ class PoplarExecutor:
         if not self._training:  # PopTorch's implicit copyWeightsToDevice() after a training model's update
             follow_training_model(self, _training_wrappers.get(self._user_model))
         self._call.check_batch(leaves)
-        first = self._reference_tensor()
-        batch = {
-            str(i): move_to(self._call.to_runtime_layout(leaf), first.device) if first is not None else leaf
-            for i, leaf in enumerate(leaves)
-        }
+        dtype, device = self._fed_as()
+        batch = {str(i): as_fed(self._call.to_runtime_layout(leaf), dtype, device) for i, leaf in enumerate(leaves)}
         self._recorded = []
         anchors = _anchors.AnchorRecorder(self._user_model, self._options.anchored_tensors)
         try:
@@ -367,6 +379,7 @@ class PoplarExecutor:
         di, ga, _, _ = self._call.counts()
         mode, period = self._call.output_mode()
         outputs = _outputs.select_outputs(recorded, di, ga, self._output_count(), mode, period)
+        outputs = as_returned(outputs)  # int32 and float32 results, as the IPU has no 64-bit types
         _outputs.refuse_backward(outputs)
         return outputs
 

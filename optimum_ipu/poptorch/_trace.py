@@ -24,10 +24,11 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch._annotations import recording_ipus
+from optimum_ipu.poptorch._ipu_types import as_fed, device_dtype, weights_follow_half_inputs
 from optimum_ipu.poptorch._recompute import finding_recomputed_modules
 from optimum_ipu.poptorch._report import recording_module_blocks
 
-__all__ = ["Trace", "constant_tensors", "constants_as_traced", "reference_tensor", "trace_forward",
+__all__ = ["Trace", "constant_tensors", "constants_as_traced", "fed_as", "reference_tensor", "trace_forward",
            "training_flags_kept"]  # fmt: skip
 
 
@@ -65,30 +66,35 @@ def reference_tensor(model: nn.Module) -> torch.Tensor | None:
     return first if first is not None else next(model.buffers(), None)
 
 
-def trace_forward(model: nn.Module, micro: list[Any], spec: pytree.TreeSpec, training: bool) -> Trace:
-    """Run one micro-batch (`micro`, leaves of `spec`) through `model` in the mode it will run in, no grad."""
+def fed_as(model: nn.Module) -> tuple[torch.dtype | None, torch.device | None]:
+    """The floating dtype of `model`'s weights on the device (None when the reference tensor is not
+    floating, or there is none) and their device (None: none), as `_ipu_types.as_fed` takes them."""
+    first = reference_tensor(model)
+    if first is None:
+        return None, None
+    return (device_dtype(first.dtype) if first.is_floating_point() else None), first.device
+
+
+def trace_forward(
+    model: nn.Module, micro: list[Any], spec: pytree.TreeSpec, training: bool, half_inputs: bool = False
+) -> Trace:
+    """Run one micro-batch (`micro`, leaves of `spec`) through `model` in the mode it will run in, no grad.
+
+    The inputs are fed as a call feeds them (`_ipu_types.as_fed`), as copies: PopTorch's compile runs no
+    forward on the caller's tensors, so an in-place update of an input in `forward()` reaches the caller
+    once per call, by the call's own run, never by the trace. `half_inputs`: the weights follow half
+    inputs (`_ipu_types.weights_follow_half_inputs`).
+    """
     args, kwargs = pytree.tree_unflatten(micro, spec)
     with training_flags_kept(model), recording_ipus() as trace, \
             recording_module_blocks(model, trace) as module_blocks, \
             finding_recomputed_modules(model) as checkpointed, \
-            torch.no_grad(), torch.random.fork_rng(devices=[]):  # fmt: skip
+            torch.no_grad(), torch.random.fork_rng(devices=[]), weights_follow_half_inputs(half_inputs):  # fmt: skip
         model.train(training)
-        first = reference_tensor(model)
-        args, kwargs = pytree.tree_map(lambda t: _as_fed(t, first), (args, kwargs))
+        dtype, device = fed_as(model)
+        args, kwargs = pytree.tree_map(lambda t: as_fed(t, dtype, device, copy=True), (args, kwargs))
         model(*args, **kwargs)
     return Trace(list(trace), module_blocks, micro, spec, args, kwargs, checkpointed)
-
-
-def _as_fed(value: Any, first: torch.Tensor | None) -> Any:
-    """An input as the executable feeds it (on the model's device, floating inputs in its floating dtype),
-    always a copy: PopTorch's compile runs no forward on the caller's tensors, so an in-place update of an
-    input in `forward()` reaches the caller once per call, by the call's own run, never by the trace."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    if first is not None and first.is_floating_point():
-        dtype = first.dtype if value.is_floating_point() else value.dtype
-        return value.to(first.device, dtype, copy=True)
-    return value.clone()
 
 
 @contextlib.contextmanager

@@ -66,6 +66,8 @@ class TrainingExecutable:
             `rounding_generator`) when the optimizer is a torch optimizer updating them through fp32
             working copies (`optimizers.fp32_working_copies`); an IPU optimizer
             (`step(gradients=...)`) rounds by its own setting.
+        cast_inputs: cast floating inputs to the model's dtype (IPUTrainer); False: the caller feeds them
+            as the model takes them (PopTorch, by the IPU's type rules: `poptorch._ipu_types`).
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class TrainingExecutable:
         stochastic_rounding: bool = False,
         rounding_generator: torch.Generator | None = None,
         skip_non_finite_updates: bool = True,
+        cast_inputs: bool = True,
     ):
         if not isinstance(layout, CallLayout):
             raise TypeError(f"TrainingExecutable takes a CallLayout, got {type(layout).__name__}.")
@@ -101,7 +104,7 @@ class TrainingExecutable:
         self.measure_grad_norm = measure_grad_norm
         self.skip_non_finite_updates = skip_non_finite_updates
         self.layout = layout
-        self.dtype = next(model.parameters()).dtype
+        self.dtype = next(model.parameters()).dtype if cast_inputs else None
         # Walked once: a walk of the module tree per update costs more than a small model's step.
         self.weights = list(model.parameters())
         self.last_losses = torch.empty(0)
@@ -142,7 +145,9 @@ class TrainingExecutable:
         layout = self.layout
         di, replicas, ga = layout.device_iterations, layout.replication_factor, layout.gradient_accumulation_steps
         layout.micro_batch_size(batch_size_of(batch))  # raises "Invalid batch dimension"
-        micro_batches = split_batch(cast_floating(batch, self.dtype), layout.micro_batches)
+        if self.dtype is not None:
+            batch = cast_floating(batch, self.dtype)
+        micro_batches = split_batch(batch, layout.micro_batches)
         local = self.replicas.local_replicas(replicas)
         # Every micro-batch's loss, in [device iteration][local replica][accumulation step] order:
         # 0-dim tensors on the model's device (one copy to the host at the end, not one per loss),
@@ -218,6 +223,7 @@ class InferenceExecutable:
             last batch runs short micro-batches); None: each call's batch size over the layout's
             micro-batches (PopTorch's rule, which refuses a batch that does not divide).
         fp16_compute: "emulated" or "native", for an fp16 model.
+        cast_inputs: as `TrainingExecutable`'s.
     """
 
     def __init__(
@@ -226,6 +232,7 @@ class InferenceExecutable:
         layout: CallLayout,
         micro_batch_size: int | None = None,
         fp16_compute: str | None = "emulated",
+        cast_inputs: bool = True,
     ):
         if not isinstance(layout, CallLayout):
             raise TypeError(f"InferenceExecutable takes a CallLayout, got {type(layout).__name__}.")
@@ -234,7 +241,7 @@ class InferenceExecutable:
         self.micro_batch_size = micro_batch_size
         self.fp16_compute = fp16_compute
         first = next(model.parameters(), None)  # a model with no weights (PopTorch runs those) casts nothing
-        self.dtype = first.dtype if first is not None else None
+        self.dtype = first.dtype if first is not None and cast_inputs else None
 
     @torch.no_grad()
     def __call__(

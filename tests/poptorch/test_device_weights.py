@@ -150,3 +150,38 @@ def test_copying_weights_before_compiling_is_poptorchs_error(copy_):
     model = poptorch.inferenceModel(Regressor())
     with pytest.raises(poptorch.Error, match="Model has not been compiled or has been destroyed."):
         getattr(model, copy_)()
+
+
+class _RemovesItsBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("y", torch.tensor([2.0]))
+
+    def forward(self, x):
+        if "y" in self._buffers:
+            del self._buffers["y"]
+        return x + 1
+
+
+class _ReassignsItsBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("y", torch.tensor([2.0]))
+
+    def forward(self, x):
+        self.y = self.y + x
+        return x + 1
+
+
+def test_removing_a_buffer_in_forward_is_poptorchs_error_and_the_module_keeps_it():
+    model = _RemovesItsBuffer()
+    with pytest.raises(poptorch.Error, match=r"Buffer y is removed from the model when calling the forward method\."):
+        poptorch.inferenceModel(model)(torch.tensor([5.0]))
+    assert "y" in model._buffers
+
+
+def test_reassigning_a_buffer_in_forward_is_poptorchs_error_naming_copy_():
+    model = _ReassignsItsBuffer()
+    with pytest.raises(poptorch.Error, match=r"Buffer y is reassigned within the model .* self\.y\.copy_\(src\)"):
+        poptorch.inferenceModel(model)(torch.tensor([5.0]))
+    assert torch.equal(model.y, torch.tensor([2.0]))
