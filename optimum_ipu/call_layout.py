@@ -91,6 +91,11 @@ class CallLayout:
         """The index, among the call's micro-batches, of replica `replica`'s first one in iteration `iteration`."""
         return (iteration * self.replication_factor + replica) * self.gradient_accumulation_steps
 
+    def replica_of(self, index: int) -> int:
+        """The replica that runs micro-batch `index` of the call, in the runtime's [DI][R][GA] order (the
+        inverse of `first_micro_batch`, for state a replica keeps for itself)."""
+        return (index // self.gradient_accumulation_steps) % self.replication_factor
+
     def poptorch_index(self, iteration: int, step: int, replica: int) -> int:
         """The index of a micro-batch in PopTorch's order, [iteration][accumulation step][replica] (how a
         PopTorch program's inputs are laid out and its outputs returned)."""

@@ -39,6 +39,10 @@ class DeviceWeights:
         self._slots: list[tuple[nn.Module, str, str, torch.Tensor]] = []
         self._device: dict[int, torch.Tensor] = {}  # id(host tensor) -> its device value
         self._names: dict[tuple[int, str], str] = {}  # (id(module), slot name) -> the model's name for it
+        # replica -> id(host buffer) -> that replica's own value, for replicas 1.. when buffers are not
+        # broadcast (replica 0's is `_device`'s, the one copied to the host)
+        self._replica_buffers: dict[int, dict[int, torch.Tensor]] = {}
+        self._replicas_with_own_buffers = 1
 
     def _tensors(self) -> dict[int, torch.Tensor]:
         """The module's tensors as the slots hold them now, one entry per object (tied weights once)."""
@@ -60,6 +64,50 @@ class DeviceWeights:
         ]
         with torch.no_grad():  # float64 becomes float32, as on the IPU (`_ipu_types`)
             self._device = {key: t.detach().to(device_dtype(t.dtype), copy=True) for key, t in self._tensors().items()}
+        self.keep_buffers_per_replica(self._replicas_with_own_buffers)
+
+    def write_buffers_from_host(self, names: list[str]) -> None:
+        """host -> device for the buffers `names` only (PopTorch's `copyNamedBuffersToDevice`), every
+        replica's copy of them too."""
+        buffers = dict(self.model.named_buffers())
+        with torch.no_grad():
+            for name in names:
+                host = buffers[name]
+                self._device[id(host)] = host.detach().to(device_dtype(host.dtype), copy=True)
+                for own in self._replica_buffers.values():
+                    own[id(host)] = self._device[id(host)].clone()
+
+    def buffer_names(self) -> list[str]:
+        """The model's buffer names (what `updatableNamedBuffers` may list)."""
+        return [name for name, _ in self.model.named_buffers()]
+
+    def keep_buffers_per_replica(self, replicas: int) -> None:
+        """From now on each of `replicas` replicas keeps its own buffers (`broadcastBuffers(False)`), each
+        starting from the device's values; a later host -> device write starts them all again from it."""
+        self._replicas_with_own_buffers = replicas
+        buffers = {id(t): t for _, kind, _, t in self._slots if kind == "_buffers"}
+        self._replica_buffers = {
+            replica: {key: self._device[key].clone() for key in buffers} for replica in range(1, replicas)
+        }
+
+    @contextlib.contextmanager
+    def replica_buffers(self, replica: int) -> Iterator[None]:
+        """Inside `in_use`: the module's buffers hold replica `replica`'s own values (`keep_buffers_per_replica`).
+        Replica 0 runs on the device values themselves, the ones copied to the host."""
+        own = self._replica_buffers.get(replica)
+        if not own:
+            yield
+            return
+        buffers = {id(t): t for _, kind, _, t in self._slots if kind == "_buffers"}
+        shared = {key: t.data for key, t in buffers.items()}
+        for key, t in buffers.items():
+            t.data = own[key]
+        try:
+            yield
+        finally:
+            for key, t in buffers.items():
+                own[key] = t.data
+                t.data = shared[key]
 
     def read_to_host(self) -> None:
         """device -> host: the module's parameters and buffers take the device's values (in place)."""
@@ -77,7 +125,8 @@ class DeviceWeights:
 
     def clear(self) -> None:
         """Free the device copy (`destroy`)."""
-        self._slots, self._device = [], {}
+        self._slots, self._device, self._replica_buffers = [], {}, {}
+        self._replicas_with_own_buffers = 1
 
     @contextlib.contextmanager
     def in_use(self) -> Iterator[None]:
@@ -145,3 +194,36 @@ def follow_training_model(wrapper, training_model) -> None:
     this model last copied host -> device (PopTorch's implicit `copyWeightsToDevice()`)."""
     if training_model is not None and training_model._host_weights_version != wrapper._host_weights_version:
         write_to_device(wrapper, training_model)
+
+
+BROADCAST_BUFFERS = (
+    "PopTorch does not support broadcasting buffers. If your model is able to tolerate buffers becoming out "
+    "of sync between replicas, you can disable buffer broadcasting using "
+    "poptorch.Options.broadcastBuffers(False)."
+)
+
+
+def check_buffers(options, weights: DeviceWeights, updated: list[str]) -> bool:
+    """PopTorch's compile checks on buffers; returns whether each replica keeps its own buffers.
+
+    Args:
+        options: the wrapper's `poptorch.Options`.
+        weights: the wrapper's device weights (its model's buffer names).
+        updated: the buffers the traced forward updated in place (a BatchNorm's running statistics are
+            not among them: its op updates them, as PopART's BatchNorm does on the IPU).
+
+    Raises:
+        Error: `updatableNamedBuffers` names a buffer the model lacks; or the forward updates a buffer
+            while replicas share their buffers (PopTorch's default, `broadcastBuffers(True)`).
+    """
+    known = weights.buffer_names()
+    for name in options._values.get("updatable_named_buffers") or []:
+        if name not in known:
+            raise Error(
+                f"Invalid updatable buffer {name!r}: opts.updatableNamedBuffers names the model's buffers, "
+                f"which are {', '.join(known) or 'none'}."
+            )
+    replicated = options.replication_factor > 1
+    if replicated and updated and options.broadcast_buffers:
+        raise Error(f"{BROADCAST_BUFFERS} (updated in forward(): {', '.join(updated)})")
+    return replicated and not options.broadcast_buffers

@@ -31,9 +31,15 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.poptorch import _anchors, _export, _outputs, _stages, custom_args
 from optimum_ipu.poptorch._compiled_inputs import check_inputs
-from optimum_ipu.poptorch._device_weights import DeviceWeights, follow_training_model, write_to_device
+from optimum_ipu.poptorch._device_weights import (
+    DeviceWeights,
+    check_buffers,
+    follow_training_model,
+    write_to_device,
+)
 from optimum_ipu.poptorch._executables import build_executable, check_wrap, run_call
 from optimum_ipu.poptorch._host_call import HostCall
 from optimum_ipu.poptorch._ipu_context import running_model
@@ -122,6 +128,7 @@ class PoplarExecutor:
         self._streams: ReplicaStreams | None = None
         self._micro_model = _MicroBatchModel(self)
         self._half_inputs = False  # half inputs, float32 weights: the weights follow (`_ipu_types`)
+        self._own_replica_buffers = False  # each replica keeps its own buffers (`broadcastBuffers(False)`)
         self._recomputed: list[nn.Module] = []  # those recomputed in backward (when recomputation is on)
         # (plain tensor attribute, its value when traced): constants of the compiled model
         self._constants: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -157,7 +164,11 @@ class PoplarExecutor:
     def _run_user_model(self, micro: dict[str, Any]) -> Any:
         leaves = [micro[str(i)] for i in range(len(micro))]
         args, kwargs = pytree.tree_unflatten(leaves, self._spec)
-        with weights_follow_half_inputs(self._half_inputs):
+        replica = 0
+        if self._own_replica_buffers and self._stages is None:  # each replica's buffers are its own
+            di, ga, _, _ = self._call.counts()
+            replica = CallLayout(di, len(self._call.replicas), ga).replica_of(len(self._recorded))
+        with weights_follow_half_inputs(self._half_inputs), self._device_weights.replica_buffers(replica):
             return self._user_model(*args, **kwargs)
 
     def _training_loss(self, micro: dict[str, Any]) -> torch.Tensor:
@@ -192,10 +203,12 @@ class PoplarExecutor:
         self._write_weights_to_device()  # attaching writes the host's weights to the device; the trace runs on them
         with self._device_weights.in_use():
             buffers = [(b, b.detach().clone()) for b in self._user_model.buffers()]
+            versions = {name: b._version for name, b in self._user_model.named_buffers()}
             try:
                 trace = trace_forward(
                     self._user_model, self._call.micro_batch(leaves), spec, self._training, self._half_inputs
                 )
+                updated = [n for n, b in self._user_model.named_buffers() if b._version != versions.get(n)]
             finally:
                 # the trace changes no buffer (a forward that updates one runs again on the IPU)
                 with torch.no_grad():
@@ -206,6 +219,9 @@ class PoplarExecutor:
         self._recomputed, self._traced = placement.recomputed, trace
         self._stage_plan = plan_stage_processes(self._user_model, trace, self._options, self._training, placement)
         self._call.run_as_stage_processes(self._stage_plan is not None)
+        self._own_replica_buffers = check_buffers(self._options, self._device_weights, updated)
+        if self._own_replica_buffers:
+            self._device_weights.keep_buffers_per_replica(len(self._call.replicas))
         self._constants = list(zip(constants, as_traced))
         self.compile_result = report_of_compile(
             self._user_model, self._traced, self._options, self._training, self._optimizer, self.num_ipus,
@@ -307,6 +323,19 @@ class PoplarExecutor:
         if self._executable is None:
             raise Error(NOT_COMPILED)
         self._write_weights_to_device()
+
+    def copyNamedBuffersToDevice(self) -> None:
+        """Copy the buffers `opts.updatableNamedBuffers([...])` names from the module to the device (the
+        others, and the weights, keep their device values)."""
+        if self._executable is None:
+            raise Error(NOT_COMPILED)
+        names = self._options._values.get("updatable_named_buffers")
+        if not names:
+            raise Error(
+                "No named buffers marked as updatable via updatableNamedBuffers option: name them with "
+                "opts.updatableNamedBuffers(['name', ...]) before wrapping the model."
+            )
+        self._device_weights.write_buffers_from_host(names)
 
     def copyWeightsToHostIfNeeded(self) -> bool:
         """Whether the host's weights were out of date and have been copied: never here, as a training call
