@@ -262,7 +262,8 @@ class _TrainingOptions(_OptionsDict):
     _SETTERS: ClassVar = {
         "gradient_accumulation": "gradientAccumulation",
         "accumulation_and_replication_reduction_type": "accumulationAndReplicationReductionType",
-        "mean_accumulation_and_replication_reduction_strategy": "setMeanAccumulationAndReplicationReductionStrategy",
+        # PopTorch stores this one under its setter's camelCase name, and programs read it so
+        "meanAccumulationAndReplicationReductionStrategy": "setMeanAccumulationAndReplicationReductionStrategy",
         "automatic_loss_scaling": "setAutomaticLossScaling",
         "convolution_dithering": "setConvolutionDithering",
     }
@@ -270,7 +271,7 @@ class _TrainingOptions(_OptionsDict):
     def __init__(self, popart: _PopartOptions):
         super().__init__(gradient_accumulation=1,
                          accumulation_and_replication_reduction_type=enums.ReductionType.Mean,
-                         mean_accumulation_and_replication_reduction_strategy=enums.MeanReductionStrategy.Post,
+                         meanAccumulationAndReplicationReductionStrategy=enums.MeanReductionStrategy.Post,
                          automatic_loss_scaling=False)  # fmt: skip
         object.__setattr__(self, "_popart", popart)
 
@@ -292,10 +293,12 @@ class _TrainingOptions(_OptionsDict):
         return self
 
     def setMeanAccumulationAndReplicationReductionStrategy(self, strategy) -> _TrainingOptions:
-        """Running / Post: the gradients are summed in fp32 and divided once here, so every strategy agrees."""
+        """When a Mean reduction divides: read back as `Training.meanAccumulationAndReplicationReductionStrategy`
+        (`Post` until set, as on PopTorch). Every strategy gives the same values here: the gradients
+        are summed in fp32 and divided once."""
         no_effect("Training.setMeanAccumulationAndReplicationReductionStrategy",
                   "gradients are summed in fp32 and divided once, which no strategy changes.")  # fmt: skip
-        self._store(mean_accumulation_and_replication_reduction_strategy=enums.MeanReductionStrategy(strategy))
+        self._store(meanAccumulationAndReplicationReductionStrategy=enums.MeanReductionStrategy(strategy))
         return self
 
     def setAutomaticLossScaling(self, enabled: bool) -> _TrainingOptions:
@@ -473,7 +476,8 @@ class Options(_OptionsDict):
                          broadcast_buffers=True, device_iterations=1, auto_round_num_ipus=False,
                          output_mode=enums.OutputMode.Default, output_return_period=1,
                          available_memory_proportion={}, executable_cache_dir="", use_ipu_model=False,
-                         anchored_tensors={})  # fmt: skip
+                         anchored_tensors={}, log_dir=".", max_repeat_logs=4,
+                         connection_type=enums.ConnectionType.Always, sync_pattern=enums.SyncPattern.Full)  # fmt: skip
         object.__setattr__(self, "_popart", popart)
         object.__setattr__(self, "_precision", _PrecisionOptions(popart))
         object.__setattr__(self, "_training", _TrainingOptions(popart))
