@@ -51,6 +51,7 @@ from optimum_ipu.poptorch._trace import (
     trace_forward,
     training_flags_kept,
 )
+from optimum_ipu.poptorch.enums import OutputMode
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.batches import move_to
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
@@ -90,6 +91,8 @@ class PoplarExecutor:
         options._check_input_grouping()
         options._freeze()
         self._options = options.clone()
+        if self._options.defaultOutputMode():  # PopTorch resolves Default on its copy, not on the user's
+            self._options.outputMode(OutputMode.Final if training else OutputMode.All)
         self._options._freeze()
         self._call = HostCall(self._options, training)  # the batch arithmetic of a call
         self._process_replicas = None

@@ -6,7 +6,21 @@ on our `poptorch`.
 """
 
 
+import torch
+
 import poptorch
+
+
+class _WithLoss(torch.nn.Module):
+    """A one-layer model whose forward returns (output, loss), as a trainingModel's does."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        out = self.linear(x)
+        return out, out.sum()
 
 
 # -- option values a program reads back ------------------------------------------------------------
@@ -30,3 +44,15 @@ def test_connection_and_sync_defaults_read_back_as_poptorchs():
     assert opts.connection_type == poptorch.ConnectionType.Always
     assert opts.sync_pattern == poptorch.SyncPattern.Full
     assert opts.max_repeat_logs == 4
+
+
+# -- a wrapped model's options -----------------------------------------------------------------------
+def test_a_wrapped_models_default_output_mode_reads_final_in_training_and_all_in_inference():
+    opts = poptorch.Options()
+    training = poptorch.trainingModel(_WithLoss(), opts)
+    inference = poptorch.inferenceModel(torch.nn.Linear(2, 2), opts)
+    assert training.options.output_mode == poptorch.OutputMode.Final
+    assert inference.options.output_mode == poptorch.OutputMode.All
+    assert opts.output_mode == poptorch.OutputMode.Default  # the user's own Options are unchanged
+    chosen = poptorch.Options().outputMode(poptorch.OutputMode.Sum)
+    assert poptorch.trainingModel(_WithLoss(), chosen).options.output_mode == poptorch.OutputMode.Sum
