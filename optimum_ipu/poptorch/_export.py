@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch._logging import Error
+from optimum_ipu.poptorch._offline import connect_loaded
 
 __all__ = ["ExampleTensor", "example_inputs", "example_of", "export", "load", "read"]
 
@@ -120,6 +121,7 @@ def load(filename: str, edit_opts_fn: Callable | None = None, trust_file: bool =
             f"(poptorch.inferenceModel or trainingModel) and call model.loadExecutable({filename!r})."
         )
     options = content["options"].clone()
+    connect_loaded(options)  # a model exported for an offline target runs once loaded, as on PopTorch
     if edit_opts_fn is not None:
         edit_opts_fn(options)
     wrapper = PoplarExecutor(content["model"], options, content["training"], content["optimizer"])

@@ -37,6 +37,7 @@ from optimum_ipu.poptorch._executables import build_executable, check_wrap, run_
 from optimum_ipu.poptorch._host_call import HostCall
 from optimum_ipu.poptorch._ipu_context import running_model
 from optimum_ipu.poptorch._logging import Error
+from optimum_ipu.poptorch._offline import is_offline, refuse_offline
 from optimum_ipu.poptorch._optimizer_use import (
     check_optimizer_parameters,
     hyperparameters,
@@ -200,7 +201,7 @@ class PoplarExecutor:
         )  # fmt: skip
         self._executable = build_executable(self)  # under torchrun: every process holds process 0's weights
         self._example = _export.example_of(args, kwargs)
-        self._attached = True
+        self._attached = not is_offline(self._options)  # an offline target compiles without attaching
         self._loss_index = None
         self._write_weights_to_device()  # attaching writes the host's weights to the device
 
@@ -257,6 +258,7 @@ class PoplarExecutor:
         """Attach again after `detachFromDevice`: as PopTorch's, this writes the host's weights to the device."""
         if self._executable is None:
             raise Error(NOT_COMPILED)
+        refuse_offline(self._options, "attach")
         if self._attached:
             raise Error("Device is already attached")
         self._attached = True
@@ -336,6 +338,7 @@ class PoplarExecutor:
 
     @running_model(compiling=False)
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        refuse_offline(self._options, "run")
         custom_args.register_subclasses_in((args, kwargs))
         leaves, self._spec = pytree.tree_flatten((args, kwargs))
         if self._executable is None:

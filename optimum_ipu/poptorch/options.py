@@ -642,12 +642,22 @@ class Options(_OptionsDict):
         return self._record("useIpuId", "there are no physical IPUs to choose.", ipu_id=int(ipu_id))
 
     def useOfflineIpuTarget(self, ipu_version: int = 2) -> Options:
-        return self._record(
-            "useOfflineIpuTarget", "nothing is compiled for a device.", ipu_version=int(ipu_version)
-        )
+        """Compile for an offline IPU of `ipu_version` (connection type `Never`): a wrapped model compiles
+        and exports, and calling it raises, as on PopTorch (`_offline.py`)."""
+        self.connectionType(enums.ConnectionType.Never)
+        self._store(ipu_version=int(ipu_version))
+        return self
 
     def connectionType(self, connection_type: enums.ConnectionType) -> Options:
-        return self._record("connectionType", "no IPUs are attached.", connection_type=connection_type)
+        """When to attach to IPUs: `Always` and `OnDemand` run alike here; `Never` compiles only (calls raise)."""
+        if not isinstance(connection_type, enums.ConnectionType):
+            raise TypeError(
+                f"connectionType takes a poptorch.ConnectionType (Always, OnDemand or Never), got {shown(connection_type)}."
+            )
+        if connection_type != enums.ConnectionType.Never:
+            no_effect("connectionType", "no IPUs are attached: Always and OnDemand run alike.")
+        self._store(connection_type=connection_type)
+        return self
 
     def syncPattern(self, sync_pattern: enums.SyncPattern) -> Options:
         return self._record("syncPattern", "IPU synchronisation is not simulated.", sync_pattern=sync_pattern)

@@ -6,6 +6,7 @@ on our `poptorch`.
 """
 
 
+import pytest
 import torch
 
 import poptorch
@@ -56,3 +57,38 @@ def test_a_wrapped_models_default_output_mode_reads_final_in_training_and_all_in
     assert opts.output_mode == poptorch.OutputMode.Default  # the user's own Options are unchanged
     chosen = poptorch.Options().outputMode(poptorch.OutputMode.Sum)
     assert poptorch.trainingModel(_WithLoss(), chosen).options.output_mode == poptorch.OutputMode.Sum
+
+
+# -- offline IPU targets ----------------------------------------------------------------------------
+def test_an_offline_target_compiles_and_exports_but_refuses_to_run_or_attach(tmp_path):
+    opts = poptorch.Options().useOfflineIpuTarget()
+    assert (opts.connection_type, opts.ipu_version) == (poptorch.ConnectionType.Never, 2)
+    model = poptorch.trainingModel(_WithLoss(), opts)
+    x = torch.randn(4, 2)
+    model.compile(x)
+    assert model.isCompiled() and not model.isAttachedToDevice()
+    path = str(tmp_path / "offline.poptorch")
+    model.compileAndExport(path)
+    with pytest.raises(poptorch.Error, match=r"Trying to run a model on an offline device \(ConnectionType.Never\)"):
+        model(x)
+    with pytest.raises(AssertionError, match="Trying to run a model on an offline device"):  # as PopTorch raises it
+        model(x)
+    with pytest.raises(poptorch.Error, match=r"Trying to attach to an offline device \(ConnectionType.Never\)"):
+        model.attachToDevice()
+    loaded = poptorch.load(path)  # as on PopTorch, a loaded file connects
+    assert loaded.options.connection_type == poptorch.ConnectionType.Always
+    assert not loaded.options.exists("ipu_version")
+    out, loss = loaded(x)
+    assert out.shape == (4, 2)
+
+
+def test_an_uncompiled_offline_model_refuses_a_call_before_compiling():
+    model = poptorch.inferenceModel(torch.nn.Linear(2, 2), poptorch.Options().connectionType(poptorch.ConnectionType.Never))
+    with pytest.raises(poptorch.Error, match="use model.compile"):
+        model(torch.randn(2, 2))
+    assert not model.isCompiled()
+
+
+def test_connection_type_takes_a_connection_type_only():
+    with pytest.raises(TypeError, match="connectionType takes a poptorch.ConnectionType"):
+        poptorch.Options().connectionType("Never")
