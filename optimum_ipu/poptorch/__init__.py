@@ -16,6 +16,7 @@ from optimum_ipu.poptorch import (
     tensor_ops,
 )
 from optimum_ipu.poptorch._annotations import BeginBlock, Block, BlockFunction, removeBlocks
+from optimum_ipu.poptorch._compile_hooks import registerPostCompileHook, registerPreCompileHook
 from optimum_ipu.poptorch._dataloader import AsynchronousDataAccessor, DataLoader
 from optimum_ipu.poptorch._export import load
 from optimum_ipu.poptorch._ipu_context import isRunningOnIpu
@@ -140,6 +141,8 @@ __all__ = [
     "optim",
     "recomputationCheckpoint",
     "registerCustomArgParser",
+    "registerPostCompileHook",
+    "registerPreCompileHook",
     "removeBlocks",
     "scopes",
     "serializedMatMul",

@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch import _anchors, _export, _outputs, _stages, custom_args
+from optimum_ipu.poptorch._compile_hooks import with_compile_hooks
 from optimum_ipu.poptorch._compiled_inputs import check_inputs
 from optimum_ipu.poptorch._device_weights import DeviceWeights, follow_training_model, write_to_device
 from optimum_ipu.poptorch._executables import build_executable, check_wrap, run_call
@@ -170,6 +171,7 @@ class PoplarExecutor:
 
     # -- PopTorch's API ------------------------------------------------------------------------------
     @running_model(compiling=True)  # the helpers (for_loop, cond, CPU, ...) see a wrapper at work
+    @with_compile_hooks  # poptorch.registerPreCompileHook / registerPostCompileHook
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Compile for inputs shaped like `args`/`kwargs`: the batch and placement checks, then the executable."""
         custom_args.register_subclasses_in((args, kwargs))  # a registered parser's subclasses too

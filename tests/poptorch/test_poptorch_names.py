@@ -92,3 +92,43 @@ def test_an_uncompiled_offline_model_refuses_a_call_before_compiling():
 def test_connection_type_takes_a_connection_type_only():
     with pytest.raises(TypeError, match="connectionType takes a poptorch.ConnectionType"):
         poptorch.Options().connectionType("Never")
+
+
+# -- compile hooks ----------------------------------------------------------------------------------
+def test_compile_hooks_run_before_and_after_every_compile_until_removed():
+    model = poptorch.inferenceModel(torch.nn.Linear(2, 2))
+    seen = []
+    pre = poptorch.registerPreCompileHook(lambda: seen.append(("pre", model.isCompiled())))
+    post = poptorch.registerPostCompileHook(lambda: seen.append(("post", model.isCompiled())))
+    try:
+        model(torch.randn(2, 2))
+        model(torch.randn(2, 2))  # compiled already: no hook
+        assert seen == [("pre", False), ("post", True)]
+        model.destroy()
+        model.compile(torch.randn(2, 2))
+        assert len(seen) == 4
+    finally:
+        pre.remove()
+        post.remove()
+    model.destroy()
+    model.compile(torch.randn(2, 2))
+    assert len(seen) == 4
+
+
+def test_post_compile_hooks_run_when_the_compile_fails():
+    model = poptorch.inferenceModel(torch.nn.Linear(2, 2), poptorch.Options().deviceIterations(2))
+    seen = []
+    handle = poptorch.registerPostCompileHook(lambda: seen.append("post"))
+    try:
+        with pytest.raises(AssertionError, match="Invalid batch dimension"):
+            model.compile(torch.randn(3, 2))
+    finally:
+        handle.remove()
+    assert seen == ["post"]
+
+
+def test_a_compile_hook_must_be_callable():
+    with pytest.raises(RuntimeError, match="Pre-compile hook must be callable"):
+        poptorch.registerPreCompileHook(3)
+    with pytest.raises(RuntimeError, match="Post-compile hook must be callable"):
+        poptorch.registerPostCompileHook(None)
