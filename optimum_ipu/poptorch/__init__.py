@@ -22,6 +22,8 @@ from optimum_ipu.poptorch._export import load
 from optimum_ipu.poptorch._ipu_context import isRunningOnIpu
 from optimum_ipu.poptorch._logging import Error, RecoverableError, UnrecoverableError, logger, setLogLevel
 from optimum_ipu.poptorch._poplar_executor import PoplarExecutor, inferenceModel, trainingModel
+from optimum_ipu.poptorch._printing import module_repr
+from optimum_ipu.poptorch._printing import print as print  # noqa: A004 - PopTorch's poptorch.print, kept out of __all__
 from optimum_ipu.poptorch.attributes import Attribute
 from optimum_ipu.poptorch.blocks import (
     ParallelPhasedExecution,
@@ -135,6 +137,7 @@ __all__ = [
     "isRunningOnIpu",
     "load",
     "logger",
+    "module_repr",
     "nearest",
     "nop",
     "ops",
