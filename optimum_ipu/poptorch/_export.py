@@ -163,10 +163,12 @@ def read(filename: str, trust_file: bool = False) -> dict:
 
 def _own_types() -> set:
     """optimum-ipu's poptorch types an exported file may hold: options, enums, execution strategies,
-    optimizers, the example inputs' shapes, and BeginBlock's forward pre-hook."""
+    optimizers, the example inputs' shapes, BeginBlock's forward pre-hook (`_pre_hook` in older files)
+    and a function wrapped by BlockFunction (the function it wraps is checked on its own)."""
     from optimum_ipu.poptorch import _annotations, blocks, enums, optim, options
 
-    own = {_ExampleTensor, _rebuild_defaultdict, _annotations._pre_hook}
+    own = {_ExampleTensor, _rebuild_defaultdict, _annotations._pre_hook, _annotations._BlockHook,
+           _annotations._BlockFunction}  # fmt: skip
     for module in (blocks, enums, optim, options):
         own.update(
             v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module.__name__

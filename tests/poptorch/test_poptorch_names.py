@@ -6,6 +6,9 @@ on our `poptorch`.
 """
 
 
+import copy
+import pickle
+
 import pytest
 import torch
 
@@ -132,3 +135,122 @@ def test_a_compile_hook_must_be_callable():
         poptorch.registerPreCompileHook(3)
     with pytest.raises(RuntimeError, match="Post-compile hook must be callable"):
         poptorch.registerPostCompileHook(None)
+
+
+# -- printing a placed model --------------------------------------------------------------------------
+def _placed():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(3, 1)))
+    poptorch.BeginBlock(model[1], "head", ipu_id=1)
+    return model
+
+
+def test_module_repr_shows_each_begin_block_before_the_module_it_starts():
+    assert poptorch.module_repr(_placed()) == (
+        "Sequential(\n"
+        "  (0): Linear(in_features=2, out_features=3, bias=True)\n"
+        "  (1): BeginBlock(user_id=head, ipu_id=1) Sequential(\n"
+        "    (0): ReLU()\n"
+        "    (1): Linear(in_features=3, out_features=1, bias=True)\n"
+        "  )\n"
+        ")"
+    )
+    unplaced = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.LSTM(3, 3), torch.nn.Identity())
+    assert poptorch.module_repr(unplaced) == repr(unplaced)
+
+
+def test_poptorch_print_prints_a_module_with_its_blocks_then_as_print_does(capsys):
+    model = _placed()
+    poptorch.print(model)
+    assert capsys.readouterr().out == f"{poptorch.module_repr(model)}\n{model!r}\n"
+    poptorch.print(3)
+    assert capsys.readouterr().out == "3\n"
+
+
+# -- BeginBlock's legacy form: a function --------------------------------------------------------------
+def _halve(x):
+    return x / 2
+
+
+class _WithLegacyBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+        self.head = poptorch.BeginBlock(_halve, "head", 1)  # positional user_id and ipu_id, as PopTorch 3.4 takes
+
+    def forward(self, x):
+        out = self.head(self.linear(x))
+        return out, out.sum()
+
+
+def test_begin_block_of_a_function_returns_a_module_that_starts_the_block():
+    model = _WithLegacyBlock()
+    assert isinstance(model.head, torch.nn.Module)
+    x = torch.randn(6, 2)
+    first = poptorch.trainingModel(model)
+    with pytest.raises(poptorch.Error, match="gradient"):  # 2 pipelined IPUs need gradientAccumulation >= 3
+        first.compile(x)
+    first.destroy()
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(3)
+    wrapped = poptorch.trainingModel(model, opts)
+    wrapped.compile(x)
+    assert wrapped.num_ipus == 2
+    inference = poptorch.inferenceModel(_WithLegacyBlock().eval(), poptorch.Options().deviceIterations(2))
+    out, _ = inference(x)
+    torch.testing.assert_close(out, inference.model.linear(x) / 2)
+
+
+def test_begin_block_of_something_not_callable_names_it():
+    with pytest.raises(poptorch.Error, match="module is not an instance of torch.nn.Module or function: .* int"):
+        poptorch.BeginBlock(3, "a", 0)
+
+
+# -- what blocks leave on a model pickles and copies ------------------------------------------------------
+@poptorch.BlockFunction("top", ipu_id=0)
+def _top_level_block(x):
+    """A decorated top-level function."""
+    return x + 1
+
+
+class _WithBlockFunctions(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = poptorch.BeginBlock(torch.nn.Linear(2, 2), "body", ipu_id=0)
+        self.act = poptorch.BlockFunction("act", ipu_id=0)(torch.relu)
+        self.shift = _top_level_block
+
+    @poptorch.BlockFunction("main", ipu_id=0)
+    def forward(self, x):
+        return self.shift(self.act(self.linear(x)))
+
+
+def test_a_model_with_block_functions_and_blocks_pickles_and_deep_copies():
+    model = _WithBlockFunctions()
+    x = torch.randn(3, 2)
+    for copied in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        torch.testing.assert_close(copied(x), model(x))
+        assert copied.shift is _top_level_block  # a decorated top-level function goes by its name
+        assert poptorch.module_repr(copied) == poptorch.module_repr(model)  # the blocks came along
+    relu = pickle.loads(pickle.dumps(poptorch.BlockFunction(ipu_id=0)(torch.relu)))
+    torch.testing.assert_close(relu(torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0]))
+    assert (_top_level_block.__name__, _top_level_block.__doc__) == ("_top_level_block", "A decorated top-level function.")
+
+
+def test_a_pickled_block_function_still_starts_its_block():
+    model = pickle.loads(pickle.dumps(_WithLegacyBlockFunction()))
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(3)
+    wrapped = poptorch.trainingModel(model, opts)
+    wrapped.compile(torch.randn(6, 2))
+    assert wrapped.num_ipus == 2
+
+
+class _WithLegacyBlockFunction(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+        self.head = poptorch.BlockFunction("head", ipu_id=1)(torch.tanh)
+
+    def forward(self, x):
+        out = self.head(self.linear(x))
+        return out, out.sum()
