@@ -485,6 +485,9 @@ class Options(_OptionsDict):
         object.__setattr__(self, "_tensor_locations", _TensorLocationOptions())
         object.__setattr__(self, "_jit", _JitOptions())
         object.__setattr__(self, "_execution_strategy", PipelinedExecution())
+        from optimum_ipu.poptorch._options_json import apply_environment  # imports this module
+
+        apply_environment(self)  # POPTORCH_DEFAULT_OPTIONS seeds every Options, as on PopTorch
 
     # -- sub-objects ---------------------------------------------------------------------------
     @property
@@ -752,6 +755,18 @@ class Options(_OptionsDict):
         from optimum_ipu.poptorch._options_file import load_file
 
         load_file(self, filepath)
+        return self
+
+    def from_json(self, string: str) -> Options:
+        """Call the setters a JSON object names: `{"deviceIterations": 4, "Training.gradientAccumulation": 2}`.
+
+        A key is a setter's path from the options, a value its argument (a list: its arguments), a string
+        `"OutputMode.All"` an enum member (`_options_json.py`); `POPTORCH_DEFAULT_OPTIONS` is read this way.
+        Anything else is a `ValueError` naming the key.
+        """
+        from optimum_ipu.poptorch._options_json import apply_json
+
+        apply_json(self, string, "Options.from_json")
         return self
 
     def clone(self) -> Options:

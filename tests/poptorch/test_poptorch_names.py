@@ -7,6 +7,7 @@ on our `poptorch`.
 
 
 import copy
+import json
 import pickle
 
 import pytest
@@ -25,6 +26,45 @@ class _WithLoss(torch.nn.Module):
     def forward(self, x):
         out = self.linear(x)
         return out, out.sum()
+
+
+# -- POPTORCH_DEFAULT_OPTIONS and Options.from_json -------------------------------------------------------
+def test_poptorch_default_options_seeds_every_options_and_the_wrappers_default(monkeypatch):
+    monkeypatch.setenv("POPTORCH_DEFAULT_OPTIONS", json.dumps({
+        "deviceIterations": 2, "Training.gradientAccumulation": 3, "outputMode": ["OutputMode.EveryN", 2],
+        "Training.accumulationAndReplicationReductionType": "ReductionType.Sum", "_Popart.set": ["outlineThreshold", 10],
+        "logDir": "./logs", "setAvailableMemoryProportion": {"IPU0": 0.3},
+    }))  # fmt: skip
+    opts = poptorch.Options()
+    assert (opts.device_iterations, opts.Training.gradient_accumulation) == (2, 3)
+    assert (opts.output_mode, opts.output_return_period) == (poptorch.OutputMode.EveryN, 2)
+    assert opts.Training.accumulation_and_replication_reduction_type == poptorch.ReductionType.Sum
+    assert opts._Popart.outlineThreshold == 10
+    assert opts.log_dir == "./logs"  # a string with a dot that names no enum member stays a string
+    assert opts.available_memory_proportion == {"IPU0": 0.3}
+    assert poptorch.trainingModel(_WithLoss()).options.device_iterations == 2
+
+
+def test_options_from_json_calls_the_setters_it_names():
+    opts = poptorch.Options().from_json('{"replicationFactor": 2, "Precision.enableFloatingPointExceptions": true}')
+    assert opts.replication_factor == 2 and opts.Precision.floating_point_exceptions is True
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{deviceIterations: 4}", r"POPTORCH_DEFAULT_OPTIONS is not valid JSON \(Expecting property name"),
+        ("[4]", "POPTORCH_DEFAULT_OPTIONS must be a JSON object, got '\\[4\\]'"),
+        ('{"deviceIteration": 4}', r"POPTORCH_DEFAULT_OPTIONS: Options.deviceIteration is not an option \(did you mean deviceIterations\?\)"),
+        ('{"deviceIterations": 0}', "POPTORCH_DEFAULT_OPTIONS: the setter deviceIterations refused 0: deviceIterations must be a positive integer"),
+        ('{"_store": 1}', "POPTORCH_DEFAULT_OPTIONS: _store is not an option a JSON of options can set"),
+        ('{"Training": 1}', "POPTORCH_DEFAULT_OPTIONS: Training is not a setter"),
+    ],
+)  # fmt: skip
+def test_a_bad_poptorch_default_options_is_an_error_naming_the_variable(monkeypatch, text, message):
+    monkeypatch.setenv("POPTORCH_DEFAULT_OPTIONS", text)
+    with pytest.raises(ValueError, match=message):
+        poptorch.Options()
 
 
 # -- option values a program reads back ------------------------------------------------------------
