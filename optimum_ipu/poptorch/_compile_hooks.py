@@ -26,7 +26,9 @@ _post_compile: collections.OrderedDict[int, Callable[[], Any]] = collections.Ord
 def _register(hooks: collections.OrderedDict, hook: Callable[[], Any], kind: str) -> RemovableHandle:
     if not callable(hook):
         # PopTorch's sentence, then what it got
-        raise RuntimeError(f"{kind} hook must be callable: got {type(hook).__name__}, pass a function of no arguments.")
+        raise RuntimeError(
+            f"{kind} hook must be callable: got {type(hook).__name__}, pass a function of no arguments."
+        )
     handle = RemovableHandle(hooks)
     hooks[handle.id] = hook
     return handle

@@ -5,7 +5,6 @@ Each rule is PopTorch 3.4's (python/options.py, _poplar_executor.py, _printing.p
 on our `poptorch`.
 """
 
-
 import copy
 import json
 import pickle
@@ -46,7 +45,9 @@ def test_poptorch_default_options_seeds_every_options_and_the_wrappers_default(m
 
 
 def test_options_from_json_calls_the_setters_it_names():
-    opts = poptorch.Options().from_json('{"replicationFactor": 2, "Precision.enableFloatingPointExceptions": true}')
+    opts = poptorch.Options().from_json(
+        '{"replicationFactor": 2, "Precision.enableFloatingPointExceptions": true}'
+    )
     assert opts.replication_factor == 2 and opts.Precision.floating_point_exceptions is True
 
 
@@ -70,11 +71,18 @@ def test_a_bad_poptorch_default_options_is_an_error_naming_the_variable(monkeypa
 # -- option values a program reads back ------------------------------------------------------------
 def test_mean_reduction_strategy_reads_back_under_poptorchs_name_post_by_default():
     opts = poptorch.Options()
-    assert opts.Training.meanAccumulationAndReplicationReductionStrategy == poptorch.MeanReductionStrategy.Post
+    assert (
+        opts.Training.meanAccumulationAndReplicationReductionStrategy == poptorch.MeanReductionStrategy.Post
+    )
     opts.Training.setMeanAccumulationAndReplicationReductionStrategy(poptorch.MeanReductionStrategy.Running)
-    assert opts.Training.meanAccumulationAndReplicationReductionStrategy == poptorch.MeanReductionStrategy.Running
+    assert (
+        opts.Training.meanAccumulationAndReplicationReductionStrategy
+        == poptorch.MeanReductionStrategy.Running
+    )
     opts.Training.set(meanAccumulationAndReplicationReductionStrategy=poptorch.MeanReductionStrategy.Post)
-    assert opts.Training.meanAccumulationAndReplicationReductionStrategy == poptorch.MeanReductionStrategy.Post
+    assert (
+        opts.Training.meanAccumulationAndReplicationReductionStrategy == poptorch.MeanReductionStrategy.Post
+    )
 
 
 def test_log_dir_reads_back_the_current_directory_by_default_and_what_logDir_stored():
@@ -112,11 +120,17 @@ def test_an_offline_target_compiles_and_exports_but_refuses_to_run_or_attach(tmp
     assert model.isCompiled() and not model.isAttachedToDevice()
     path = str(tmp_path / "offline.poptorch")
     model.compileAndExport(path)
-    with pytest.raises(poptorch.Error, match=r"Trying to run a model on an offline device \(ConnectionType.Never\)"):
+    with pytest.raises(
+        poptorch.Error, match=r"Trying to run a model on an offline device \(ConnectionType.Never\)"
+    ):
         model(x)
-    with pytest.raises(AssertionError, match="Trying to run a model on an offline device"):  # as PopTorch raises it
+    with pytest.raises(
+        AssertionError, match="Trying to run a model on an offline device"
+    ):  # as PopTorch raises it
         model(x)
-    with pytest.raises(poptorch.Error, match=r"Trying to attach to an offline device \(ConnectionType.Never\)"):
+    with pytest.raises(
+        poptorch.Error, match=r"Trying to attach to an offline device \(ConnectionType.Never\)"
+    ):
         model.attachToDevice()
     loaded = poptorch.load(path)  # as on PopTorch, a loaded file connects
     assert loaded.options.connection_type == poptorch.ConnectionType.Always
@@ -126,7 +140,9 @@ def test_an_offline_target_compiles_and_exports_but_refuses_to_run_or_attach(tmp
 
 
 def test_an_uncompiled_offline_model_refuses_a_call_before_compiling():
-    model = poptorch.inferenceModel(torch.nn.Linear(2, 2), poptorch.Options().connectionType(poptorch.ConnectionType.Never))
+    model = poptorch.inferenceModel(
+        torch.nn.Linear(2, 2), poptorch.Options().connectionType(poptorch.ConnectionType.Never)
+    )
     with pytest.raises(poptorch.Error, match="use model.compile"):
         model(torch.randn(2, 2))
     assert not model.isCompiled()
@@ -179,7 +195,9 @@ def test_a_compile_hook_must_be_callable():
 
 # -- printing a placed model --------------------------------------------------------------------------
 def _placed():
-    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(3, 1)))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 3), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    )
     poptorch.BeginBlock(model[1], "head", ipu_id=1)
     return model
 
@@ -215,7 +233,9 @@ class _WithLegacyBlock(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.linear = torch.nn.Linear(2, 2)
-        self.head = poptorch.BeginBlock(_halve, "head", 1)  # positional user_id and ipu_id, as PopTorch 3.4 takes
+        self.head = poptorch.BeginBlock(
+            _halve, "head", 1
+        )  # positional user_id and ipu_id, as PopTorch 3.4 takes
 
     def forward(self, x):
         out = self.head(self.linear(x))
@@ -241,7 +261,9 @@ def test_begin_block_of_a_function_returns_a_module_that_starts_the_block():
 
 
 def test_begin_block_of_something_not_callable_names_it():
-    with pytest.raises(poptorch.Error, match="module is not an instance of torch.nn.Module or function: .* int"):
+    with pytest.raises(
+        poptorch.Error, match="module is not an instance of torch.nn.Module or function: .* int"
+    ):
         poptorch.BeginBlock(3, "a", 0)
 
 
@@ -273,19 +295,15 @@ def test_a_model_with_block_functions_and_blocks_pickles_and_deep_copies():
         assert poptorch.module_repr(copied) == poptorch.module_repr(model)  # the blocks came along
     relu = pickle.loads(pickle.dumps(poptorch.BlockFunction(ipu_id=0)(torch.relu)))
     torch.testing.assert_close(relu(torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0]))
-    assert (_top_level_block.__name__, _top_level_block.__doc__) == ("_top_level_block", "A decorated top-level function.")
+    assert (_top_level_block.__name__, _top_level_block.__doc__) == (
+        "_top_level_block",
+        "A decorated top-level function.",
+    )
 
 
-def test_a_pickled_block_function_still_starts_its_block():
-    model = pickle.loads(pickle.dumps(_WithLegacyBlockFunction()))
-    opts = poptorch.Options()
-    opts.Training.gradientAccumulation(3)
-    wrapped = poptorch.trainingModel(model, opts)
-    wrapped.compile(torch.randn(6, 2))
-    assert wrapped.num_ipus == 2
+class _WithHeadOnIpu1(torch.nn.Module):
+    """A model whose head, a wrapped torch function kept on the module, runs on IPU 1."""
 
-
-class _WithLegacyBlockFunction(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.linear = torch.nn.Linear(2, 2)
@@ -294,3 +312,12 @@ class _WithLegacyBlockFunction(torch.nn.Module):
     def forward(self, x):
         out = self.head(self.linear(x))
         return out, out.sum()
+
+
+def test_a_pickled_block_function_still_starts_its_block():
+    model = pickle.loads(pickle.dumps(_WithHeadOnIpu1()))
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(3)
+    wrapped = poptorch.trainingModel(model, opts)
+    wrapped.compile(torch.randn(6, 2))
+    assert wrapped.num_ipus == 2
