@@ -120,9 +120,10 @@ class _BlockHook:
         return f"BeginBlock(user_id={self.user_id}, ipu_id={self.ipu_id})"
 
 
-class _LegacyBlockFunction(nn.Module):
+class LegacyBeginBlockFn(nn.Module):
     """What `BeginBlock(function, user_id, ipu_id)` returns: a module that starts the block, then calls
-    `function` (PopTorch 3.4 still accepts a callable there, from when BeginBlock wrapped rather than annotated)."""
+    `function` (PopTorch 3.4 still accepts a callable there, from when BeginBlock wrapped rather than annotated).
+    PopTorch's class name, so the model prints as it did there."""
 
     def __init__(self, function: Any, user_id: str | None, ipu_id: int | None):
         super().__init__()
@@ -142,7 +143,7 @@ def BeginBlock(layer: nn.Module, user_id: str | None = None, ipu_id: int | None 
     where = f"BeginBlock({type(layer).__name__}, user_id={user_id!r})"
     if not isinstance(layer, nn.Module):
         if callable(layer):
-            return _LegacyBlockFunction(layer, user_id, check_ipu_id(ipu_id, where))
+            return LegacyBeginBlockFn(layer, user_id, check_ipu_id(ipu_id, where))
         raise Error(  # PopTorch's sentence, then what it got
             f"module is not an instance of torch.nn.Module or function: BeginBlock got {type(layer).__name__}. "
             "Pass the layer (module) that starts the block."

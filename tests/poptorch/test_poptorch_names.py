@@ -244,7 +244,7 @@ class _WithLegacyBlock(torch.nn.Module):
 
 def test_begin_block_of_a_function_returns_a_module_that_starts_the_block():
     model = _WithLegacyBlock()
-    assert isinstance(model.head, torch.nn.Module)
+    assert isinstance(model.head, torch.nn.Module) and repr(model.head) == "LegacyBeginBlockFn()"  # PopTorch's
     x = torch.randn(6, 2)
     first = poptorch.trainingModel(model)
     with pytest.raises(poptorch.Error, match="gradient"):  # 2 pipelined IPUs need gradientAccumulation >= 3
