@@ -16,11 +16,14 @@ from optimum_ipu.poptorch import (
     tensor_ops,
 )
 from optimum_ipu.poptorch._annotations import BeginBlock, Block, BlockFunction, removeBlocks
+from optimum_ipu.poptorch._compile_hooks import registerPostCompileHook, registerPreCompileHook
 from optimum_ipu.poptorch._dataloader import AsynchronousDataAccessor, DataLoader
 from optimum_ipu.poptorch._export import load
 from optimum_ipu.poptorch._ipu_context import isRunningOnIpu
 from optimum_ipu.poptorch._logging import Error, RecoverableError, UnrecoverableError, logger, setLogLevel
 from optimum_ipu.poptorch._poplar_executor import PoplarExecutor, inferenceModel, trainingModel
+from optimum_ipu.poptorch._printing import module_repr
+from optimum_ipu.poptorch._printing import print as print  # noqa: A004 - PopTorch's poptorch.print, kept out of __all__
 from optimum_ipu.poptorch.attributes import Attribute
 from optimum_ipu.poptorch.blocks import (
     ParallelPhasedExecution,
@@ -134,12 +137,15 @@ __all__ = [
     "isRunningOnIpu",
     "load",
     "logger",
+    "module_repr",
     "nearest",
     "nop",
     "ops",
     "optim",
     "recomputationCheckpoint",
     "registerCustomArgParser",
+    "registerPostCompileHook",
+    "registerPreCompileHook",
     "removeBlocks",
     "scopes",
     "serializedMatMul",

@@ -4,6 +4,11 @@ On the IPU these split the traced graph into blocks on IPUs. The simulated IPU r
 is (pipelined, sharded and one-device execution compute the same values), so the annotations only
 record, while a compile-time trace runs, the order in which the forward visits IPUs: the wrapper's
 compile checks (gradient accumulation against pipeline stages, IPU counts) read it.
+
+What they leave on a model pickles and deep-copies, as on PopTorch: `BeginBlock`'s forward pre-hook
+is an object (`_BlockHook`, shown by `poptorch.module_repr` as PopTorch shows it) and a function
+wrapped by `BlockFunction` is a `_BlockFunction`, which pickles by name where it replaced a function
+of a module (the decorator's usual place) and otherwise as the function it wraps plus the block.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,33 +98,109 @@ class Block(contextlib.ContextDecorator):
 
 
 def _pre_hook(module: nn.Module, _args) -> None:
+    """BeginBlock's hook before `_BlockHook` (files exported then still name it)."""
     user_id, ipu_id = getattr(module, _BLOCK_ATTR)
     _enter(user_id, ipu_id)
 
 
+class _BlockHook:
+    """BeginBlock's forward pre-hook: the module starts block `user_id` on IPU `ipu_id` when it runs.
+
+    An object rather than a closure so a model pickles and deep-copies with its blocks, and with
+    PopTorch's repr, which `poptorch.module_repr` prints before the module's name.
+    """
+
+    def __init__(self, user_id: str | None, ipu_id: int | None):
+        self.user_id, self.ipu_id = user_id, ipu_id
+
+    def __call__(self, module: nn.Module, _args) -> None:
+        _enter(self.user_id, self.ipu_id)
+
+    def __repr__(self) -> str:
+        return f"BeginBlock(user_id={self.user_id}, ipu_id={self.ipu_id})"
+
+
+class LegacyBeginBlockFn(nn.Module):
+    """What `BeginBlock(function, user_id, ipu_id)` returns: a module that starts the block, then calls
+    `function` (PopTorch 3.4 still accepts a callable there, from when BeginBlock wrapped rather than annotated).
+    PopTorch's class name, so the model prints as it did there."""
+
+    def __init__(self, function: Any, user_id: str | None, ipu_id: int | None):
+        super().__init__()
+        self._function, self._user_id, self._ipu_id = function, user_id, ipu_id
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        _enter(self._user_id, self._ipu_id)
+        return self._function(*args, **kwargs)
+
+
 def BeginBlock(layer: nn.Module, user_id: str | None = None, ipu_id: int | None = None) -> nn.Module:
-    """Start a new block at `layer` (on IPU `ipu_id`); the layers after it stay in the block."""
+    """Start a new block at `layer` (on IPU `ipu_id`); the layers after it stay in the block.
+
+    A module is annotated in place and returned. Any other callable (PopTorch's legacy form) is
+    wrapped in a module that starts the block and then calls it: use the module returned.
+    """
+    where = f"BeginBlock({type(layer).__name__}, user_id={user_id!r})"
     if not isinstance(layer, nn.Module):
-        raise Error(f"BeginBlock takes a torch.nn.Module, got {type(layer).__name__}.")
+        if callable(layer):
+            return LegacyBeginBlockFn(layer, user_id, check_ipu_id(ipu_id, where))
+        raise Error(  # PopTorch's sentence, then what it got
+            f"module is not an instance of torch.nn.Module or function: BeginBlock got {type(layer).__name__}. "
+            "Pass the layer (module) that starts the block."
+        )
     if hasattr(layer, _BLOCK_ATTR):
         raise Error("module has already been assigned to a block.")
-    ipu_id = check_ipu_id(ipu_id, f"BeginBlock({type(layer).__name__}, user_id={user_id!r})")
+    ipu_id = check_ipu_id(ipu_id, where)
     object.__setattr__(layer, _BLOCK_ATTR, (user_id, ipu_id))
-    object.__setattr__(layer, "_poptorch_block_hook", layer.register_forward_pre_hook(_pre_hook))
+    hook = layer.register_forward_pre_hook(_BlockHook(user_id, ipu_id))
+    object.__setattr__(layer, "_poptorch_block_hook", hook)
     return layer
 
 
+class _BlockFunction:
+    """A function wrapped by `BlockFunction(user_id, ipu_id)`: each call runs inside that block.
+
+    It keeps the function's name, docstring and signature (`functools.update_wrapper`), binds as a
+    method when it decorates one, and pickles: by its name when it is what its module holds under
+    that name (a decorated top-level function), else as the wrapped function and the block.
+    """
+
+    def __init__(self, function: Any, user_id: str | None, ipu_id: int | None):
+        functools.update_wrapper(self, function)
+        self.function, self.user_id, self.ipu_id = function, user_id, ipu_id
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with Block(self.user_id, self.ipu_id):
+            return self.function(*args, **kwargs)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        return self if instance is None else types.MethodType(self, instance)
+
+    def __reduce__(self):
+        if _found_by_name(self):
+            return self.__qualname__  # pickle (and deepcopy) it as the global it is
+        return _BlockFunction, (self.function, self.user_id, self.ipu_id)
+
+    def __repr__(self) -> str:
+        return f"BlockFunction(user_id={self.user_id!r}, ipu_id={self.ipu_id})({self.function!r})"
+
+
+def _found_by_name(wrapper: _BlockFunction) -> bool:
+    """Whether `module.qualname` of the wrapped function leads to `wrapper` itself (it replaced the function)."""
+    value = sys.modules.get(getattr(wrapper, "__module__", None) or "")
+    for part in str(getattr(wrapper, "__qualname__", "")).split("."):
+        value = getattr(value, part, None)
+        if isinstance(value, types.MethodType):
+            value = value.__func__
+    return value is wrapper
+
+
 def BlockFunction(user_id: str | None = None, ipu_id: int | None = None):
-    """Decorator: the function's ops run in block `user_id` on IPU `ipu_id`."""
+    """Decorator: the function's ops run in block `user_id` on IPU `ipu_id` (a picklable `_BlockFunction`)."""
     ipu_id = check_ipu_id(ipu_id, f"BlockFunction(user_id={user_id!r})")
 
     def decorate(func):
-        @functools.wraps(func)
-        def wrapper(*args, **kwargs):
-            with Block(user_id, ipu_id):
-                return func(*args, **kwargs)
-
-        return wrapper
+        return _BlockFunction(func, user_id, ipu_id)
 
     return decorate
 

@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch._logging import Error
+from optimum_ipu.poptorch._offline import connect_loaded
 
 __all__ = ["ExampleTensor", "example_inputs", "example_of", "export", "load", "read"]
 
@@ -120,6 +121,7 @@ def load(filename: str, edit_opts_fn: Callable | None = None, trust_file: bool =
             f"(poptorch.inferenceModel or trainingModel) and call model.loadExecutable({filename!r})."
         )
     options = content["options"].clone()
+    connect_loaded(options)  # a model exported for an offline target runs once loaded, as on PopTorch
     if edit_opts_fn is not None:
         edit_opts_fn(options)
     wrapper = PoplarExecutor(content["model"], options, content["training"], content["optimizer"])
@@ -161,10 +163,12 @@ def read(filename: str, trust_file: bool = False) -> dict:
 
 def _own_types() -> set:
     """optimum-ipu's poptorch types an exported file may hold: options, enums, execution strategies,
-    optimizers, the example inputs' shapes, and BeginBlock's forward pre-hook."""
+    optimizers, the example inputs' shapes, BeginBlock's forward pre-hook (`_pre_hook` in older files)
+    and a function wrapped by BlockFunction (the function it wraps is checked on its own)."""
     from optimum_ipu.poptorch import _annotations, blocks, enums, optim, options
 
-    own = {_ExampleTensor, _rebuild_defaultdict, _annotations._pre_hook}
+    own = {_ExampleTensor, _rebuild_defaultdict, _annotations._pre_hook, _annotations._BlockHook,
+           _annotations._BlockFunction}  # fmt: skip
     for module in (blocks, enums, optim, options):
         own.update(
             v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module.__name__

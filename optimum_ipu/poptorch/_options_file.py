@@ -94,7 +94,19 @@ def _is_option_method(value: Any) -> bool:
 
 def _setter_names(owner: Any) -> list[str]:
     """The public attributes of an option object a line may name (for the suggestions)."""
-    return [n for n in dir(type(owner)) if not n.startswith("_") and n != "loadFromFile"]
+    return [n for n in dir(type(owner)) if not n.startswith("_") and n not in ("loadFromFile", "from_json")]
+
+
+def option_attribute(owner: Any, name: str, path: str) -> Any:
+    """`owner.name`, where `owner` is an option object (`Options`, a sub-option object, an execution
+    strategy); `Refused` naming `path` + `name`, with the closest attribute, for any other.
+
+    The one way an options file and a JSON of options (`_options_json`) walk to a setter.
+    """
+    if type(owner).__module__ not in _OPTION_MODULES or not hasattr(owner, name):
+        hint = _did_you_mean(name, _setter_names(owner), path) if type(owner).__module__ in _OPTION_MODULES else ""
+        raise Refused(f"{path or 'Options.'}{clipped(name)} is not an option{hint}")
+    return getattr(owner, name)
 
 
 def _private_names(tree: ast.AST) -> list[str]:
@@ -163,14 +175,7 @@ class _Line:
     def _option_attribute(self, owner: Any, name: str, path: str) -> Any:
         if name == "loadFromFile":
             raise Refused("an options file cannot load another")
-        if type(owner).__module__ not in _OPTION_MODULES or not hasattr(owner, name):
-            hint = (
-                _did_you_mean(name, _setter_names(owner), path)
-                if type(owner).__module__ in _OPTION_MODULES
-                else ""
-            )
-            raise Refused(f"{path or 'Options.'}{clipped(name)} is not an option{hint}")
-        return getattr(owner, name)
+        return option_attribute(owner, name, path)
 
     def value(self, node: ast.expr) -> Any:
         """An argument: a literal, a dtype, an enum member, or an option object built by a call."""

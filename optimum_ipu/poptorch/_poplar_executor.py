@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 
 from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.poptorch import _anchors, _export, _outputs, _stages, custom_args
+from optimum_ipu.poptorch._compile_hooks import with_compile_hooks
 from optimum_ipu.poptorch._compiled_inputs import check_inputs
 from optimum_ipu.poptorch._device_weights import (
     DeviceWeights,
@@ -50,6 +51,7 @@ from optimum_ipu.poptorch._ipu_types import (
     weights_follow_half_inputs,
 )
 from optimum_ipu.poptorch._logging import Error
+from optimum_ipu.poptorch._offline import is_offline, refuse_offline
 from optimum_ipu.poptorch._optimizer_use import (
     check_optimizer_parameters,
     hyperparameters,
@@ -65,6 +67,7 @@ from optimum_ipu.poptorch._trace import (
     trace_forward,
     training_flags_kept,
 )
+from optimum_ipu.poptorch.enums import OutputMode
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.replicas import ReplicaStreams
@@ -103,6 +106,8 @@ class PoplarExecutor:
         options._check_input_grouping()
         options._freeze()
         self._options = options.clone()
+        if self._options.defaultOutputMode():  # PopTorch resolves Default on its copy, not on the user's
+            self._options.outputMode(OutputMode.Final if training else OutputMode.All)
         self._options._freeze()
         self._call = HostCall(self._options, training)  # the batch arithmetic of a call
         self._process_replicas = None
@@ -190,6 +195,7 @@ class PoplarExecutor:
 
     # -- PopTorch's API ------------------------------------------------------------------------------
     @running_model(compiling=True)  # the helpers (for_loop, cond, CPU, ...) see a wrapper at work
+    @with_compile_hooks  # poptorch.registerPreCompileHook / registerPostCompileHook
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Compile for inputs shaped like `args`/`kwargs`: the batch and placement checks, then the executable."""
         custom_args.register_subclasses_in((args, kwargs))  # a registered parser's subclasses too
@@ -229,7 +235,7 @@ class PoplarExecutor:
         )  # fmt: skip
         self._executable = build_executable(self)  # under torchrun: every process holds process 0's weights
         self._example = _export.example_of(args, kwargs)
-        self._attached = True
+        self._attached = not is_offline(self._options)  # an offline target compiles without attaching
         self._loss_index = None
 
     def compileAndExport(self, filename: str, *args: Any, export_model: bool = True, **kwargs: Any) -> None:
@@ -285,6 +291,7 @@ class PoplarExecutor:
         """Attach again after `detachFromDevice`: as PopTorch's, this writes the host's weights to the device."""
         if self._executable is None:
             raise Error(NOT_COMPILED)
+        refuse_offline(self._options, "attach")
         if self._attached:
             raise Error("Device is already attached")
         self._attached = True
@@ -377,6 +384,7 @@ class PoplarExecutor:
 
     @running_model(compiling=False)
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        refuse_offline(self._options, "run")
         custom_args.register_subclasses_in((args, kwargs))
         leaves, self._spec = pytree.tree_flatten((args, kwargs))
         if self._executable is None:

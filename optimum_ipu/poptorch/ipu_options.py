@@ -64,7 +64,8 @@ def options_from_ipu_config(ipu_config, for_inference: bool = False, compile_onl
         ipu_config: an `IPUConfig`; its mode is switched for the reading and restored after.
         for_inference: build the inference options (the `inference_*` values, sharded execution,
             every output returned, no stochastic rounding).
-        compile_only: compile for an offline IPU target (recorded; nothing is attached here anyway).
+        compile_only: compile for an offline IPU target: a model wrapped with these options compiles and
+            exports, and calling it raises, as on PopTorch (`_offline.py`).
     """
     with overridden(ipu_config, mode=ipu_config.mode):  # put back after the switch below
         ipu_config.eval() if for_inference else ipu_config.train()

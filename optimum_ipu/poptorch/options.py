@@ -262,7 +262,8 @@ class _TrainingOptions(_OptionsDict):
     _SETTERS: ClassVar = {
         "gradient_accumulation": "gradientAccumulation",
         "accumulation_and_replication_reduction_type": "accumulationAndReplicationReductionType",
-        "mean_accumulation_and_replication_reduction_strategy": "setMeanAccumulationAndReplicationReductionStrategy",
+        # PopTorch stores this one under its setter's camelCase name, and programs read it so
+        "meanAccumulationAndReplicationReductionStrategy": "setMeanAccumulationAndReplicationReductionStrategy",
         "automatic_loss_scaling": "setAutomaticLossScaling",
         "convolution_dithering": "setConvolutionDithering",
     }
@@ -270,7 +271,7 @@ class _TrainingOptions(_OptionsDict):
     def __init__(self, popart: _PopartOptions):
         super().__init__(gradient_accumulation=1,
                          accumulation_and_replication_reduction_type=enums.ReductionType.Mean,
-                         mean_accumulation_and_replication_reduction_strategy=enums.MeanReductionStrategy.Post,
+                         meanAccumulationAndReplicationReductionStrategy=enums.MeanReductionStrategy.Post,
                          automatic_loss_scaling=False)  # fmt: skip
         object.__setattr__(self, "_popart", popart)
 
@@ -292,10 +293,12 @@ class _TrainingOptions(_OptionsDict):
         return self
 
     def setMeanAccumulationAndReplicationReductionStrategy(self, strategy) -> _TrainingOptions:
-        """Running / Post: the gradients are summed in fp32 and divided once here, so every strategy agrees."""
+        """When a Mean reduction divides: read back as `Training.meanAccumulationAndReplicationReductionStrategy`
+        (`Post` until set, as on PopTorch). Every strategy gives the same values here: the gradients
+        are summed in fp32 and divided once."""
         no_effect("Training.setMeanAccumulationAndReplicationReductionStrategy",
                   "gradients are summed in fp32 and divided once, which no strategy changes.")  # fmt: skip
-        self._store(mean_accumulation_and_replication_reduction_strategy=enums.MeanReductionStrategy(strategy))
+        self._store(meanAccumulationAndReplicationReductionStrategy=enums.MeanReductionStrategy(strategy))
         return self
 
     def setAutomaticLossScaling(self, enabled: bool) -> _TrainingOptions:
@@ -473,7 +476,8 @@ class Options(_OptionsDict):
                          broadcast_buffers=True, device_iterations=1, auto_round_num_ipus=False,
                          output_mode=enums.OutputMode.Default, output_return_period=1,
                          available_memory_proportion={}, executable_cache_dir="", use_ipu_model=False,
-                         anchored_tensors={})  # fmt: skip
+                         anchored_tensors={}, log_dir=".", max_repeat_logs=4,
+                         connection_type=enums.ConnectionType.Always, sync_pattern=enums.SyncPattern.Full)  # fmt: skip
         object.__setattr__(self, "_popart", popart)
         object.__setattr__(self, "_precision", _PrecisionOptions(popart))
         object.__setattr__(self, "_training", _TrainingOptions(popart))
@@ -481,6 +485,9 @@ class Options(_OptionsDict):
         object.__setattr__(self, "_tensor_locations", _TensorLocationOptions())
         object.__setattr__(self, "_jit", _JitOptions())
         object.__setattr__(self, "_execution_strategy", PipelinedExecution())
+        from optimum_ipu.poptorch._options_json import apply_environment  # imports this module
+
+        apply_environment(self)  # POPTORCH_DEFAULT_OPTIONS seeds every Options, as on PopTorch
 
     # -- sub-objects ---------------------------------------------------------------------------
     @property
@@ -638,12 +645,22 @@ class Options(_OptionsDict):
         return self._record("useIpuId", "there are no physical IPUs to choose.", ipu_id=int(ipu_id))
 
     def useOfflineIpuTarget(self, ipu_version: int = 2) -> Options:
-        return self._record(
-            "useOfflineIpuTarget", "nothing is compiled for a device.", ipu_version=int(ipu_version)
-        )
+        """Compile for an offline IPU of `ipu_version` (connection type `Never`): a wrapped model compiles
+        and exports, and calling it raises, as on PopTorch (`_offline.py`)."""
+        self.connectionType(enums.ConnectionType.Never)
+        self._store(ipu_version=int(ipu_version))
+        return self
 
     def connectionType(self, connection_type: enums.ConnectionType) -> Options:
-        return self._record("connectionType", "no IPUs are attached.", connection_type=connection_type)
+        """When to attach to IPUs: `Always` and `OnDemand` run alike here; `Never` compiles only (calls raise)."""
+        if not isinstance(connection_type, enums.ConnectionType):
+            raise TypeError(
+                f"connectionType takes a poptorch.ConnectionType (Always, OnDemand or Never), got {shown(connection_type)}."
+            )
+        if connection_type != enums.ConnectionType.Never:
+            no_effect("connectionType", "no IPUs are attached: Always and OnDemand run alike.")
+        self._store(connection_type=connection_type)
+        return self
 
     def syncPattern(self, sync_pattern: enums.SyncPattern) -> Options:
         return self._record("syncPattern", "IPU synchronisation is not simulated.", sync_pattern=sync_pattern)
@@ -738,6 +755,18 @@ class Options(_OptionsDict):
         from optimum_ipu.poptorch._options_file import load_file
 
         load_file(self, filepath)
+        return self
+
+    def from_json(self, string: str) -> Options:
+        """Call the setters a JSON object names: `{"deviceIterations": 4, "Training.gradientAccumulation": 2}`.
+
+        A key is a setter's path from the options, a value its argument (a list: its arguments), a string
+        `"OutputMode.All"` an enum member (`_options_json.py`); `POPTORCH_DEFAULT_OPTIONS` is read this way.
+        Anything else is a `ValueError` naming the key.
+        """
+        from optimum_ipu.poptorch._options_json import apply_json
+
+        apply_json(self, string, "Options.from_json")
         return self
 
     def clone(self) -> Options:
