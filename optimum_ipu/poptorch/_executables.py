@@ -20,6 +20,7 @@ from optimum_ipu.poptorch._logging import Error
 from optimum_ipu.poptorch._optimizer_use import (
     check_optimizer_parameters,
     hyperparameters_as_set,
+    native_step,
     training_settings,
 )
 from optimum_ipu.poptorch._recompute import recomputing
@@ -124,6 +125,7 @@ def run_call(wrapper, batch: dict[str, Any], anchors: _anchors.AnchorRecorder) -
     if wrapper._training:
         with (
             hyperparameters_as_set(wrapper._optimizer, wrapper._hyperparameters),
+            native_step(wrapper._optimizer),
             recomputing(wrapper._recomputed),
             anchors.around_updates(wrapper._optimizer),
         ):

@@ -7,17 +7,23 @@ PopTorch copies the optimizer's hyper-parameters to the device when the model is
 `setOptimizer`; a change made to the optimizer in between does not reach the device. So every call
 here runs with the hyper-parameters last set (`hyperparameters_as_set`), and says once that they
 differ from the optimizer's current ones.
+
+PopTorch runs none of the optimizer's Python code: it reads the attributes of SGD, Adam, AdamW, RMSprop or
+LAMB (torch's or its own) and runs its own implementation of that algorithm on the device. A subclass that
+overrides `step()` is therefore trained by its parent's algorithm, with a warning (`native_step`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from optimum_ipu.poptorch import optim
 from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch.optim import _IPUMixin
 from optimum_ipu.runtime.loss_scaling import LossScaler
@@ -29,6 +35,7 @@ __all__ = [
     "hyperparameters",
     "hyperparameters_as_set",
     "max_norm",
+    "native_step",
     "training_settings",
 ]
 
@@ -116,3 +123,44 @@ def training_settings(optimizer, options, current: LossScaler | None = None) -> 
         "stochastic_rounding": rounding,
         "rounding_generator": rounding_generator(optimizer),
     }
+
+
+# The algorithms PopTorch implements on the device, most derived first (poptorch.optim's subclass torch's).
+_NATIVE = (
+    optim.SGD, optim.Adam, optim.AdamW, optim.RMSprop, optim.LAMB,
+    torch.optim.SGD, torch.optim.AdamW, torch.optim.Adam, torch.optim.RMSprop,
+)  # fmt: skip
+_warned: set[type] = set()
+
+
+def native_class(optimizer) -> type | None:
+    """The PopTorch algorithm `optimizer` runs as: the nearest of `_NATIVE` among its classes (None: another
+    torch optimizer, whose own step runs)."""
+    return next((cls for cls in type(optimizer).__mro__ if cls in _NATIVE), None)
+
+
+@contextlib.contextmanager
+def native_step(optimizer) -> Iterator[None]:
+    """While active, `optimizer.step` is its PopTorch algorithm's (`native_class`), not a subclass's own:
+    PopTorch never runs an optimizer's Python code. Says once per class that a subclass's code is not run."""
+    native = native_class(optimizer)
+    if native is None or type(optimizer) is native:
+        yield
+        return
+    if type(optimizer) not in _warned:
+        _warned.add(type(optimizer))
+        logger.warning(
+            f"Optimizer `{type(optimizer).__name__}` subclassed from classes in poptorch.optim or torch.optim "
+            "is unlikely to behave as intended: PopTorch does not run Python optimizer code; it runs "
+            f"{native.__module__.split('.')[0]}.optim.{native.__name__}'s algorithm with the subclass's attributes "
+            "(learning rate, loss scaling, ...). Put custom update code in the model, or use the parent class."
+        )
+    own = vars(optimizer).get("step")
+    optimizer.step = types.MethodType(native.step, optimizer)
+    try:
+        yield
+    finally:
+        if own is None:
+            del optimizer.step
+        else:
+            optimizer.step = own

@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.call_layout import CallLayout
-from optimum_ipu.poptorch import _anchors, _export, _outputs, _stages, custom_args
+from optimum_ipu.poptorch import _anchors, _export, _outputs, _stages, custom_args, optim
 from optimum_ipu.poptorch._compile_hooks import with_compile_hooks
 from optimum_ipu.poptorch._compiled_inputs import check_inputs
 from optimum_ipu.poptorch._device_weights import (
@@ -233,6 +233,7 @@ class PoplarExecutor:
             self._user_model, self._traced, self._options, self._training, self._optimizer, self.num_ipus,
             bool(self._recomputed),
         )  # fmt: skip
+        optim.note_compiled(self._optimizer, self._user_model)  # its state_dict() has the device's state now
         self._executable = build_executable(self)  # under torchrun: every process holds process 0's weights
         self._example = _export.example_of(args, kwargs)
         self._attached = not is_offline(self._options)  # an offline target compiles without attaching
@@ -368,6 +369,7 @@ class PoplarExecutor:
         self._optimizer = optimizer
         self._hyperparameters = hyperparameters(optimizer)
         if isinstance(self._executable, TrainingExecutable):
+            optim.note_compiled(optimizer, self._user_model)
             executable = self._executable
             executable.use_optimizer(optimizer, **training_settings(optimizer, self._options, executable.loss_scaler))
 

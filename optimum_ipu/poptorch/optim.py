@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -74,9 +75,73 @@ class VariableAttributes:
         self._variable.add(attr)
 
 
+# A `poptorch.optim` optimizer a training model has compiled with -> {id(parameter): its name in that
+# model}, which `state_dict`'s `ipu_state` and `ipu_param` name tensors by (`Optimizer.state_dict`).
+_COMPILED_WITH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_IPU_KEYS = ("ipu_state", "ipu_param")
+# A hyper-parameter of a group -> the name `ipu_param` gives it (PopTorch's names where it has one).
+_IPU_PARAM_NAMES = {"lr": "learningRate", "weight_decay": "weightDecay", "momentum": "momentum",
+                    "dampening": "dampening", "eps": "eps", "alpha": "alpha"}  # fmt: skip
+
+
+def note_compiled(optimizer, model) -> None:
+    """A training model of `model` compiled with `optimizer`: its `state_dict()` carries the device's state."""
+    if isinstance(optimizer, Optimizer):
+        _COMPILED_WITH[optimizer] = {id(p): name for name, p in model.named_parameters()}
+
+
 class Optimizer:
     """PopTorch's base class of its optimizers: every optimizer of `poptorch.optim` is one (programs use it
-    in annotations and `isinstance` checks)."""
+    in annotations and `isinstance` checks).
+
+    Its `state_dict()` is torch's plus PopTorch's `ipu_state` and `ipu_param` entries: None until a training
+    model using it compiles, then the device's optimizer state (`"<state>___<parameter>"`: torch's state
+    names, e.g. `exp_avg___linear.weight`) and hyper-parameters (`"learningRate___specific___<parameter>"`,
+    `weightDecay`, `momentum`, `beta1`, `beta2`, `eps`, ..., and `lossScaling_FLOAT`), as 0-dim or full
+    tensors. PopTorch's keys are PopART's tensor names; programs save and load the dict whole, which works
+    alike. `load_state_dict` takes only such a dict, as PopTorch's does.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        names = _COMPILED_WITH.get(self)
+        if names is None:
+            return {"ipu_state": None, "ipu_param": None, **state}
+        return {"ipu_state": self._ipu_state(names), "ipu_param": self._ipu_param(names), **state}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            raise RuntimeError("Cannot load optimizer state dictionary because it is empty.")
+        if any(key not in state_dict for key in _IPU_KEYS):
+            raise RuntimeError(
+                "Only IPU optimizer states can be loaded onto the IPU. This state dict has no 'ipu_state' / "
+                f"'ipu_param': it comes from a torch optimizer. Load it into a torch.optim.{type(self).__name__} "
+                "(PopTorch trains with those too), or load a state dict saved from a poptorch.optim optimizer."
+            )
+        super().load_state_dict({k: v for k, v in state_dict.items() if k not in _IPU_KEYS})
+
+    def _ipu_state(self, names: dict[int, str]) -> dict[str, torch.Tensor]:
+        return {
+            f"{key}___{names[id(param)]}": value.detach().clone()
+            for param, state in self.state.items()
+            if id(param) in names
+            for key, value in state.items()
+            if isinstance(value, torch.Tensor)
+        }
+
+    def _ipu_param(self, names: dict[int, str]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for group in self.param_groups:
+            values = {_IPU_PARAM_NAMES[k]: v for k, v in group.items() if k in _IPU_PARAM_NAMES}
+            if isinstance(group.get("betas"), (tuple, list)):
+                values["beta1"], values["beta2"] = group["betas"]
+            for param in group["params"]:
+                if id(param) in names:
+                    for key, value in values.items():
+                        if isinstance(value, (int, float)) and not isinstance(value, bool):
+                            out[f"{key}___specific___{names[id(param)]}"] = torch.tensor(float(value))
+        out["lossScaling_FLOAT"] = torch.tensor(float(getattr(self, "loss_scaling", 1.0)))
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         """torch's state plus PopTorch's attributes (loss scaling, clipping, types), so pickling keeps them."""

@@ -1,0 +1,102 @@
+"""The optimizer as PopTorch 3.4 uses it (its optimizers_test.py): no Python optimizer code runs, only the
+algorithm of SGD, Adam, AdamW, RMSprop or LAMB with the optimizer's attributes; `poptorch.optim`'s
+`state_dict()` carries `ipu_state` and `ipu_param`, and only such a dict loads into one."""
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import poptorch
+
+
+class Regression(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4, 1)
+
+    def forward(self, x, y):
+        out = self.linear(x)
+        return out, nn.functional.mse_loss(out, y)
+
+
+def _data():
+    torch.manual_seed(1)
+    return torch.randn(8, 4), torch.randn(8, 1)
+
+
+class StepDoublingSGD(torch.optim.SGD):
+    """A subclass whose own step PopTorch never runs (it would apply each update twice)."""
+
+    def step(self, closure=None):
+        super().step(closure)
+        return super().step(closure)
+
+
+def test_a_subclass_step_is_not_run_the_parent_algorithm_is_with_a_warning_once(caplog):
+    x, y = _data()
+    model, reference = Regression(), Regression()
+    optimizer = StepDoublingSGD(model.parameters(), lr=0.1)
+    training = poptorch.trainingModel(model, optimizer=optimizer)
+    with caplog.at_level(logging.WARNING):
+        training(x, y)
+        training(x, y)
+    sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for _ in range(2):
+        sgd.zero_grad()
+        reference(x, y)[1].backward()
+        sgd.step()
+    torch.testing.assert_close(model.linear.weight, reference.linear.weight)
+    warnings = [r for r in caplog.records if "StepDoublingSGD" in r.getMessage()]
+    assert len(warnings) == 1 and "does not run Python optimizer code" in warnings[0].getMessage()
+    assert "step" not in vars(optimizer)  # the subclass's step is back after the call
+
+
+def test_poptorch_optimizer_state_dict_has_ipu_entries_none_until_compiled():
+    x, y = _data()
+    model = Regression()
+    optimizer = poptorch.optim.Adam(model.parameters(), lr=0.05, weight_decay=0.025, loss_scaling=0.75)
+    training = poptorch.trainingModel(model, optimizer=optimizer)
+    before = optimizer.state_dict()
+    assert before["ipu_state"] is None and before["ipu_param"] is None
+    training.compile(x, y)
+    compiled = optimizer.state_dict()
+    params = compiled["ipu_param"]
+    assert params["learningRate___specific___linear.bias"] == torch.tensor(0.05)
+    assert params["weightDecay___specific___linear.weight"] == torch.tensor(0.025)
+    assert params["lossScaling_FLOAT"] == torch.tensor(0.75)
+    training(x, y)
+    state = optimizer.state_dict()["ipu_state"]
+    assert set(state) >= {"exp_avg___linear.weight", "exp_avg_sq___linear.bias"}
+    torch.testing.assert_close(state["exp_avg___linear.weight"], optimizer.state[model.linear.weight]["exp_avg"])
+
+
+def test_a_saved_ipu_state_dict_loads_back_and_training_continues_alike():
+    x, y = _data()
+    model = Regression()
+    optimizer = poptorch.optim.Adam(model.parameters(), lr=0.05)
+    training = poptorch.trainingModel(model, optimizer=optimizer)
+    training(x, y)
+    saved_weights, saved_state = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+    training(x, y)
+    want = model.linear.weight.detach().clone()
+
+    resumed = Regression()
+    resumed.load_state_dict(saved_weights)
+    resumed_optimizer = poptorch.optim.Adam(resumed.parameters(), lr=0.05)
+    resumed_optimizer.load_state_dict(saved_state)
+    poptorch.trainingModel(resumed, optimizer=resumed_optimizer)(x, y)
+    torch.testing.assert_close(resumed.linear.weight, want)
+
+
+def test_a_torch_optimizers_state_is_refused_by_a_poptorch_optimizer():
+    model = Regression()
+    torch_state = torch.optim.Adam(model.parameters(), lr=0.05).state_dict()
+    optimizer = poptorch.optim.Adam(model.parameters(), lr=0.05)
+    with pytest.raises(RuntimeError, match="Only IPU optimizer states can be loaded onto the IPU"):
+        optimizer.load_state_dict(torch_state)
+    with pytest.raises(RuntimeError, match="empty"):
+        optimizer.load_state_dict({})
