@@ -51,12 +51,30 @@ class PipelinedModelView:
         return self
 
     def deparallelize(self) -> PipelinedModelView:
-        """Undo `parallelize()`, giving back the plain transformers modules."""
+        """Undo `parallelize()`, giving back the plain transformers modules (without the BeginBlocks a
+        PopTorch wrapper put on them: `_poptorch_module`)."""
+        from optimum_ipu.poptorch import removeBlocks  # compat sits above poptorch: called late
+
         self.pipelined.deparallelize()
+        removeBlocks(self.pipelined.module)
         return self
 
     def __call__(self, *args, **kwargs):
         return self.pipelined.module(*args, **kwargs)
+
+    def _poptorch_module(self) -> nn.Module:
+        """The module `poptorch.trainingModel(view)` / `inferenceModel(view)` wrap (Optimum Graphcore's
+        inference notebooks wrap the view itself): once parallelized, its blocks start with PopTorch's
+        `BeginBlock` on their IPUs, as Optimum Graphcore's `parallelize()` annotated them, so the compile
+        sees the layout the IPU config gives."""
+        module = self.pipelined.module
+        from optimum_ipu.poptorch import BeginBlock, removeBlocks  # compat sits above poptorch: called late
+
+        removeBlocks(module)
+        if self.pipelined.is_parallelized:
+            for block in self.pipelined.plan.blocks:
+                BeginBlock(module.get_submodule(block.modules[0]), block.name, ipu_id=block.ipu)
+        return module
 
     def __getattr__(self, name: str):
         value = getattr(self.pipelined.module, name)

@@ -98,6 +98,9 @@ class PoplarExecutor:
     def __init__(self, model: nn.Module, options: Options | None, training: bool, optimizer=None):
         if isinstance(model, PoplarExecutor):  # a wrapped model: wrap its module (PopTorch does the same)
             model = model._user_model
+        as_module = getattr(type(model), "_poptorch_module", None)
+        if as_module is not None:  # Optimum Graphcore's to_pipelined(model, ipu_config): its module, placed
+            model = as_module(model)
         if not isinstance(model, nn.Module):
             raise TypeError(f"poptorch wraps a torch.nn.Module, got {type(model).__name__}.")
         options = options if options is not None else Options()

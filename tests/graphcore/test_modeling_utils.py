@@ -133,3 +133,26 @@ def test_pipelined_classes_build_from_transformers_models(tmp_path):
         PipelinedBertForQuestionAnswering(model.config)
     with pytest.raises(NoEquivalentError, match=r"force=True"):
         PipelinedConvNextForImageClassification.from_transformers(model, config)
+
+
+@pytest.mark.parametrize("chain", ["parallelize", "eval_half_parallelize"])
+def test_poptorch_wraps_a_pipelined_view_as_optimum_graphcores_inference_notebooks_do(chain):
+    """`poptorch.inferenceModel(to_pipelined(model, ipu_config).parallelize(), opts)` (the DeBERTa and
+    wav2vec2 inference notebooks, run_inference_ctc.py): the view's module runs on the config's IPUs and
+    computes what plain transformers computes."""
+    import poptorch
+
+    model = tiny_qa_model()
+    ids = torch.randint(5, 128, (4, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=torch.ones_like(ids)).start_logits
+    config = IPUConfig(layers_per_ipu=[1, 3], ipus_per_replica=2, inference_device_iterations=2).eval()
+    view = to_pipelined(model, config)
+    view = view.parallelize() if chain == "parallelize" else view.eval().half().parallelize()
+    wrapped = poptorch.inferenceModel(view, config.to_options(for_inference=True))
+    out = wrapped(input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert wrapped.num_ipus == 2
+    tolerance = {} if chain == "parallelize" else {"atol": 1e-2, "rtol": 1e-2}
+    torch.testing.assert_close(out.start_logits.float(), expected, **tolerance)
+    view.deparallelize()
+    assert "BeginBlock" not in poptorch.module_repr(model)
