@@ -6,6 +6,8 @@ an optimizer over tensors that are not the model's (weights that never change), 
 replica grouping of size 0 (a `ZeroDivisionError`).
 """
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -203,3 +205,65 @@ def test_input_replica_group_type_all_is_refused_and_no_grouping_means_size_one(
         poptorch.Options().replicationFactor(2).inputReplicaGrouping(2, poptorch.CommGroupType.All)
     opts = poptorch.Options().replicationFactor(4).inputReplicaGrouping(2, poptorch.CommGroupType.NoGrouping)
     assert (opts.input_group_size, opts.input_cgt) == (1, poptorch.CommGroupType.Consecutive)
+
+
+# -- 5. a dataset that fails while an asynchronous DataLoader loads ahead ----------------------------
+
+
+class _BrokenFrom(torch.utils.data.Dataset):
+    """Samples 0 .. first_bad - 1 load; from `first_bad` on, `__getitem__` fails as PopTorch's test dataset does."""
+
+    def __init__(self, first_bad: int, length: int = 40):
+        self.first_bad, self.length = first_bad, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        assert index < self.first_bad, "Broken dataset"
+        return torch.zeros(2)
+
+
+_ASYNC_MODES = [poptorch.DataLoaderMode.Async, poptorch.DataLoaderMode.AsyncRebatched]
+
+
+@pytest.mark.parametrize("mode", _ASYNC_MODES)
+def test_a_dataset_failing_before_the_first_batch_of_an_async_loader_is_poptorchs_worker_start_error(mode):
+    loader = poptorch.DataLoader(poptorch.Options(), _BrokenFrom(0), batch_size=2, num_workers=2, mode=mode)
+    started = time.monotonic()
+    with pytest.raises(poptorch.Error) as error:
+        next(iter(loader))
+    assert time.monotonic() - started < 60  # raised, not hung waiting for a batch
+    message = str(error.value)
+    assert message.startswith("AsynchronousDataAccessor worker thread failed to start (Check above for details)")
+    assert "AssertionError: Broken dataset" in message  # what the dataset raised
+    assert "mode=poptorch.DataLoaderMode.Sync and num_workers=0" in message  # how to debug it
+    assert isinstance(error.value.__cause__, AssertionError)  # the worker's traceback is printed above
+
+
+@pytest.mark.parametrize("mode", _ASYNC_MODES)
+def test_a_dataset_failing_after_the_first_batch_of_an_async_loader_is_poptorchs_data_fetcher_assertion(mode):
+    loader = poptorch.DataLoader(poptorch.Options(), _BrokenFrom(10), batch_size=2, num_workers=2, mode=mode)
+    loaded = []
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match="^An error occurred in the data fetcher") as error:
+        for batch in loader:
+            loaded.append(batch)
+    assert time.monotonic() - started < 60
+    assert loaded  # the batches before the bad sample came through
+    assert isinstance(error.value, poptorch.Error)  # PopTorch asserts; a program catching poptorch.Error too
+    assert "AssertionError: Broken dataset" in str(error.value)
+
+
+def test_a_dataset_failing_under_the_asynchronous_data_accessor_is_poptorchs_worker_start_error():
+    loader = poptorch.DataLoader(poptorch.Options(), _BrokenFrom(0), batch_size=1, num_workers=2)
+    with pytest.raises(poptorch.Error, match=r"^AsynchronousDataAccessor worker thread failed to start"):
+        next(iter(poptorch.AsynchronousDataAccessor(loader)))
+
+
+def test_a_dataset_failing_in_a_synchronous_loaders_workers_raises_torchs_exception_as_poptorch_does():
+    # a Sync loader is torch's DataLoader on PopTorch too: torch re-raises the worker's exception
+    loader = poptorch.DataLoader(poptorch.Options(), _BrokenFrom(0), batch_size=2, num_workers=2)
+    with pytest.raises(AssertionError, match="Caught AssertionError in DataLoader worker process") as error:
+        next(iter(loader))
+    assert not isinstance(error.value, poptorch.Error)
