@@ -68,7 +68,7 @@ def reference_tensor(model: nn.Module) -> torch.Tensor | None:
 def trace_forward(model: nn.Module, micro: list[Any], spec: pytree.TreeSpec, training: bool) -> Trace:
     """Run one micro-batch (`micro`, leaves of `spec`) through `model` in the mode it will run in, no grad."""
     args, kwargs = pytree.tree_unflatten(micro, spec)
-    with training_flags_kept(model), recording_ipus() as trace, \
+    with training_flags_kept(model), recording_ipus(refuse_ops_outside_blocks=True) as trace, \
             recording_module_blocks(model, trace) as module_blocks, \
             finding_recomputed_modules(model) as checkpointed, \
             torch.no_grad(), torch.random.fork_rng(devices=[]):  # fmt: skip

@@ -267,3 +267,82 @@ def test_a_dataset_failing_in_a_synchronous_loaders_workers_raises_torchs_except
     with pytest.raises(AssertionError, match="Caught AssertionError in DataLoader worker process") as error:
         next(iter(loader))
     assert not isinstance(error.value, poptorch.Error)
+
+
+# -- 6. every op runs in a block once a `with poptorch.Block` has ended -------------------------------
+
+
+class _TwoLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+
+def _auto_increment(device_iterations: int = 2, accumulation: int = 1) -> poptorch.Options:
+    opts = poptorch.Options().deviceIterations(device_iterations)
+    opts.Training.gradientAccumulation(accumulation)
+    return opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
+
+
+def test_an_op_after_a_block_context_ends_is_poptorchs_no_active_block_error():
+    class OpAfterTheBlock(_TwoLayers):  # PopTorch's tests/pipelining_test.py::test_missing_block
+        def forward(self, x):
+            poptorch.Block.useAutoId()
+            with poptorch.Block(ipu_id=0):
+                x = self.a(x)
+            return x * 4
+
+    model = poptorch.inferenceModel(OpAfterTheBlock(), _auto_increment())
+    with pytest.raises(poptorch.Error, match=r"^No active Block, all the ops must belong to a Block: ") as error:
+        model.compile(torch.randn(2, 4))
+    message = str(error.value)
+    assert "mul" in message and "user_id='0'" in message and "IPU 0" in message  # which op, after which block
+    assert "Move the op inside a block" in message  # the fix
+
+
+def test_a_loss_computed_after_the_last_block_function_is_refused_and_inside_it_is_accepted():
+    class LossOutside(_TwoLayers):
+        @poptorch.BlockFunction("head", ipu_id=1)
+        def head(self, x):
+            return self.b(x)
+
+        def forward(self, x):
+            with poptorch.Block("body", ipu_id=0):
+                x = self.a(x)
+            x = self.head(x)
+            return x, x.pow(2).mean()
+
+    with pytest.raises(poptorch.Error, match=r"No active Block.*after `with poptorch.Block\(user_id='head'\)` \(on IPU 1\)"):
+        poptorch.trainingModel(LossOutside(), _auto_increment(1, 3))(torch.randn(3, 4))
+
+    class LossInside(LossOutside):
+        def forward(self, x):
+            with poptorch.Block("body", ipu_id=0):
+                x = self.a(x)
+            with poptorch.Block("head", ipu_id=1):
+                x = self.b(x)
+                loss = x.pow(2).mean()
+            assert x.shape == (1, 4) and x.dim() == 2  # reading metadata is no op: allowed outside a block
+            return x, loss
+
+    model = poptorch.trainingModel(LossInside(), _auto_increment(1, 3))
+    model(torch.randn(3, 4))
+    assert model.num_stages == 2
+
+
+def test_ops_before_the_first_block_run_on_ipu_0_as_on_poptorch():
+    # No block is active yet, so PopTorch places them on IPU 0 (its compiler's starting IPU): with the first
+    # block on IPU 1, the forward switches IPU once, 2 stages, 3 when training (so GA 2 is too little).
+    class OpsBeforeTheFirstBlock(_TwoLayers):
+        def __init__(self):
+            super().__init__()
+            poptorch.BeginBlock(self.b, "b", ipu_id=1)
+
+        def forward(self, x):
+            return self.b(self.a(x * 2)).sum()
+
+    with pytest.raises(poptorch.Error, match=r"number of pipeline stages \(3\)"):
+        poptorch.trainingModel(OpsBeforeTheFirstBlock(), _auto_increment(1, 2))(torch.randn(2, 4))
+    model = poptorch.trainingModel(OpsBeforeTheFirstBlock(), _auto_increment(1, 3))
+    model(torch.randn(3, 4))
+    assert (model.num_ipus, model.num_stages) == (2, 2)
