@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch import _anchors, _export, _outputs, _stages, custom_args
-from optimum_ipu.poptorch._compiled_inputs import check_inputs
+from optimum_ipu.poptorch._compiled_inputs import check_inputs, check_not_zero_sized
 from optimum_ipu.poptorch._device_weights import DeviceWeights, follow_training_model, write_to_device
 from optimum_ipu.poptorch._executables import build_executable, check_wrap, run_call
 from optimum_ipu.poptorch._host_call import HostCall
@@ -171,6 +171,7 @@ class PoplarExecutor:
         custom_args.register_subclasses_in((args, kwargs))  # a registered parser's subclasses too
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._call.check_batch(leaves)
+        check_not_zero_sized(self._user_model.forward, args, kwargs, self._call.inputs.micro_batches)
         constants = constant_tensors(self._user_model)
         as_traced = [t.detach().clone() for t in constants]
         buffers = [(b, b.detach().clone()) for b in self._user_model.buffers()]

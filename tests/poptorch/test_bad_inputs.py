@@ -346,3 +346,40 @@ def test_ops_before_the_first_block_run_on_ipu_0_as_on_poptorch():
     model = poptorch.trainingModel(OpsBeforeTheFirstBlock(), _auto_increment(1, 3))
     model(torch.randn(3, 4))
     assert (model.num_ipus, model.num_stages) == (2, 2)
+
+
+# -- 7. no zero-sized input -------------------------------------------------------------------------
+
+
+class _Adds(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x, extra=None):
+        return self.l(x) if extra is None else self.l(x) + extra[1].sum()
+
+
+def test_a_batch_of_zero_samples_is_poptorchs_zero_sized_tensor_error_naming_the_input():
+    opts = poptorch.Options().deviceIterations(2)
+    with pytest.raises(poptorch.Error) as error:
+        poptorch.inferenceModel(_Adds(), opts)(torch.empty(0, 4))
+    message = str(error.value)
+    assert message.startswith("Zero-sized tensors are unsupported (Got shape [0, 4]).")  # PopTorch's sentence
+    assert "The input x of forward has shape [0, 4]" in message
+    assert "a batch of at least 2 samples, one per micro-batch" in message  # the fix, with the number
+
+
+def test_a_zero_sized_dimension_other_than_the_batch_names_the_input_and_the_dimension():
+    opts = poptorch.Options().deviceIterations(2)
+    extra = [torch.ones(4, 1), torch.empty(4, 3, 0)]
+    with pytest.raises(poptorch.Error) as error:
+        poptorch.inferenceModel(_Adds(), opts)(torch.ones(4, 4), extra=extra)
+    message = str(error.value)
+    # PopTorch's shape is one micro-batch's: 4 samples over 2 device iterations
+    assert message.startswith("Zero-sized tensors are unsupported (Got shape [2, 3, 0]).")
+    assert "The input extra[1] of forward has shape [4, 3, 0]" in message
+    assert "give dimension 2 at least one element" in message
+    model = poptorch.trainingModel(nn.Sequential(nn.Linear(0, 1), nn.Flatten(0)))
+    with pytest.raises(poptorch.Error, match=r"^Zero-sized tensors are unsupported \(Got shape \[2, 0\]\)"):
+        model(torch.empty(2, 0))
