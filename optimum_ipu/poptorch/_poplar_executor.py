@@ -155,7 +155,8 @@ class PoplarExecutor:
         output = self._run_user_model(micro)
         leaves = pytree.tree_leaves(output)
         if self._loss_index is None:
-            self._loss_index = _outputs.find_loss(output)
+            frozen = not any(p.requires_grad for p in self._user_model.parameters())
+            self._loss_index = _outputs.find_loss(output, frozen)
         loss = leaves[self._loss_index]
         self._recorded.append(_outputs.detached(output))
         return _outputs.loss_for_backward(loss)

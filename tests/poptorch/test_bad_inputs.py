@@ -6,6 +6,7 @@ an optimizer over tensors that are not the model's (weights that never change), 
 replica grouping of size 0 (a `ZeroDivisionError`).
 """
 
+import logging
 import time
 
 import numpy as np
@@ -383,3 +384,68 @@ def test_a_zero_sized_dimension_other_than_the_batch_names_the_input_and_the_dim
     model = poptorch.trainingModel(nn.Sequential(nn.Linear(0, 1), nn.Flatten(0)))
     with pytest.raises(poptorch.Error, match=r"^Zero-sized tensors are unsupported \(Got shape \[2, 0\]\)"):
         model(torch.empty(2, 0))
+
+
+# -- 8. a loss no trainable parameter reaches: PopTorch runs, updating nothing -----------------------
+
+
+class _FrozenWithLoss(nn.Module):
+    """PopTorch's norms_test.py::test_batchNorm_eval_during_training, with a Linear: every weight frozen."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 3)
+        self.l.requires_grad_(False)
+
+    def forward(self, x, target):
+        y = self.l(x)
+        return y, nn.functional.mse_loss(y, target)
+
+
+def test_a_training_model_with_every_parameter_frozen_runs_and_changes_no_weight_as_on_poptorch(caplog):
+    torch.manual_seed(0)
+    model, x, target = _FrozenWithLoss(), torch.randn(4, 4), torch.randn(4, 3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    native_out, native_loss = model(x, target)
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    with caplog.at_level(logging.WARNING, logger="poptorch"):
+        for _ in range(2):
+            out, loss = training(x, target)
+    torch.testing.assert_close(out, native_out)
+    torch.testing.assert_close(loss, native_loss)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    assert caplog.text.count("The loss depends on no trainable parameter") == 1  # said once, at compile
+    assert "set requires_grad=True on the parameters to learn" in caplog.text  # the fix
+
+
+def test_an_identity_loss_no_trainable_parameter_reaches_is_the_loss_and_changes_no_weight(caplog):
+    class LossOfTheInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.l(x), poptorch.identity_loss(x.pow(2), reduction="mean")
+
+    model, x = LossOfTheInputs(), torch.randn(2, 4)
+    weight = model.l.weight.detach().clone()
+    with caplog.at_level(logging.WARNING, logger="poptorch"):
+        out, loss = poptorch.trainingModel(model)(x)
+    torch.testing.assert_close(loss, x.pow(2).mean())
+    assert torch.equal(model.l.weight, weight)
+    assert "The loss depends on no trainable parameter" in caplog.text
+
+
+def test_a_detached_loss_beside_outputs_that_require_grad_is_still_no_loss_in_graph():
+    class Detached(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.l(x)
+            return y, y.detach().sum()  # not a torch loss nor identity_loss: PopTorch finds no loss either
+
+    with pytest.raises(poptorch.Error, match="^Couldn't find a loss in graph!"):
+        poptorch.trainingModel(Detached())(torch.randn(2, 4))
