@@ -449,3 +449,32 @@ def test_a_detached_loss_beside_outputs_that_require_grad_is_still_no_loss_in_gr
 
     with pytest.raises(poptorch.Error, match="^Couldn't find a loss in graph!"):
         poptorch.trainingModel(Detached())(torch.randn(2, 4))
+
+
+# -- 9. an input that requires grad is detached, as PopTorch detaches it ----------------------------
+
+
+def test_an_input_that_requires_grad_is_detached_with_poptorchs_warning_and_gets_no_grad(caplog):
+    class WithLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(2, 2)
+
+        def forward(self, x):
+            y = self.l(x)
+            return y, y.pow(2).sum()
+
+    x = torch.ones(2, 2, requires_grad=True)
+    model = poptorch.trainingModel(WithLoss())
+    with caplog.at_level(logging.WARNING, logger="poptorch"):
+        for _ in range(2):
+            model(x)
+    assert x.grad is None  # no backward pass reaches an input on PopTorch
+    # PopTorch's sentence (tests/tensor_ops_test.py::test_requires_grad_true), once per wrapper
+    assert caplog.text.count(
+        "Input tensor has requires_grad=True set. This tensor will be detached because backward pass via "
+        "inputs is not supported."
+    ) == 1
+    assert "return the gradient as an output" in caplog.text
+    inference = poptorch.inferenceModel(nn.Linear(2, 2))
+    assert not inference(torch.ones(1, 2, requires_grad=True)).requires_grad
