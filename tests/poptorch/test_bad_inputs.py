@@ -4,6 +4,11 @@ Each of these was silently accepted (or failed with a raw Python error) before: 
 small for one combined batch (a training loop that does nothing), a negative or non-integer IPU id,
 an optimizer over tensors that are not the model's (weights that never change), and an input
 replica grouping of size 0 (a `ZeroDivisionError`).
+
+Then PopTorch's own behaviour where ours differed: a dataset failing under an asynchronous DataLoader
+(PopTorch's worker errors, not torch's), an op after a `with poptorch.Block` ended ("No active Block"),
+a zero-sized input ("Zero-sized tensors are unsupported"), a loss no trainable parameter reaches (runs,
+updating nothing) and an input that requires grad (detached, with PopTorch's warning).
 """
 
 import logging
