@@ -6,9 +6,10 @@ constant of the graph) raises `poptorch.Error` with PopTorch's wording, ending i
 check the simulated IPU would run the new inputs (a static graph cannot), or fail deep inside with a
 KeyError.
 
-A model is compiled only for inputs with at least one element in every dimension: PopTorch's graph holds no
-zero-sized tensor, and its compile says so ("Zero-sized tensors are unsupported (Got shape [0, 4])."),
-naming the shape one micro-batch has; `check_not_zero_sized` adds which input it is and what to pass.
+A model is compiled only for inputs (and floating-point weights) with at least one element in every
+dimension: PopTorch's graph holds no zero-sized tensor, and its compile says so ("Zero-sized tensors are
+unsupported (Got shape [0, 4])."), naming the shape one micro-batch has; `check_not_zero_sized` adds which
+input or weight it is and what to change.
 
 The compile's inputs are kept as `_export.example_of` records them (tensors as shape and dtype), the same
 record a saved executable holds. Arguments are named by the signature of the module's `forward`, so a
@@ -22,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torch import nn
 
 from optimum_ipu.poptorch._export import ExampleTensor
 from optimum_ipu.poptorch._logging import Error
@@ -139,14 +141,30 @@ def _tensors_named(name: str, value: Any) -> list[tuple[str, torch.Tensor]]:
     return []
 
 
-def check_not_zero_sized(forward: Callable, args: tuple, kwargs: dict, micro_batches: int) -> None:
-    """Raise PopTorch's `poptorch.Error` for an input tensor with a dimension of size 0, naming the input.
+def _check_weights_not_zero_sized(model: nn.Module) -> None:
+    """PopTorch's error for a floating-point parameter or buffer with a dimension of size 0 (it moves them to
+    the IPU first; integer ones become constants there, unchecked)."""
+    for kind, named in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+        for name, tensor in named:
+            if tensor.is_floating_point() and 0 in tensor.shape:
+                raise Error(
+                    f"Zero-sized tensors are unsupported (Got shape {list(tensor.shape)}). The model's {kind} "
+                    f"{name} has a dimension of size 0: a compiled IPU graph holds no empty tensor. Give it at "
+                    f"least one element in every dimension (check the sizes the layer is built with), or remove it."
+                )
+
+
+def check_not_zero_sized(model: nn.Module, args: tuple, kwargs: dict, micro_batches: int) -> None:
+    """Raise PopTorch's `poptorch.Error` for a weight or an input tensor with a dimension of size 0, naming it.
 
     Args:
-        forward: the module's forward (its signature names the arguments).
+        model: the wrapped module (its floating-point parameters and buffers are checked first, as PopTorch
+            moves them to the IPU before the inputs; its forward's signature names the arguments).
         args, kwargs: the compile's inputs (combined batches: dim 0 holds `micro_batches` micro-batches).
         micro_batches: micro-batches per call (deviceIterations x replicas / input group size x GA).
     """
+    _check_weights_not_zero_sized(model)
+    forward = model.forward
     named = _named(forward, args, kwargs)
     if named is None:
         named = {**{f"args[{i}]": a for i, a in enumerate(args)}, **kwargs}

@@ -172,7 +172,7 @@ class PoplarExecutor:
         custom_args.register_subclasses_in((args, kwargs))  # a registered parser's subclasses too
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._call.check_batch(leaves)
-        check_not_zero_sized(self._user_model.forward, args, kwargs, self._call.inputs.micro_batches)
+        check_not_zero_sized(self._user_model, args, kwargs, self._call.inputs.micro_batches)
         constants = constant_tensors(self._user_model)
         as_traced = [t.detach().clone() for t in constants]
         buffers = [(b, b.detach().clone()) for b in self._user_model.buffers()]

@@ -386,9 +386,20 @@ def test_a_zero_sized_dimension_other_than_the_batch_names_the_input_and_the_dim
     assert message.startswith("Zero-sized tensors are unsupported (Got shape [2, 3, 0]).")
     assert "The input extra[1] of forward has shape [4, 3, 0]" in message
     assert "give dimension 2 at least one element" in message
+
+
+def test_a_zero_sized_floating_point_weight_is_poptorchs_zero_sized_tensor_error_naming_it():
+    # PopTorch moves the weights to the IPU before the inputs: the weight is named first
     model = poptorch.trainingModel(nn.Sequential(nn.Linear(0, 1), nn.Flatten(0)))
-    with pytest.raises(poptorch.Error, match=r"^Zero-sized tensors are unsupported \(Got shape \[2, 0\]\)"):
+    with pytest.raises(poptorch.Error, match=r"^Zero-sized tensors are unsupported \(Got shape \[1, 0\]\)\. "
+                       r"The model's parameter 0.weight has a dimension of size 0"):  # fmt: skip
         model(torch.empty(2, 0))
+    counted = nn.Linear(2, 2)
+    counted.register_buffer("seen", torch.empty(0, dtype=torch.long))  # an integer one is a constant there
+    poptorch.inferenceModel(counted)(torch.ones(1, 2))
+    counted.register_buffer("scales", torch.empty(0))
+    with pytest.raises(poptorch.Error, match=r"The model's buffer scales has a dimension of size 0"):
+        poptorch.inferenceModel(counted)(torch.ones(1, 2))
 
 
 # -- 8. a loss no trainable parameter reaches: PopTorch runs, updating nothing -----------------------
