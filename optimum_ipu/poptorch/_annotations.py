@@ -5,6 +5,11 @@ is (pipelined, sharded and one-device execution compute the same values), so the
 record, while a compile-time trace runs, the order in which the forward visits IPUs: the wrapper's
 compile checks (gradient accumulation against pipeline stages, IPU counts) read it.
 
+Ops before the first block run on IPU 0; a block started by `BeginBlock` or `Block.start` lasts until
+the next one starts, but leaving a `with poptorch.Block(...)` (or a `BlockFunction`) leaves no block
+active, and PopTorch's compile then refuses any op until the next block starts ("No active Block, all
+the ops must belong to a Block"): the trace does the same (`_OpsNeedABlock`).
+
 What they leave on a model pickles and deep-copies, as on PopTorch: `BeginBlock`'s forward pre-hook
 is an object (`_BlockHook`, shown by `poptorch.module_repr` as PopTorch shows it) and a function
 wrapped by `BlockFunction` is a `_BlockFunction`, which pickles by name where it replaced a function
@@ -21,7 +26,10 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch._logging import Error
 
@@ -31,6 +39,12 @@ _BLOCK_ATTR = "_poptorch_block"
 _trace: list[tuple[str | None, int]] | None = None
 _auto_id = False
 _auto_count = 0
+_ended: tuple[str | None, int] | None = None  # while tracing: the `with Block` just left, until a block starts
+
+# Tensor methods that read metadata only: no op in the traced graph, so allowed outside any block.
+_METADATA = {"__get__", "__set__", "size", "dim", "ndimension", "numel", "nelement", "stride", "storage_offset",
+             "is_contiguous", "is_floating_point", "is_complex", "element_size", "get_device", "data_ptr",
+             "__len__", "__repr__", "__str__", "__format__", "__hash__"}  # fmt: skip
 
 
 def check_ipu_id(ipu_id: Any, where: str) -> int | None:
@@ -53,7 +67,8 @@ def check_ipu_id(ipu_id: Any, where: str) -> int | None:
 
 
 def _enter(user_id: str | None, ipu_id: int | None) -> None:
-    global _auto_count
+    global _auto_count, _ended
+    _ended = None
     if user_id is None and _auto_id:
         user_id = str(_auto_count)
         _auto_count += 1
@@ -62,15 +77,38 @@ def _enter(user_id: str | None, ipu_id: int | None) -> None:
         _trace.append((user_id, last_ipu if ipu_id is None else int(ipu_id)))
 
 
+class _OpsNeedABlock(TorchFunctionMode):
+    """While a trace runs: an op on tensors after a `with Block` ended, before the next block, is PopTorch's
+    compile error (its lowering finds no active IPU for the op)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _ended is not None and getattr(func, "__name__", "") not in _METADATA:
+            if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves((args, kwargs))):
+                user_id, ipu = _ended
+                raise Error(
+                    "No active Block, all the ops must belong to a Block: the forward runs "
+                    f"{getattr(func, '__qualname__', func)!r} after `with poptorch.Block(user_id={user_id!r})` (on "
+                    f"IPU {ipu}) ended, before another block starts. Move the op inside a block (indent it into the "
+                    "`with`, or into a BlockFunction), or start the next block before it (`with poptorch.Block(...)`, "
+                    "poptorch.Block.start(...), or BeginBlock on the module that runs it)."
+                )
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
-def recording_ipus() -> Iterator[list[tuple[str | None, int]]]:
-    """While active, every block the forward enters is appended as (user id, IPU id)."""
-    global _trace
+def recording_ipus(refuse_ops_outside_blocks: bool = False) -> Iterator[list[tuple[str | None, int]]]:
+    """While active, every block the forward enters is appended as (user id, IPU id); with
+    `refuse_ops_outside_blocks` (the compile trace: no hook of ours computes there), an op outside any
+    block after a `with Block` ended is refused as PopTorch's compile refuses it."""
+    global _trace, _ended
     previous, _trace = _trace, [(None, 0)]  # the first layers default to IPU 0
+    previous_ended, _ended = _ended, None
     try:
-        yield _trace
+        with _OpsNeedABlock() if refuse_ops_outside_blocks else contextlib.nullcontext():
+            yield _trace
     finally:
-        _trace = previous
+        _trace, _ended = previous, previous_ended
 
 
 class Block(contextlib.ContextDecorator):
@@ -91,9 +129,13 @@ class Block(contextlib.ContextDecorator):
 
     def __enter__(self) -> Block:
         _enter(self.user_id, self.ipu_id)
+        self._entered = _trace[-1] if _trace is not None else None  # (user id, IPU) as traced
         return self
 
     def __exit__(self, *exc) -> None:
+        global _ended
+        if _trace is not None:  # no block is active until the next one starts (PopTorch's end of a block)
+            _ended = getattr(self, "_entered", None) or _trace[-1]
         return None
 
 

@@ -21,6 +21,7 @@ from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.poptorch import _distributed
 from optimum_ipu.poptorch._host_call import input_layout
 from optimum_ipu.poptorch._logging import Error, logger
+from optimum_ipu.poptorch._worker_errors import worker_failures
 from optimum_ipu.poptorch.custom_args import flatten_custom, rebuild_custom
 from optimum_ipu.poptorch.enums import DataLoaderMode
 from optimum_ipu.poptorch.options import Options
@@ -385,6 +386,8 @@ class DataLoader(torch.utils.data.DataLoader):
             iterator = _rebatched(iterator, self._rebatch, self._drop_last_item)
         if self._combine > 1:
             iterator = _combined(iterator, self._combine, self._drop_last_item)
+        if self._mode != DataLoaderMode.Sync:  # loading ahead in workers: a failing dataset is PopTorch's error
+            iterator = worker_failures(iterator, "the DataLoader's workers")
         return iterator if self._empty_message is None else _YieldsAtLeastOne(iterator, self._empty_message)
 
     @property
@@ -430,8 +433,11 @@ class AsynchronousDataAccessor:
                 items.put(e)
             items.put(end)
 
+        def received() -> Iterator[Any]:
+            while (item := items.get()) is not end:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+
         threading.Thread(target=load, daemon=True).start()
-        while (item := items.get()) is not end:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        yield from worker_failures(received(), "the AsynchronousDataAccessor")

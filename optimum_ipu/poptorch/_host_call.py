@@ -6,6 +6,9 @@ The runtime's executables (`runtime.executor`, the ones IPUTrainer uses) take [d
 [replica][accumulation step][micro-batch] and a `CallLayout`; `HostCall` builds both from the
 `poptorch.Options`, checks the batch as PopTorch does, and gives the outputs back in PopTorch's order.
 
+An input that requires grad is detached, as PopTorch detaches it (with its warning, once per wrapper):
+no backward pass reaches a model's inputs, so the caller's tensor gets no `.grad`.
+
 Under torchrun a process is handed its own replicas' samples (`_distributed.local_replicas`), or every
 replica's when the processes run pipeline stages (`_stages`): then it keeps its pipeline's replicas.
 """
@@ -18,9 +21,16 @@ import torch
 
 from optimum_ipu.call_layout import CallLayout, InvalidBatchError
 from optimum_ipu.poptorch import _distributed
+from optimum_ipu.poptorch._logging import logger
 from optimum_ipu.poptorch.enums import CommGroupType, OutputMode
 
 __all__ = ["HostCall", "input_layout"]
+
+INPUT_REQUIRES_GRAD = (  # PopTorch's warning, then where a gradient of an input can come from
+    "Input tensor has requires_grad=True set. This tensor will be detached because backward pass via inputs "
+    "is not supported. (Its .grad stays None: to get the gradient of an input, set requires_grad=True on it "
+    "inside the model's forward and return the gradient as an output.)"
+)
 
 
 def input_layout(options, training: bool = True) -> CallLayout:
@@ -49,6 +59,7 @@ class HostCall:
         self.input_replicas = _distributed.local_replicas(options)
         self.replicas = self.input_replicas
         self.stage_processes = False
+        self._said_requires_grad = False
 
     def counts(self) -> tuple[int, int, int, int]:
         """(device iterations, accumulation steps, replicas, replicas fed distinct data)."""
@@ -86,6 +97,9 @@ class HostCall:
     def check_batch(self, leaves: list[Any]) -> None:
         """PopTorch's error (its wording) for an input whose dim 0 is not a whole number of calls' samples
         (the rule is `CallLayout.micro_batch_size`'s; an empty input is left to the model)."""
+        if not self._said_requires_grad and any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
+            self._said_requires_grad = True
+            logger.warning(INPUT_REQUIRES_GRAD)
         for leaf in leaves:
             if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0 or leaf.shape[0] == 0:
                 continue
@@ -109,7 +123,10 @@ class HostCall:
         )
 
     def to_runtime_layout(self, leaf: Any) -> Any:
-        """PopTorch's [DI][GA][R/g][mb] -> the runtime's [DI][R][GA][mb], each group's data to each replica."""
+        """PopTorch's [DI][GA][R/g][mb] -> the runtime's [DI][R][GA][mb], each group's data to each replica
+        (detached: no backward pass reaches an input, as on PopTorch)."""
+        if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+            leaf = leaf.detach()
         if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
             return leaf
         di, ga, r, fed = self.counts()

@@ -20,7 +20,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.call_layout import CallLayout
-from optimum_ipu.poptorch._logging import Error
+from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch.enums import OutputMode
 
 IDENTITY_LOSS = "_poptorch_identity_loss"
@@ -50,28 +50,46 @@ def _reaches(start: torch.Tensor, target: torch.Tensor) -> bool:
     return False
 
 
-def find_loss(output: Any) -> int:
+NO_TRAINABLE_PARAMETER = (
+    "The loss depends on no trainable parameter (every parameter it is computed from has requires_grad=False, "
+    "or it is computed from the inputs and buffers only): this poptorch.trainingModel runs and changes no "
+    "weight, as on PopTorch. To train, set requires_grad=True on the parameters to learn and compute the loss "
+    "from the model's output; to evaluate only, use poptorch.inferenceModel."
+)
+
+
+def find_loss(output: Any, frozen: bool = False) -> int:
     """The index, among `output`'s flattened leaves, of the loss a training call backpropagates.
 
-    The loss is an output wrapped in `identity_loss`, else a 0-dim output that requires grad; when
-    several qualify, the one computed from all the others (a total of partial losses) is the loss.
+    The loss is an output wrapped in `identity_loss` (PopTorch's loss, whether or not a trainable parameter
+    reaches it), else a 0-dim output that requires grad, else, for a `frozen` model (no parameter requires
+    grad, so no output can), a 0-dim floating output: PopTorch finds its loss in the graph then too (a
+    torch loss is one) and runs, updating nothing. When several qualify, the one computed from all the
+    others (a total of partial losses) is the loss. A loss no trainable parameter reaches is said once a
+    compile.
     """
     leaves = pytree.tree_leaves(output)
-    tensors = [(i, t) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad]
+    tensors = [(i, t) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
     candidates = [(i, t) for i, t in tensors if getattr(t, IDENTITY_LOSS, None)]
     if not candidates:
-        candidates = [(i, t) for i, t in tensors if t.dim() == 0]
+        candidates = [(i, t) for i, t in tensors if t.requires_grad and t.dim() == 0]
+    if not candidates and frozen:
+        candidates = [(i, t) for i, t in tensors if t.dim() == 0 and t.is_floating_point()]
     if not candidates:
         raise Error(NO_LOSS)
     finals = [(i, t) for i, t in candidates if all(u is t or _reaches(t, u) for _, u in candidates)]
     if len(finals) != 1:
         raise Error(MULTIPLE_LOSSES)
+    if not finals[0][1].requires_grad:
+        logger.warning(NO_TRAINABLE_PARAMETER)
     return finals[0][0]
 
 
 def loss_for_backward(loss: torch.Tensor) -> torch.Tensor:
-    """A scalar to call backward on: `identity_loss(x, reduction="none")` sends a gradient of ones."""
-    return loss if loss.dim() == 0 else loss.sum()
+    """A scalar to call backward on: `identity_loss(x, reduction="none")` sends a gradient of ones. A loss
+    that reaches no trainable parameter is cut from its graph, so its backward reaches no weight either."""
+    loss = loss if loss.dim() == 0 else loss.sum()
+    return loss if loss.requires_grad else loss.detach().requires_grad_()
 
 
 def _combine(items: list[Any]) -> Any:

@@ -34,7 +34,7 @@ from torch.utils import _pytree as pytree
 from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.poptorch import _anchors, _export, _outputs, _stages, custom_args, optim
 from optimum_ipu.poptorch._compile_hooks import with_compile_hooks
-from optimum_ipu.poptorch._compiled_inputs import check_inputs
+from optimum_ipu.poptorch._compiled_inputs import check_inputs, check_not_zero_sized
 from optimum_ipu.poptorch._device_weights import (
     DeviceWeights,
     check_buffers,
@@ -183,7 +183,8 @@ class PoplarExecutor:
         output = self._run_user_model(micro)
         leaves = pytree.tree_leaves(output)
         if self._loss_index is None:
-            self._loss_index = _outputs.find_loss(output)
+            frozen = not any(p.requires_grad for p in self._user_model.parameters())
+            self._loss_index = _outputs.find_loss(output, frozen)
         loss = leaves[self._loss_index]
         self._recorded.append(_outputs.detached(output))
         return _outputs.loss_for_backward(loss)
@@ -204,6 +205,7 @@ class PoplarExecutor:
         custom_args.register_subclasses_in((args, kwargs))  # a registered parser's subclasses too
         leaves, spec = pytree.tree_flatten((args, kwargs))
         self._call.check_batch(leaves)
+        check_not_zero_sized(self._user_model, args, kwargs, self._call.inputs.micro_batches)
         constants = constant_tensors(self._user_model)
         as_traced = [t.detach().clone() for t in constants]
         _anchors.check_anchors(self._options.anchored_tensors, self._user_model, self._training)

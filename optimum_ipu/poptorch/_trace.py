@@ -86,7 +86,7 @@ def trace_forward(
     inputs (`_ipu_types.weights_follow_half_inputs`).
     """
     args, kwargs = pytree.tree_unflatten(micro, spec)
-    with training_flags_kept(model), recording_ipus() as trace, \
+    with training_flags_kept(model), recording_ipus(refuse_ops_outside_blocks=True) as trace, \
             recording_module_blocks(model, trace) as module_blocks, \
             finding_recomputed_modules(model) as checkpointed, \
             torch.no_grad(), torch.random.fork_rng(devices=[]), weights_follow_half_inputs(half_inputs):  # fmt: skip

@@ -85,7 +85,8 @@ def test_block_context_auto_increment_and_remove_blocks():
                 x = self.layers[1](x)
             with poptorch.Block("c", ipu_id=0):
                 x = self.layers[2](x)
-            return x, x.pow(2).mean()
+                loss = x.pow(2).mean()  # in a block: PopTorch refuses an op after the last one ended
+            return x, loss
 
     opts = poptorch.Options().setExecutionStrategy(
         poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement)
