@@ -224,6 +224,19 @@ def check_buffers(options, weights: DeviceWeights, updated: list[str]) -> bool:
                 f"which are {', '.join(known) or 'none'}."
             )
     replicated = options.replication_factor > 1
+    statistics = _norm_statistics(weights.model)
+    updated = [name for name in updated if name not in statistics]
     if replicated and updated and options.broadcast_buffers:
         raise Error(f"{BROADCAST_BUFFERS} (updated in forward(): {', '.join(updated)})")
     return replicated and not options.broadcast_buffers
+
+
+def _norm_statistics(model: nn.Module) -> set[str]:
+    """The buffers of `model`'s BatchNorm / InstanceNorm modules (running statistics, batch count): the
+    norm op keeps them, as PopART's does on the IPU, so updating them is no user buffer update."""
+    return {
+        f"{prefix}.{name}" if prefix else name
+        for prefix, module in model.named_modules()
+        if isinstance(module, nn.modules.batchnorm._NormBase)
+        for name, _ in module.named_buffers(recurse=False)
+    }

@@ -79,6 +79,7 @@ def build_executable(wrapper) -> TrainingExecutable | InferenceExecutable:
         return InferenceExecutable(
             wrapper._micro_model, call.runtime_layout(), fp16_compute=fp16_compute_of(model, wrapper._half_inputs),
             cast_inputs=False,  # the wrapper feeds them by the IPU's types (`_ipu_types.as_fed`)
+            sets_mode=False,  # PopTorch runs each module in the mode its user left it in
         )
     options = wrapper._options
     seed = options._values.get("random_seed", torch.initial_seed())
@@ -87,6 +88,7 @@ def build_executable(wrapper) -> TrainingExecutable | InferenceExecutable:
     return TrainingExecutable(
         model, call.runtime_layout(), loss_fn=wrapper._training_loss, replicas=_processes(wrapper),
         streams=wrapper._streams, fp16_compute=fp16_compute_of(model, wrapper._half_inputs), cast_inputs=False,
+        sets_mode=False,
         reduction="sum" if reduction == ReductionType.Sum else "mean",
         measure_grad_norm=False,  # PopTorch returns no gradient norm: measured only to clip
         skip_non_finite_updates=False,  # the IPU applies an update with non-finite gradients (NaN weights)

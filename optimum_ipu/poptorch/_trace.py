@@ -90,7 +90,6 @@ def trace_forward(
             recording_module_blocks(model, trace) as module_blocks, \
             finding_recomputed_modules(model) as checkpointed, \
             torch.no_grad(), torch.random.fork_rng(devices=[]), weights_follow_half_inputs(half_inputs):  # fmt: skip
-        model.train(training)
         dtype, device = fed_as(model)
         args, kwargs = pytree.tree_map(lambda t: as_fed(t, dtype, device, copy=True), (args, kwargs))
         model(*args, **kwargs)

@@ -68,6 +68,9 @@ class TrainingExecutable:
             (`step(gradients=...)`) rounds by its own setting.
         cast_inputs: cast floating inputs to the model's dtype (IPUTrainer); False: the caller feeds them
             as the model takes them (PopTorch, by the IPU's type rules: `poptorch._ipu_types`).
+        sets_mode: put the model in train mode for the call (IPUTrainer, as transformers' Trainer does);
+            False: each module runs in the train/eval mode its user left it in (PopTorch, which never
+            calls `train()` or `eval()`: a BatchNorm frozen with `.eval()` stays frozen).
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class TrainingExecutable:
         rounding_generator: torch.Generator | None = None,
         skip_non_finite_updates: bool = True,
         cast_inputs: bool = True,
+        sets_mode: bool = True,
     ):
         if not isinstance(layout, CallLayout):
             raise TypeError(f"TrainingExecutable takes a CallLayout, got {type(layout).__name__}.")
@@ -105,6 +109,7 @@ class TrainingExecutable:
         self.skip_non_finite_updates = skip_non_finite_updates
         self.layout = layout
         self.dtype = next(model.parameters()).dtype if cast_inputs else None
+        self.sets_mode = sets_mode
         # Walked once: a walk of the module tree per update costs more than a small model's step.
         self.weights = list(model.parameters())
         self.last_losses = torch.empty(0)
@@ -154,7 +159,8 @@ class TrainingExecutable:
         # or, when the stages are processes, each replica's GA losses as one host vector.
         collected: list[torch.Tensor] = []
 
-        self.model.train()
+        if self.sets_mode:
+            self.model.train()
         for d in range(di):
             # The weights stay the same until the update below: with several micro-batches before it,
             # fp16 compute converts them once (with one, each op's own conversion is the cheaper).
@@ -224,6 +230,7 @@ class InferenceExecutable:
             micro-batches (PopTorch's rule, which refuses a batch that does not divide).
         fp16_compute: "emulated" or "native", for an fp16 model.
         cast_inputs: as `TrainingExecutable`'s.
+        sets_mode: put the model in eval mode for the call (IPUTrainer); False: as `TrainingExecutable`'s.
     """
 
     def __init__(
@@ -233,6 +240,7 @@ class InferenceExecutable:
         micro_batch_size: int | None = None,
         fp16_compute: str | None = "emulated",
         cast_inputs: bool = True,
+        sets_mode: bool = True,
     ):
         if not isinstance(layout, CallLayout):
             raise TypeError(f"InferenceExecutable takes a CallLayout, got {type(layout).__name__}.")
@@ -242,6 +250,7 @@ class InferenceExecutable:
         self.fp16_compute = fp16_compute
         first = next(model.parameters(), None)  # a model with no weights (PopTorch runs those) casts nothing
         self.dtype = first.dtype if first is not None and cast_inputs else None
+        self.sets_mode = sets_mode
 
     @torch.no_grad()
     def __call__(
@@ -258,7 +267,8 @@ class InferenceExecutable:
             real_samples: how many leading samples are real; the rest repeat earlier ones
                 (`pad_on_batch_axis`) and are left out of the returned loss.
         """
-        self.model.eval()
+        if self.sets_mode:
+            self.model.eval()
         if not any(isinstance(v, torch.Tensor) and v.dim() > 0 for v in batch.values()):
             return [self.model(**batch) for _ in range(self.layout.micro_batches)]
         if self.dtype is not None:

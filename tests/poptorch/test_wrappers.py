@@ -1,5 +1,7 @@
 """The wrapped model's life cycle and PopTorch's errors: compile, attach/detach, destroy, losses, batches."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -218,10 +220,11 @@ class TrainingOnlyHead(nn.Module):
 
 
 @pytest.mark.parametrize("training", [True, False])
-def test_compile_traces_the_model_in_the_mode_it_runs_in(training):
-    """A trainingModel traces the training branch (its second IPU is placed), an inferenceModel the eval one;
-    the user's own module keeps the mode it had."""
-    module = TrainingOnlyHead().eval() if training else TrainingOnlyHead().train()
+def test_a_wrapper_traces_and_runs_the_model_in_the_mode_its_user_left_it_in(training):
+    """PopTorch calls neither train() nor eval() (its trainingModel / inferenceModel docstrings: call them
+    before wrapping): a training module traces the training branch (its second IPU is placed), an eval
+    one the eval branch, and the mode stays as the user set it."""
+    module = TrainingOnlyHead().train() if training else TrainingOnlyHead().eval()
     opts = poptorch.Options().deviceIterations(1 if training else 2)
     opts.Training.gradientAccumulation(3 if training else 1)
     wrap = poptorch.trainingModel if training else poptorch.inferenceModel
@@ -230,9 +233,36 @@ def test_compile_traces_the_model_in_the_mode_it_runs_in(training):
     model.compile(x, y)
     assert set(module.modes) == {training}
     assert model.num_ipus == (2 if training else 1)
-    assert module.training is not training
     model(x, y)
-    assert set(module.modes) == {training} and module.training is not training
+    assert set(module.modes) == {training} and module.training is training
+
+
+def test_a_batch_norm_frozen_with_eval_stays_frozen_in_a_training_model():
+    """Fine-tuning with frozen normalisation (`model.bn.eval()`), PopTorch's test_batchNorm_eval_during_training:
+    the running statistics are used and not updated, as in plain PyTorch."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    module.train()
+    module[1].eval()
+    reference = copy.deepcopy(module)
+    x, y = batch(6)
+
+    class WithLoss(nn.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x, y):
+            return nn.functional.cross_entropy(self.net(x), y)
+
+    model = poptorch.trainingModel(WithLoss(module), optimizer=torch.optim.SGD(module.parameters(), lr=0.1))
+    model(x, y)
+    sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
+    nn.functional.cross_entropy(reference(x), y).backward()
+    sgd.step()
+    torch.testing.assert_close(module[1].running_mean, reference[1].running_mean)
+    torch.testing.assert_close(module[0].weight, reference[0].weight)
+    assert torch.equal(module[1].running_mean, torch.zeros(4))
 
 
 def test_latency_and_cycle_count_are_the_cost_models_estimate_of_the_last_call():
