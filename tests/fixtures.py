@@ -597,3 +597,17 @@ def assert_same_answers(got, expected):
         assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
     else:
         assert got == expected
+
+
+class LinearRegression(torch.nn.Module):
+    """A PopTorch training model's smallest shape: `(x, y) -> (prediction, mean squared error)`, weights
+    seeded; the loss is computed in float32 (a half prediction is upcast)."""
+
+    def __init__(self, features: int = 4, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.linear = torch.nn.Linear(features, 1)
+
+    def forward(self, x, y):
+        out = self.linear(x)
+        return out, torch.nn.functional.mse_loss(out.float(), y.float())

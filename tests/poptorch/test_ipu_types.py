@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from fixtures import LinearRegression
 from torch import nn
 
 import poptorch
@@ -43,17 +44,7 @@ def test_a_float64_model_computes_and_returns_float32_and_its_host_weights_stay_
 
 
 def test_a_float64_model_trains_in_float32_and_the_host_gets_the_update():
-    class Regression(nn.Module):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.linear = nn.Linear(4, 1)
-
-        def forward(self, x, y):
-            out = self.linear(x)
-            return out, nn.functional.mse_loss(out, y)
-
-    model = Regression().double()
+    model = LinearRegression().double()
     reference = copy.deepcopy(model).float()
     x, y = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 1, dtype=torch.float64)
     out, loss = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(x, y)
@@ -90,17 +81,7 @@ def test_half_activations_with_float32_weights_compute_in_half():
 
 
 def test_half_activations_train_float32_weights():
-    class Regression(nn.Module):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.linear = nn.Linear(4, 1)
-
-        def forward(self, x, y):
-            out = self.linear(x)
-            return out, nn.functional.mse_loss(out.float(), y)
-
-    model = Regression()
+    model = LinearRegression()
     before = model.linear.weight.detach().clone()
     x, y = torch.randn(8, 4).half(), torch.randn(8, 1)
     out, loss = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(x, y)

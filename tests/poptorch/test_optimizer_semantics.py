@@ -7,20 +7,9 @@ import logging
 
 import pytest
 import torch
-from torch import nn
+from fixtures import LinearRegression
 
 import poptorch
-
-
-class Regression(nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(4, 1)
-
-    def forward(self, x, y):
-        out = self.linear(x)
-        return out, nn.functional.mse_loss(out, y)
 
 
 def _data():
@@ -38,7 +27,7 @@ class StepDoublingSGD(torch.optim.SGD):
 
 def test_a_subclass_step_is_not_run_the_parent_algorithm_is_with_a_warning_once(caplog):
     x, y = _data()
-    model, reference = Regression(), Regression()
+    model, reference = LinearRegression(), LinearRegression()
     optimizer = StepDoublingSGD(model.parameters(), lr=0.1)
     training = poptorch.trainingModel(model, optimizer=optimizer)
     with caplog.at_level(logging.WARNING):
@@ -57,7 +46,7 @@ def test_a_subclass_step_is_not_run_the_parent_algorithm_is_with_a_warning_once(
 
 def test_poptorch_optimizer_state_dict_has_ipu_entries_none_until_compiled():
     x, y = _data()
-    model = Regression()
+    model = LinearRegression()
     optimizer = poptorch.optim.Adam(model.parameters(), lr=0.05, weight_decay=0.025, loss_scaling=0.75)
     training = poptorch.trainingModel(model, optimizer=optimizer)
     before = optimizer.state_dict()
@@ -76,7 +65,7 @@ def test_poptorch_optimizer_state_dict_has_ipu_entries_none_until_compiled():
 
 def test_a_saved_ipu_state_dict_loads_back_and_training_continues_alike():
     x, y = _data()
-    model = Regression()
+    model = LinearRegression()
     optimizer = poptorch.optim.Adam(model.parameters(), lr=0.05)
     training = poptorch.trainingModel(model, optimizer=optimizer)
     training(x, y)
@@ -84,7 +73,7 @@ def test_a_saved_ipu_state_dict_loads_back_and_training_continues_alike():
     training(x, y)
     want = model.linear.weight.detach().clone()
 
-    resumed = Regression()
+    resumed = LinearRegression()
     resumed.load_state_dict(saved_weights)
     resumed_optimizer = poptorch.optim.Adam(resumed.parameters(), lr=0.05)
     resumed_optimizer.load_state_dict(saved_state)
@@ -93,7 +82,7 @@ def test_a_saved_ipu_state_dict_loads_back_and_training_continues_alike():
 
 
 def test_a_torch_optimizers_state_is_refused_by_a_poptorch_optimizer():
-    model = Regression()
+    model = LinearRegression()
     torch_state = torch.optim.Adam(model.parameters(), lr=0.05).state_dict()
     optimizer = poptorch.optim.Adam(model.parameters(), lr=0.05)
     with pytest.raises(RuntimeError, match="Only IPU optimizer states can be loaded onto the IPU"):
