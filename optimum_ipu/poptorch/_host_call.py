@@ -164,8 +164,12 @@ class HostCall:
         ]
 
     def output_mode(self) -> tuple[OutputMode, int]:
-        """PopTorch's output mode in effect (Default: Final in training, All in inference) and its period."""
-        mode = self.options.output_mode
-        if mode == OutputMode.Default:
-            mode = OutputMode.Final if self.training else OutputMode.All
-        return mode, self.options.output_return_period
+        """The call's output mode (the wrapper's options hold it resolved: `resolved_output_mode`) and period."""
+        return self.options.output_mode, self.options.output_return_period
+
+
+def resolved_output_mode(mode: OutputMode, training: bool) -> OutputMode:
+    """PopTorch's output mode in effect: Default is Final in training, All in inference."""
+    if mode == OutputMode.Default:
+        return OutputMode.Final if training else OutputMode.All
+    return mode

@@ -113,7 +113,7 @@ def training_settings(optimizer, options, current: LossScaler | None = None) -> 
     for group in optimizer.param_groups:
         if "stochastic_rounding" in group:
             group["stochastic_rounding"] = rounding
-    scale = float(getattr(optimizer, "loss_scaling", 1.0) or 1.0)
+    scale = optim.loss_scaling_of(optimizer)
     auto = bool(options.Training.automatic_loss_scaling)
     keep = current is not None and current.auto == auto and current.initial_scale == scale
     return {

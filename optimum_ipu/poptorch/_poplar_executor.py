@@ -42,7 +42,7 @@ from optimum_ipu.poptorch._device_weights import (
     write_to_device,
 )
 from optimum_ipu.poptorch._executables import build_executable, check_wrap, run_call
-from optimum_ipu.poptorch._host_call import HostCall
+from optimum_ipu.poptorch._host_call import HostCall, resolved_output_mode
 from optimum_ipu.poptorch._ipu_context import running_model
 from optimum_ipu.poptorch._ipu_types import (
     as_fed,
@@ -110,7 +110,7 @@ class PoplarExecutor:
         options._freeze()
         self._options = options.clone()
         if self._options.defaultOutputMode():  # PopTorch resolves Default on its copy, not on the user's
-            self._options.outputMode(OutputMode.Final if training else OutputMode.All)
+            self._options.outputMode(resolved_output_mode(OutputMode.Default, training))
         self._options._freeze()
         self._call = HostCall(self._options, training)  # the batch arithmetic of a call
         self._process_replicas = None
@@ -136,7 +136,8 @@ class PoplarExecutor:
         self._streams: ReplicaStreams | None = None
         self._micro_model = _MicroBatchModel(self)
         self._half_inputs = False  # half inputs, float32 weights: the weights follow (`_ipu_types`)
-        self._own_replica_buffers = False  # each replica keeps its own buffers (`broadcastBuffers(False)`)
+        # the layout of this process's replicas when each keeps its own buffers (`broadcastBuffers(False)`)
+        self._replica_layout: CallLayout | None = None
         self._recomputed: list[nn.Module] = []  # those recomputed in backward (when recomputation is on)
         # (plain tensor attribute, its value when traced): constants of the compiled model
         self._constants: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -173,9 +174,8 @@ class PoplarExecutor:
         leaves = [micro[str(i)] for i in range(len(micro))]
         args, kwargs = pytree.tree_unflatten(leaves, self._spec)
         replica = 0
-        if self._own_replica_buffers and self._stages is None:  # each replica's buffers are its own
-            di, ga, _, _ = self._call.counts()
-            replica = CallLayout(di, len(self._call.replicas), ga).replica_of(len(self._recorded))
+        if self._replica_layout is not None:  # each replica's buffers are its own: this micro-batch's replica
+            replica = self._replica_layout.replica_of(len(self._recorded))
         with weights_follow_half_inputs(self._half_inputs), self._device_weights.replica_buffers(replica):
             return self._user_model(*args, **kwargs)
 
@@ -192,10 +192,6 @@ class PoplarExecutor:
     def _reference_tensor(self) -> torch.Tensor | None:
         """The tensor whose device and dtype inputs are fed in (`_trace.reference_tensor`)."""
         return reference_tensor(self._user_model)
-
-    def _fed_as(self) -> tuple[torch.dtype | None, torch.device | None]:
-        """The floating dtype of the model's weights on the device and their device (`_ipu_types.as_fed`)."""
-        return fed_as(self._user_model)
 
     # -- PopTorch's API ------------------------------------------------------------------------------
     @running_model(compiling=True)  # the helpers (for_loop, cond, CPU, ...) see a wrapper at work
@@ -230,9 +226,7 @@ class PoplarExecutor:
         self._recomputed, self._traced = placement.recomputed, trace
         self._stage_plan = plan_stage_processes(self._user_model, trace, self._options, self._training, placement)
         self._call.run_as_stage_processes(self._stage_plan is not None)
-        self._own_replica_buffers = check_buffers(self._options, self._device_weights, updated)
-        if self._own_replica_buffers:
-            self._device_weights.keep_buffers_per_replica(len(self._call.replicas))
+        own_buffers = check_buffers(self._options, self._device_weights, updated)
         self._constants = list(zip(constants, as_traced))
         self.compile_result = report_of_compile(
             self._user_model, self._traced, self._options, self._training, self._optimizer, self.num_ipus,
@@ -240,6 +234,11 @@ class PoplarExecutor:
         )  # fmt: skip
         optim.note_compiled(self._optimizer, self._user_model)  # its state_dict() has the device's state now
         self._executable = build_executable(self)  # under torchrun: every process holds process 0's weights
+        self._replica_layout = None
+        if own_buffers and self._stages is None:  # (stage processes run one replica's pipeline each)
+            di, ga, _, _ = self._call.counts()
+            self._replica_layout = CallLayout(di, len(self._call.replicas), ga)
+            self._device_weights.keep_buffers_per_replica(len(self._call.replicas))
         self._example = _export.example_of(args, kwargs)
         self._attached = not is_offline(self._options)  # an offline target compiles without attaching
         self._loss_index = None
@@ -403,7 +402,7 @@ class PoplarExecutor:
         if not self._training:  # PopTorch's implicit copyWeightsToDevice() after a training model's update
             follow_training_model(self, _training_wrappers.get(self._user_model))
         self._call.check_batch(leaves)
-        dtype, device = self._fed_as()
+        dtype, device = fed_as(self._user_model)  # the device's floating dtype and device
         batch = {str(i): as_fed(self._call.to_runtime_layout(leaf), dtype, device) for i, leaf in enumerate(leaves)}
         self._recorded = []
         anchors = _anchors.AnchorRecorder(self._user_model, self._options.anchored_tensors)

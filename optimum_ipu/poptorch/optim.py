@@ -84,6 +84,12 @@ _IPU_PARAM_NAMES = {"lr": "learningRate", "weight_decay": "weightDecay", "moment
                     "dampening": "dampening", "eps": "eps", "alpha": "alpha"}  # fmt: skip
 
 
+def loss_scaling_of(optimizer) -> float:
+    """The loss scale `optimizer` carries (`loss_scaling`, one of PopTorch's variable attributes; 1 when
+    it has none, as a torch optimizer)."""
+    return float(getattr(optimizer, "loss_scaling", 1.0) or 1.0)
+
+
 def note_compiled(optimizer, model) -> None:
     """A training model of `model` compiled with `optimizer`: its `state_dict()` carries the device's state."""
     if isinstance(optimizer, Optimizer):
@@ -140,7 +146,7 @@ class Optimizer:
                     for key, value in values.items():
                         if isinstance(value, (int, float)) and not isinstance(value, bool):
                             out[f"{key}___specific___{names[id(param)]}"] = torch.tensor(float(value))
-        out["lossScaling_FLOAT"] = torch.tensor(float(getattr(self, "loss_scaling", 1.0)))
+        out["lossScaling_FLOAT"] = torch.tensor(loss_scaling_of(self))
         return out
 
     def __getstate__(self) -> dict[str, Any]:
