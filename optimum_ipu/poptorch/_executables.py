@@ -22,6 +22,7 @@ from optimum_ipu.poptorch._optimizer_use import (
     hyperparameters_as_set,
     native_step,
     training_settings,
+    warn_if_subclassed,
 )
 from optimum_ipu.poptorch._recompute import recomputing
 from optimum_ipu.poptorch.enums import ReductionType
@@ -59,15 +60,16 @@ def check_wrap(model: nn.Module, options, training: bool, optimizer):
     if any(group.get("amsgrad") for group in optimizer.param_groups):
         raise ValueError(AMSGRAD)
     check_optimizer_parameters(model, optimizer)
+    warn_if_subclassed(optimizer)
     return optimizer
 
 
-def fp16_compute_of(model: nn.Module, half_inputs: bool) -> str | None:
-    """How fp16 ops are computed: None (plain dispatch) for a model with no fp16 weight or buffer that
-    takes no half input, as IPUTrainer does with --fp32; the fp16 layer costs a dispatch per op, which
-    fp32 models skip."""
+def fp16_compute_of(model: nn.Module, mixed_precision: bool) -> str | None:
+    """How fp16 ops are computed: None (plain dispatch) for a model with no fp16 weight or buffer whose
+    inputs are of its precision, as IPUTrainer does with --fp32; the fp16 layer costs a dispatch per op,
+    which fp32 models skip."""
     tensors = [*model.parameters(), *model.buffers()]
-    if not half_inputs and not any(t.dtype == torch.float16 for t in tensors):
+    if not mixed_precision and not any(t.dtype == torch.float16 for t in tensors):
         return None
     return resolve_fp16_compute(None, tensors[0].device)
 
@@ -77,7 +79,7 @@ def build_executable(wrapper) -> TrainingExecutable | InferenceExecutable:
     call, model = wrapper._call, wrapper._user_model
     if not wrapper._training:
         return InferenceExecutable(
-            wrapper._micro_model, call.runtime_layout(), fp16_compute=fp16_compute_of(model, wrapper._half_inputs),
+            wrapper._micro_model, call.runtime_layout(), fp16_compute=fp16_compute_of(model, wrapper._mixed_precision),
             cast_inputs=False,  # the wrapper feeds them by the IPU's types (`_ipu_types.as_fed`)
             sets_mode=False,  # PopTorch runs each module in the mode its user left it in
         )
@@ -87,7 +89,7 @@ def build_executable(wrapper) -> TrainingExecutable | InferenceExecutable:
     reduction = options.Training.accumulation_and_replication_reduction_type
     return TrainingExecutable(
         model, call.runtime_layout(), loss_fn=wrapper._training_loss, replicas=_processes(wrapper),
-        streams=wrapper._streams, fp16_compute=fp16_compute_of(model, wrapper._half_inputs), cast_inputs=False,
+        streams=wrapper._streams, fp16_compute=fp16_compute_of(model, wrapper._mixed_precision), cast_inputs=False,
         sets_mode=False,
         reduction="sum" if reduction == ReductionType.Sum else "mean",
         measure_grad_norm=False,  # PopTorch returns no gradient norm: measured only to clip

@@ -5,9 +5,11 @@ integer results as int32 and floating ones as at most float32 (its user guide, "
 `type_support_test.py`). Programs see it: `argmax` of a compiled model is an int32 tensor, a
 `model.double()` returns float32.
 
-Half activations with float32 weights compute in half: "the parameters will be converted to float16 if
-you call an operation with a float16 input" (user guide, "16-bit float support"), where CPU PyTorch
-raises "expected scalar type Half but found Float". The update still applies to the float32 weights.
+Weights follow the activations' precision: "the parameters will be converted to float16 if you call an
+operation with a float16 input" (user guide, "16-bit float support"), and float32 activations meeting a
+`.half()` model's weights compute in float32 (PopTorch's half_float_test: float32 in, float32 out), where
+CPU PyTorch raises "expected scalar type Half but found Float" for either mix. The update still applies to
+the weights in their own dtype.
 
 What is not reproduced, on purpose: integer inputs and buffers keep int64 inside `forward()`, because
 CPU PyTorch's ops require it (`cross_entropy` targets, `index_select`); only what a call returns is
@@ -25,7 +27,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-__all__ = ["as_fed", "as_returned", "device_dtype", "half_inputs_with_float_weights", "weights_follow_half_inputs"]
+__all__ = ["as_fed", "as_returned", "device_dtype", "mixed_precision", "weights_follow_activations"]
 
 # What the IPU computes a host dtype as (the others it has).
 _DEMOTED = {torch.float64: torch.float32, torch.int64: torch.int32}
@@ -38,31 +40,22 @@ def device_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype == torch.float64 else dtype
 
 
-def as_fed(value: Any, model_dtype: torch.dtype | None, device: torch.device | None, copy: bool = False) -> Any:
+def as_fed(value: Any, device: torch.device | None, copy: bool = False) -> Any:
     """An input as the compiled model receives it: the caller's own tensor when nothing changes (an
     in-place update of an input in `forward()` reaches the caller), unless `copy` (the compile's trace,
     whose run must not reach the caller: the call's own run does, once).
 
-    Floating inputs take the model's floating dtype (the executable's rule for IPUTrainer too), float64
-    becoming float32, except that float16 inputs of a float32 model stay half, so half activations meet
-    float32 weights (`weights_follow_half_inputs`). Other tensors keep their dtype.
+    Float64 becomes float32; every other dtype is kept (half or float32 activations, whatever the
+    weights' dtype: `weights_follow_activations`).
 
     Args:
         value: one input leaf (a tensor or any other value, returned as it is).
-        model_dtype: the floating dtype of the model's weights on the device (None: a model without
-            floating weights, whose inputs keep their floating dtype, float64 still demoted).
         device: where the model's weights are (None: leave the input where it is).
         copy: always return a new tensor.
     """
     if not isinstance(value, torch.Tensor):
         return value
-    dtype = value.dtype
-    if value.is_floating_point():
-        if model_dtype is None:
-            dtype = device_dtype(dtype)
-        elif not (model_dtype == torch.float32 and dtype == torch.float16):
-            dtype = model_dtype
-    return value.to(device if device is not None else value.device, dtype, copy=copy)
+    return value.to(device if device is not None else value.device, device_dtype(value.dtype), copy=copy)
 
 
 def as_returned(outputs: Any) -> Any:
@@ -76,40 +69,52 @@ def as_returned(outputs: Any) -> Any:
     return pytree.tree_map(demoted, outputs)
 
 
-def half_inputs_with_float_weights(model: nn.Module, inputs: list[Any]) -> bool:
-    """Whether a compile's inputs are half while some of the model's weights are float32: then the calls
-    run under `weights_follow_half_inputs`."""
-    half = any(isinstance(t, torch.Tensor) and t.dtype == torch.float16 for t in inputs)
-    return half and any(p.dtype == torch.float32 for p in model.parameters())
+_ACTIVATIONS = (torch.float16, torch.bfloat16, torch.float32)
 
 
-class _WeightsFollowHalfInputs(TorchFunctionMode):
-    """Casts float32 parameters to half for an op that also takes a half tensor (autograd records the
-    cast, so the gradient reaches the float32 weight in float32)."""
+def mixed_precision(model: nn.Module, inputs: list[Any]) -> bool:
+    """Whether a compile's floating inputs and the model's floating weights differ in precision (half
+    inputs and float32 weights, or float32 inputs and half weights): then the calls run under
+    `weights_follow_activations`."""
+    fed = {device_dtype(t.dtype) for t in inputs if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    weights = {device_dtype(p.dtype) for p in model.parameters() if p.is_floating_point()}
+    return bool(fed and weights and fed | weights != weights)
+
+
+class _WeightsFollowActivations(TorchFunctionMode):
+    """Casts the parameters an op takes to the dtype of its other floating tensors, when those share one of
+    half, bfloat16 or float32 (autograd records the cast: the gradient reaches each weight in its dtype)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         values = [*args, *kwargs.values()]
-        if any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in values) and any(
-            isinstance(v, nn.Parameter) and v.dtype == torch.float32 for v in values
-        ):
-            args = tuple(_half_if_float_weight(v) for v in args)
-            kwargs = {k: _half_if_float_weight(v) for k, v in kwargs.items()}
+        activations = {
+            v.dtype for v in values
+            if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter) and v.is_floating_point()
+        }  # fmt: skip
+        if len(activations) == 1:
+            (dtype,) = activations
+            if dtype in _ACTIVATIONS and any(
+                isinstance(v, nn.Parameter) and v.is_floating_point() and v.dtype != dtype for v in values
+            ):
+                args = tuple(_as_activation(v, dtype) for v in args)
+                kwargs = {k: _as_activation(v, dtype) for k, v in kwargs.items()}
         return func(*args, **kwargs)
 
 
-def _half_if_float_weight(value: Any) -> Any:
-    if isinstance(value, nn.Parameter) and value.dtype == torch.float32:
-        return value.half()
+def _as_activation(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, nn.Parameter) and value.is_floating_point() and value.dtype != dtype:
+        return value.to(dtype)
     return value
 
 
 @contextlib.contextmanager
-def weights_follow_half_inputs(active: bool) -> Iterator[None]:
-    """While active (and `active`), an op given half activations and float32 weights computes in half,
-    as on PopTorch; otherwise nothing changes and no per-op hook runs."""
+def weights_follow_activations(active: bool) -> Iterator[None]:
+    """While active (and `active`), an op given activations of one precision and weights of another
+    computes in the activations' precision, as on PopTorch; otherwise nothing changes and no per-op
+    hook runs."""
     if not active:
         yield
         return
-    with _WeightsFollowHalfInputs():
+    with _WeightsFollowActivations():
         yield

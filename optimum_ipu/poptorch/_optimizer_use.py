@@ -36,6 +36,7 @@ __all__ = [
     "hyperparameters_as_set",
     "max_norm",
     "native_step",
+    "warn_if_subclassed",
     "training_settings",
 ]
 
@@ -139,22 +140,29 @@ def native_class(optimizer) -> type | None:
     return next((cls for cls in type(optimizer).__mro__ if cls in _NATIVE), None)
 
 
+def warn_if_subclassed(optimizer) -> None:
+    """Say once per class, when a model takes `optimizer` (wrap, `setOptimizer`), that a subclass's Python
+    code will not run (`native_step`), in PopTorch's words, so programs and tests matching them work."""
+    native = native_class(optimizer)
+    if native is None or type(optimizer) is native or type(optimizer) in _warned:
+        return
+    _warned.add(type(optimizer))
+    logger.warning(
+        f"Optimizer `{type(optimizer).__name__}` subclassed from classes in poptorch.optim or torch.optim are "
+        "unlikely to behave as intended. Poptorch does not run Python optimizer code directly; it runs "
+        f"{native.__module__.split('.')[0]}.optim.{native.__name__}'s algorithm with the subclass's attributes "
+        "(learning rate, loss scaling, ...). Put custom update code in the model, or use the parent class."
+    )
+
+
 @contextlib.contextmanager
 def native_step(optimizer) -> Iterator[None]:
     """While active, `optimizer.step` is its PopTorch algorithm's (`native_class`), not a subclass's own:
-    PopTorch never runs an optimizer's Python code. Says once per class that a subclass's code is not run."""
+    PopTorch never runs an optimizer's Python code (`warn_if_subclassed` says so when the model takes it)."""
     native = native_class(optimizer)
     if native is None or type(optimizer) is native:
         yield
         return
-    if type(optimizer) not in _warned:
-        _warned.add(type(optimizer))
-        logger.warning(
-            f"Optimizer `{type(optimizer).__name__}` subclassed from classes in poptorch.optim or torch.optim "
-            "is unlikely to behave as intended: PopTorch does not run Python optimizer code; it runs "
-            f"{native.__module__.split('.')[0]}.optim.{native.__name__}'s algorithm with the subclass's attributes "
-            "(learning rate, loss scaling, ...). Put custom update code in the model, or use the parent class."
-        )
     own = vars(optimizer).get("step")
     optimizer.step = types.MethodType(native.step, optimizer)
     try:

@@ -47,8 +47,8 @@ from optimum_ipu.poptorch._ipu_context import running_model
 from optimum_ipu.poptorch._ipu_types import (
     as_fed,
     as_returned,
-    half_inputs_with_float_weights,
-    weights_follow_half_inputs,
+    mixed_precision,
+    weights_follow_activations,
 )
 from optimum_ipu.poptorch._logging import Error
 from optimum_ipu.poptorch._offline import is_offline, refuse_offline
@@ -56,16 +56,17 @@ from optimum_ipu.poptorch._optimizer_use import (
     check_optimizer_parameters,
     hyperparameters,
     training_settings,
+    warn_if_subclassed,
 )
 from optimum_ipu.poptorch._placement import check_placement, plan_stage_processes
 from optimum_ipu.poptorch._report import cycle_count, latency, report_of_compile
 from optimum_ipu.poptorch._trace import (
     constant_tensors,
     constants_as_traced,
-    fed_as,
     reference_tensor,
     trace_forward,
     training_flags_kept,
+    weights_device,
 )
 from optimum_ipu.poptorch.enums import OutputMode
 from optimum_ipu.poptorch.options import Options
@@ -135,7 +136,7 @@ class PoplarExecutor:
         self._loss_index: int | None = None
         self._streams: ReplicaStreams | None = None
         self._micro_model = _MicroBatchModel(self)
-        self._half_inputs = False  # half inputs, float32 weights: the weights follow (`_ipu_types`)
+        self._mixed_precision = False  # inputs and weights of other precisions: weights follow (`_ipu_types`)
         # the layout of this process's replicas when each keeps its own buffers (`broadcastBuffers(False)`)
         self._replica_layout: CallLayout | None = None
         self._recomputed: list[nn.Module] = []  # those recomputed in backward (when recomputation is on)
@@ -176,7 +177,7 @@ class PoplarExecutor:
         replica = 0
         if self._replica_layout is not None:  # each replica's buffers are its own: this micro-batch's replica
             replica = self._replica_layout.replica_of(len(self._recorded))
-        with weights_follow_half_inputs(self._half_inputs), self._device_weights.replica_buffers(replica):
+        with weights_follow_activations(self._mixed_precision), self._device_weights.replica_buffers(replica):
             return self._user_model(*args, **kwargs)
 
     def _training_loss(self, micro: dict[str, Any]) -> torch.Tensor:
@@ -206,14 +207,14 @@ class PoplarExecutor:
         as_traced = [t.detach().clone() for t in constants]
         _anchors.check_anchors(self._options.anchored_tensors, self._user_model, self._training)
         self._stage_plan = None
-        self._half_inputs = half_inputs_with_float_weights(self._user_model, leaves)
+        self._mixed_precision = mixed_precision(self._user_model, leaves)
         self._write_weights_to_device()  # attaching writes the host's weights to the device; the trace runs on them
         with self._device_weights.in_use():
             buffers = [(b, b.detach().clone()) for b in self._user_model.buffers()]
             versions = {name: b._version for name, b in self._user_model.named_buffers()}
             try:
                 trace = trace_forward(
-                    self._user_model, self._call.micro_batch(leaves), spec, self._training, self._half_inputs
+                    self._user_model, self._call.micro_batch(leaves), spec, self._training, self._mixed_precision
                 )
                 updated = [n for n, b in self._user_model.named_buffers() if b._version != versions.get(n)]
             finally:
@@ -370,6 +371,7 @@ class PoplarExecutor:
         if not self._training:
             raise Error("setOptimizer is only for a poptorch.trainingModel.")
         check_optimizer_parameters(self._user_model, optimizer)
+        warn_if_subclassed(optimizer)
         self._optimizer = optimizer
         self._hyperparameters = hyperparameters(optimizer)
         if isinstance(self._executable, TrainingExecutable):
@@ -402,8 +404,8 @@ class PoplarExecutor:
         if not self._training:  # PopTorch's implicit copyWeightsToDevice() after a training model's update
             follow_training_model(self, _training_wrappers.get(self._user_model))
         self._call.check_batch(leaves)
-        dtype, device = fed_as(self._user_model)  # the device's floating dtype and device
-        batch = {str(i): as_fed(self._call.to_runtime_layout(leaf), dtype, device) for i, leaf in enumerate(leaves)}
+        device = weights_device(self._user_model)
+        batch = {str(i): as_fed(self._call.to_runtime_layout(leaf), device) for i, leaf in enumerate(leaves)}
         self._recorded = []
         anchors = _anchors.AnchorRecorder(self._user_model, self._options.anchored_tensors)
         try:

@@ -24,11 +24,11 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from optimum_ipu.poptorch._annotations import recording_ipus
-from optimum_ipu.poptorch._ipu_types import as_fed, device_dtype, weights_follow_half_inputs
+from optimum_ipu.poptorch._ipu_types import as_fed, weights_follow_activations
 from optimum_ipu.poptorch._recompute import finding_recomputed_modules
 from optimum_ipu.poptorch._report import recording_module_blocks
 
-__all__ = ["Trace", "constant_tensors", "constants_as_traced", "fed_as", "reference_tensor", "trace_forward",
+__all__ = ["Trace", "constant_tensors", "constants_as_traced", "reference_tensor", "trace_forward", "weights_device",
            "training_flags_kept"]  # fmt: skip
 
 
@@ -66,32 +66,29 @@ def reference_tensor(model: nn.Module) -> torch.Tensor | None:
     return first if first is not None else next(model.buffers(), None)
 
 
-def fed_as(model: nn.Module) -> tuple[torch.dtype | None, torch.device | None]:
-    """The floating dtype of `model`'s weights on the device (None when the reference tensor is not
-    floating, or there is none) and their device (None: none), as `_ipu_types.as_fed` takes them."""
+def weights_device(model: nn.Module) -> torch.device | None:
+    """Where `model`'s weights are, which its inputs are fed to (None: a module with no weight or buffer)."""
     first = reference_tensor(model)
-    if first is None:
-        return None, None
-    return (device_dtype(first.dtype) if first.is_floating_point() else None), first.device
+    return first.device if first is not None else None
 
 
 def trace_forward(
-    model: nn.Module, micro: list[Any], spec: pytree.TreeSpec, training: bool, half_inputs: bool = False
+    model: nn.Module, micro: list[Any], spec: pytree.TreeSpec, training: bool, mixed_precision: bool = False
 ) -> Trace:
     """Run one micro-batch (`micro`, leaves of `spec`) through `model` in the mode it will run in, no grad.
 
     The inputs are fed as a call feeds them (`_ipu_types.as_fed`), as copies: PopTorch's compile runs no
     forward on the caller's tensors, so an in-place update of an input in `forward()` reaches the caller
-    once per call, by the call's own run, never by the trace. `half_inputs`: the weights follow half
-    inputs (`_ipu_types.weights_follow_half_inputs`).
+    once per call, by the call's own run, never by the trace. `mixed_precision`: the weights follow the
+    activations' precision (`_ipu_types.weights_follow_activations`).
     """
     args, kwargs = pytree.tree_unflatten(micro, spec)
     with training_flags_kept(model), recording_ipus(refuse_ops_outside_blocks=True) as trace, \
             recording_module_blocks(model, trace) as module_blocks, \
             finding_recomputed_modules(model) as checkpointed, \
-            torch.no_grad(), torch.random.fork_rng(devices=[]), weights_follow_half_inputs(half_inputs):  # fmt: skip
-        dtype, device = fed_as(model)
-        args, kwargs = pytree.tree_map(lambda t: as_fed(t, dtype, device, copy=True), (args, kwargs))
+            torch.no_grad(), torch.random.fork_rng(devices=[]), weights_follow_activations(mixed_precision):  # fmt: skip
+        device = weights_device(model)
+        args, kwargs = pytree.tree_map(lambda t: as_fed(t, device, copy=True), (args, kwargs))
         model(*args, **kwargs)
     return Trace(list(trace), module_blocks, micro, spec, args, kwargs, checkpointed)
 

@@ -47,10 +47,15 @@ class GradientAccumulator:
     def collecting(self, micro_batches: int) -> Iterator[None]:
         """Within this context, fp16 gradients flow into the fp32 buffers (hooks are removed on exit).
 
+        An update starts from no gradient: a `.grad` left on a weight before the context (a backward the
+        user ran on the host module, as a CPU reference loop does) is dropped, as the IPU's accumulators
+        start at zero whatever the host holds.
+
         Args:
             micro_batches: how many backward passes the context holds for one update; with one,
                 no buffer is needed and no hook is set.
         """
+        self.clear()
         hooked = self._half if micro_batches > 1 else ()
         handles = [p.register_post_accumulate_grad_hook(self._take) for p in hooked]
         try:

@@ -185,3 +185,19 @@ def test_reassigning_a_buffer_in_forward_is_poptorchs_error_naming_copy_():
     with pytest.raises(poptorch.Error, match=r"Buffer y is reassigned within the model .* self\.y\.copy_\(src\)"):
         poptorch.inferenceModel(model)(torch.tensor([5.0]))
     assert torch.equal(model.y, torch.tensor([2.0]))
+
+
+def test_a_gradient_left_on_the_host_module_does_not_reach_the_first_update():
+    """PopTorch's buffers_test trains its reference on the host module, then wraps that module: the IPU's
+    accumulators start at zero, so the `.grad` the host loop left behind is not part of the first update."""
+    from fixtures import LinearRegression
+
+    model = LinearRegression()
+    reference = copy.deepcopy(model)
+    x, y = torch.randn(4, 4), torch.randn(4, 1)
+    model(x, y)[1].backward()  # a stale gradient on the host module
+    poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(x, y)
+    sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
+    reference(x, y)[1].backward()
+    sgd.step()
+    torch.testing.assert_close(model.linear.weight, reference.linear.weight)

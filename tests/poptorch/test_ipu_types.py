@@ -100,3 +100,13 @@ def test_float32_inputs_of_a_float32_model_stay_float32():
             return x * self.scale
 
     assert poptorch.inferenceModel(Echo())(torch.ones(2)).dtype == torch.float32
+
+
+def test_float32_activations_with_half_weights_compute_in_float32():
+    """PopTorch's half_float_test: float32 in, float32 out from a `.half()` model (mixed inputs upcast)."""
+    model = Classifier().half()
+    x = torch.randn(6, 4)
+    logits, _ = poptorch.inferenceModel(model)(x)
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, Classifier().half().float()(x)[0])  # the half weights, in float32
+    assert model.linear.weight.dtype == torch.float16
