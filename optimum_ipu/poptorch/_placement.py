@@ -126,6 +126,6 @@ def plan_stage_processes(
         raise _distributed.layout_error(replicas, count, stages) from None
     if layout.stages == 1:
         return None
+    # in the modes its user left it in (PopTorch calls neither train() nor eval()), as the calls run it
     with training_flags_kept(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
-        model.train()  # only a training model is planned as stage processes
         return _stages.plan_stages(model, trace.args, trace.kwargs, options.execution_strategy, layout.stages)

@@ -225,7 +225,10 @@ class PoplarExecutor:
         placement = check_placement(self._user_model, trace, self._options, self._training)
         self.num_ipus, self.num_stages = placement.num_ipus, placement.num_stages
         self._recomputed, self._traced = placement.recomputed, trace
-        self._stage_plan = plan_stage_processes(self._user_model, trace, self._options, self._training, placement)
+        with weights_follow_activations(self._mixed_precision):  # it runs the forward again, as the calls do
+            self._stage_plan = plan_stage_processes(
+                self._user_model, trace, self._options, self._training, placement
+            )
         self._call.run_as_stage_processes(self._stage_plan is not None)
         own_buffers = check_buffers(self._options, self._device_weights, updated)
         self._constants = list(zip(constants, as_traced))
