@@ -446,11 +446,13 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
                 fp16_compute=self.fp16_compute, memory_check=self.args.ipu_memory_check,
             )  # fmt: skip
             self.inference_report = compiled.report
+        # transformers' prediction step reads a tuple output's first item as the loss of a batch with labels.
+        has_labels = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
         executable = _ShardedModel(
             InferenceExecutable(model, CallLayout.from_ipu_config(self.ipu_config, for_inference=True),
-                                self.args.per_device_eval_batch_size, self.fp16_compute),
+                                self.args.per_device_eval_batch_size, self.fp16_compute, loss_first=has_labels),
             real_samples=size,
-        )
+        )  # fmt: skip
         # Each process's call is its own: no count of loss items gathered over the processes, and no
         # rescaling of the call's loss for them (the evaluation loop averages the calls).
         with overridden(self.args, average_tokens_across_devices=False):

@@ -171,6 +171,20 @@ def test_evaluate_returns_the_metrics_transformers_trainer_returns_epoch_include
     assert "ipu_estimated_samples_per_second" in trainer.state.log_history[-1]  # logged, not returned
 
 
+def test_eval_loss_of_a_model_returning_a_tuple_is_the_mean_over_the_calls_micro_batches(tmp_path):
+    """A model returning a tuple (`return_dict=False`, a user's own `(loss,)`) gives transformers' Trainer
+    its loss first; with 2 device iterations each call has 2 micro-batches, and their losses are averaged
+    (the first one's alone was taken)."""
+    data = PatternQA(16)
+    expected = Trainer(tiny_qa(), TrainingArguments(output_dir=str(tmp_path / "plain"), per_device_eval_batch_size=2,
+                                                    report_to="none", use_cpu=True), eval_dataset=data).evaluate()  # fmt: skip
+    model = tiny_qa()
+    model.config.return_dict = False
+    trainer = IPUTrainer(model, two_ipu_config(inference_device_iterations=2), ipu_args(tmp_path, fp32=True),
+                         eval_dataset=data)  # fmt: skip
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(expected["eval_loss"], rel=1e-6)
+
+
 def test_dataset_smaller_than_one_combined_batch_is_a_clear_error(tmp_path):
     trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path), train_dataset=PatternQA(5))
     with pytest.raises(

@@ -72,6 +72,8 @@ class AtomicCheckpoints:
         """transformers' save of the model (a checkpoint's, or `save_model`'s), inside `_model_as_saved`."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         with self._model_as_saved(output_dir):
+            if state_dict is None and not hasattr(self.model, "save_pretrained"):
+                state_dict = _each_tensor_once(self.model.state_dict())
             super()._save(output_dir, state_dict)
 
     def _save_checkpoint(self, model, trial) -> None:
@@ -221,3 +223,24 @@ class AtomicCheckpoints:
         with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": intended here
             warnings.simplefilter("ignore")
             scheduler.step()
+
+
+def _each_tensor_once(state_dict: dict) -> dict:
+    """`state_dict` with each shared tensor under its first name only.
+
+    transformers saves a model that is not a `PreTrainedModel` (a user's own `nn.Module`, as in Optimum
+    Graphcore's external_model notebook) with safetensors' `save_file`, which refuses tensors that share
+    memory: a head tied to the word embedding failed every checkpoint. Its weight is saved once, as
+    safetensors' `save_model` does; loading the state dict with `strict=False` (transformers' resume
+    does) fills the tied copy through the tie.
+    """
+    kept: dict = {}
+    seen: dict[tuple, str] = {}
+    for name, tensor in state_dict.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.dtype)
+        if key in seen and tensor.untyped_storage().nbytes():
+            logger.info("%s shares its memory with %s: saved once, under %s.", name, seen[key], seen[key])
+            continue
+        seen.setdefault(key, name)
+        kept[name] = tensor
+    return kept

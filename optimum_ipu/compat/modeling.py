@@ -152,12 +152,13 @@ def get_layer_ipu(ipu_config, target_number_of_layers: int | list[int] | None = 
 
     Args:
         ipu_config: an `IPUConfig` (its current mode's `layers_per_ipu` and `ipus_per_replica`).
-        target_number_of_layers: the model's layer count; with no wildcard in `layers_per_ipu` it may be
-            omitted (it is then their sum). A list (encoder and decoder counts) is summed.
+        target_number_of_layers: the model's layer count, or the layers themselves (an `nn.ModuleList` or
+            a list, as Optimum Graphcore's models and notebooks pass `self.encoder.layer`): their number
+            counts. With no wildcard in `layers_per_ipu` it may be omitted (it is then their sum).
     """
     layers_per_ipu = list(ipu_config.layers_per_ipu)
-    if isinstance(target_number_of_layers, (list, tuple)):
-        target_number_of_layers = sum(target_number_of_layers)
+    if target_number_of_layers is not None and not isinstance(target_number_of_layers, int):
+        target_number_of_layers = len(target_number_of_layers)
     if target_number_of_layers is None:
         if -1 in layers_per_ipu:
             raise ValueError(

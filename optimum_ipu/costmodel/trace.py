@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from optimum_ipu.costmodel.profile import HOST, BlockProfile, Matmul, ModelProfile, Transfer
 from optimum_ipu.pipelining.pipeline import untied_output_projection
@@ -204,6 +204,10 @@ def _waveform_length(config, frames: int) -> int:
 # -- the recorder ------------------------------------------------------------------------------------
 
 
+def _to_meta(value: Any) -> Any:
+    return value.to("meta") if isinstance(value, torch.Tensor) and not value.is_meta else value
+
+
 def _key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
@@ -243,6 +247,11 @@ class _Recorder(TorchDispatchMode):
             return False if scalar.dtype == torch.bool else 1
         if func is aten._to_copy.default and kwargs.get("device") is not None:
             kwargs = {**kwargs, "device": torch.device("meta")}  # device moves of a parallelized model
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if any(t.is_meta for t in tensors) and any(not t.is_meta and t.dim() for t in tensors):
+            # A tensor the forward made on the host (`torch.arange(n)` without `device=`) meets the model's:
+            # on the IPU both are in the one graph, so the host's joins the trace.
+            args, kwargs = tree_map(_to_meta, (args, kwargs))
         if func in _META_SHAPES and any(isinstance(t, torch.Tensor) and t.is_meta for t in tree_leaves(args)):
             out = _META_SHAPES[func](*args, **kwargs)
         else:

@@ -231,7 +231,9 @@ def to_pipelined(
     returns the model's view (`optimum.graphcore.modeling_utils`), this one the `PipelinedModel`.
 
     Args:
-        model: the model to lay out.
+        model: the model to lay out. A model whose class defines `parallelize()` and `deparallelize()`
+            (Optimum Graphcore's `PipelineMixin`) places itself: a `SelfPlacedModel` runs its blocks
+            where its `BeginBlock`s put them.
         ipu_config: an `IPUConfig`.
         force: for an architecture without a registered cut spec, guess one from the module tree
             (the largest `nn.ModuleList` is the layer list) instead of failing.
@@ -246,6 +248,11 @@ def to_pipelined(
             stacklevel=2,
         )
         force = force or force_to_pipelined
+    # Imported here: SelfPlacedModel subclasses PipelinedModel.
+    from optimum_ipu.pipelining.self_placed import SelfPlacedModel, places_itself
+
+    if places_itself(model):
+        return SelfPlacedModel(model, ipu_config)
     spec = spec_for(model)
     if spec is None:
         model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)

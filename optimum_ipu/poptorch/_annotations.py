@@ -31,11 +31,11 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
+from optimum_ipu.pipelining.block_marks import block_mark, clear_block_mark, set_block_mark
 from optimum_ipu.poptorch._logging import Error
 
 __all__ = ["BeginBlock", "Block", "BlockFunction", "check_ipu_id", "recording_ipus", "removeBlocks"]
 
-_BLOCK_ATTR = "_poptorch_block"
 _trace: list[tuple[str | None, int]] | None = None
 _auto_id = False
 _auto_count = 0
@@ -141,7 +141,7 @@ class Block(contextlib.ContextDecorator):
 
 def _pre_hook(module: nn.Module, _args) -> None:
     """BeginBlock's hook before `_BlockHook` (files exported then still name it)."""
-    user_id, ipu_id = getattr(module, _BLOCK_ATTR)
+    user_id, ipu_id = block_mark(module)
     _enter(user_id, ipu_id)
 
 
@@ -190,10 +190,10 @@ def BeginBlock(layer: nn.Module, user_id: str | None = None, ipu_id: int | None 
             f"module is not an instance of torch.nn.Module or function: BeginBlock got {type(layer).__name__}. "
             "Pass the layer (module) that starts the block."
         )
-    if hasattr(layer, _BLOCK_ATTR):
+    if block_mark(layer) is not None:
         raise Error("module has already been assigned to a block.")
     ipu_id = check_ipu_id(ipu_id, where)
-    object.__setattr__(layer, _BLOCK_ATTR, (user_id, ipu_id))
+    set_block_mark(layer, user_id, ipu_id)
     hook = layer.register_forward_pre_hook(_BlockHook(user_id, ipu_id))
     object.__setattr__(layer, "_poptorch_block_hook", hook)
     return layer
@@ -250,7 +250,7 @@ def BlockFunction(user_id: str | None = None, ipu_id: int | None = None):
 def removeBlocks(module: nn.Module) -> None:
     """Remove every `BeginBlock` annotation from `module` and its sub-modules."""
     for m in module.modules():
-        if hasattr(m, _BLOCK_ATTR):
+        if block_mark(m) is not None:
             m._poptorch_block_hook.remove()
             object.__delattr__(m, "_poptorch_block_hook")
-            object.__delattr__(m, _BLOCK_ATTR)
+            clear_block_mark(m)

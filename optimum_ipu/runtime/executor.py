@@ -231,6 +231,8 @@ class InferenceExecutable:
         fp16_compute: "emulated" or "native", for an fp16 model.
         cast_inputs: as `TrainingExecutable`'s.
         sets_mode: put the model in eval mode for the call (IPUTrainer); False: as `TrainingExecutable`'s.
+        loss_first: a tuple output starts with the loss (transformers' Trainer reads `outputs[0]` as the
+            loss of a batch with labels; IPUTrainer sets it then): it is combined as a mapping's `loss` is.
     """
 
     def __init__(
@@ -241,9 +243,11 @@ class InferenceExecutable:
         fp16_compute: str | None = "emulated",
         cast_inputs: bool = True,
         sets_mode: bool = True,
+        loss_first: bool = False,
     ):
         if not isinstance(layout, CallLayout):
             raise TypeError(f"InferenceExecutable takes a CallLayout, got {type(layout).__name__}.")
+        self.loss_first = loss_first
         self.model = model
         self.layout = layout
         self.micro_batch_size = micro_batch_size
@@ -287,14 +291,21 @@ class InferenceExecutable:
                 outputs.append(out)
                 sizes.append(stop - start)
                 real_rows = max(0, min(stop, real) - start)
-                loss = out.get("loss") if isinstance(out, Mapping) else None
+                loss = self._loss_of(out)
                 if loss is not None and real_rows:
-                    if (
-                        real_rows < stop - start
-                    ):  # the IPU ran padding here: its loss comes from real rows only
-                        loss = self.model(**slice_batch(micro, 0, real_rows))["loss"]
+                    if real_rows < stop - start:  # the IPU ran padding here: its loss comes from real rows only
+                        loss = self._loss_of(self.model(**slice_batch(micro, 0, real_rows)))
                     loss_parts.append((loss.detach().float(), real_rows))
         return _combine(outputs, sizes, loss_parts)
+
+
+    def _loss_of(self, out: Any) -> torch.Tensor | None:
+        """The loss in a micro-batch's output: a mapping's `loss`, or a tuple's first item when `loss_first`."""
+        if isinstance(out, Mapping):
+            return out.get("loss")
+        if self.loss_first and isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+            return out[0]
+        return None
 
 
 def _split_by_own_sizes(batch: Mapping[str, Any], parts: int) -> list[dict[str, Any]] | None:
@@ -309,12 +320,15 @@ def _split_by_own_sizes(batch: Mapping[str, Any], parts: int) -> list[dict[str, 
 def _combine(outputs: list, sizes: list[int], loss_parts: list[tuple[torch.Tensor, int]]):
     """Concatenate micro-batch outputs; the loss is the sample-weighted mean over real samples."""
     first = outputs[0]
+    loss = sum(loss * n for loss, n in loss_parts) / sum(n for _, n in loss_parts) if loss_parts else None
     if not isinstance(first, Mapping):
-        return concatenate(outputs, sizes)
+        combined = concatenate(outputs, sizes)
+        if loss is not None:  # a tuple whose first item is the loss (`loss_first`)
+            combined = type(combined)((loss, *combined[1:]))
+        return combined
     combined = {key: concatenate([o[key] for o in outputs], sizes) for key in first if key != "loss"}
-    if loss_parts:
-        total = sum(n for _, n in loss_parts)
-        combined["loss"] = sum(loss * n for loss, n in loss_parts) / total
+    if loss is not None:
+        combined["loss"] = loss
     try:
         return type(first)(**combined)  # the model's own ModelOutput class
     except TypeError:
