@@ -67,8 +67,8 @@ def fp32_working_copies(
     """
     halves = [p for group in optimizer.param_groups for p in group["params"] if p in gradients]
     stored = [p.data for p in halves]
-    for p in halves:
-        p.data = p.data.float()
+    for p, copy in zip(halves, fp32_copies(optimizer, halves)):
+        p.data = copy
         p.grad = gradients[p]
     try:
         yield
@@ -83,6 +83,25 @@ def fp32_working_copies(
                     write_back(p, value, True, generator if p.device.type == "cpu" else None)
             elif halves:
                 torch._foreach_copy_(halves, values)  # round to nearest, in one pass for all weights
+
+
+def fp32_copies(optimizer: torch.optim.Optimizer, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """fp32 copies of fp16 `weights` (exact), in tensors kept on `optimizer` from one update to the next.
+
+    An update's working copies are 4 bytes per fp16 weight; allocating them at every update cost several
+    times the copy itself (fresh pages, one Python call per weight), so they are made once and filled
+    in one pass for all weights. They are scratch: the write-back rounds them in place.
+    """
+    kept: dict[torch.Tensor, torch.Tensor] = optimizer.__dict__.setdefault("_fp32_copies", {})
+    copies = []
+    for weight in weights:
+        copy = kept.get(weight)
+        if copy is None or copy.shape != weight.shape or copy.device != weight.device:
+            copy = kept[weight] = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+        copies.append(copy)
+    if weights:
+        torch._foreach_copy_(copies, [w.detach() for w in weights])
+    return copies
 
 
 def accumulator_dtype(optimizer: torch.optim.Optimizer) -> torch.dtype:
@@ -242,10 +261,12 @@ class AdamW(IPUOptimizer):
         of one fused pass instead of a dozen elementwise ones.
         """
         beta1, beta2 = group["betas"]
+        halves = [p for p in params if p.dtype != torch.float32]
+        copies = dict(zip(halves, fp32_copies(self, halves)))
         weights, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
         for p in params:
             state = self._state(p, group)
-            weights.append(p.float())  # p itself when p is fp32: updated in place
+            weights.append(copies.get(p, p))  # p itself when p is fp32: updated in place
             grads.append(self._grad(p))
             exp_avgs.append(state["exp_avg"].float())
             exp_avg_sqs.append(state["exp_avg_sq"].float())

@@ -23,13 +23,21 @@ def stochastic_round_to_half(x: torch.Tensor, generator: torch.Generator | None 
     cannot reach the exponent bits of an infinity (its low 13 bits are zero) nor of a NaN with the
     quiet bit set (every NaN torch produces), so non-finite values pass through unchanged.
     """
-    x = x.float().contiguous()
+    rounded = x.to(torch.float32, copy=True, memory_format=torch.contiguous_format)
+    _round_bits_(rounded, generator)
+    return rounded.half()
+
+
+def _round_bits_(x: torch.Tensor, generator: torch.Generator | None) -> None:
+    """Add the random bits to a contiguous fp32 `x` and cut them off, in place: afterwards `x` converts
+    to fp16 exactly (its 13 low bits are zero), so the conversion is the rounding's last step."""
     n = x.numel()
     # One 31-bit draw gives two 16-bit halves; 13 bits of each are the noise (half the generator calls).
     words = torch.empty((n + 1) // 2, dtype=torch.int32, device=x.device).random_(generator=generator)
-    noise = words.view(torch.int16)[:n].view(x.shape).bitwise_and(_DROPPED_MASK)
-    rounded = (x.view(torch.int32) + noise).bitwise_and_(~_DROPPED_MASK)
-    return rounded.view(torch.float32).half()
+    noise = words.view(torch.int16)[:n].view(x.shape).bitwise_and_(_DROPPED_MASK)
+    bits = x.view(torch.int32)
+    bits.add_(noise)
+    bits.bitwise_and_(~_DROPPED_MASK)
 
 
 def write_back(
@@ -38,9 +46,18 @@ def write_back(
     stochastic_rounding: bool,
     generator: torch.Generator | None = None,
 ) -> None:
-    """Store an fp32 `value` into `param`, with stochastic rounding (from `generator`) when `param` is fp16."""
+    """Store an fp32 `value` into `param`, with stochastic rounding (from `generator`) when `param` is fp16.
+
+    `value` is the caller's working copy, used up here: an fp32 one is rounded in place and converted
+    by the copy into `param`, with no temporary as large as the weight (the optimizers' write-back of
+    every fp16 weight at every update; the same draws and bits as `stochastic_round_to_half`).
+    """
     if param.dtype == torch.float16 and stochastic_rounding:
-        param.copy_(stochastic_round_to_half(value, generator))
+        if value.dtype == torch.float32 and value.is_contiguous() and value is not param:
+            _round_bits_(value, generator)
+            param.copy_(value)
+        else:
+            param.copy_(stochastic_round_to_half(value, generator))
     else:
         param.copy_(value)
 

@@ -50,6 +50,29 @@ def test_write_back_rounds_only_fp16_parameters():
     assert set(fp16.float().unique().tolist()) == {1.0, 1.0009765625}
 
 
+def _rounded_by_hand(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The IPU's rule written out: 13 random low bits (two 16-bit halves per 32-bit draw) added, then cut."""
+    words = torch.empty((x.numel() + 1) // 2, dtype=torch.int32).random_(generator=generator)
+    noise = words.view(torch.int16)[: x.numel()].view(x.shape).to(torch.int32) & 0x1FFF
+    return ((x.contiguous().view(torch.int32) + noise) & ~0x1FFF).view(torch.float32).half()
+
+
+@pytest.mark.parametrize("shape", [(7,), (64, 33), (3, 5, 2)])
+def test_write_back_in_place_gives_the_rules_bits_and_uses_the_stream_alike(shape):
+    """The write-back rounds the working copy in place (no temporary the size of the weight): the same fp16
+    bits and the same generator state after as the rule written out, odd sizes and non-finite values too."""
+    value = torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 3
+    value.view(-1)[:3] = torch.tensor([float("inf"), float("-inf"), float("nan")])
+    by_hand, ours = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    expected = _rounded_by_hand(value, by_hand)
+    param = torch.zeros(shape, dtype=torch.float16)
+    write_back(param, value.clone(), stochastic_rounding=True, generator=ours)
+    assert torch.equal(param.view(torch.int16), expected.view(torch.int16))
+    assert torch.equal(stochastic_round_to_half(value, torch.Generator().manual_seed(5)).view(torch.int16),
+                       expected.view(torch.int16))  # fmt: skip
+    assert torch.equal(by_hand.get_state(), ours.get_state())
+
+
 def _train(opt_factory, steps=5):
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(8, 4))
