@@ -8,6 +8,7 @@ What PopTorch Geometric had and this does not (the cluster and neighbour loaders
 substitutions) is listed in docs/poptorch.md, "PyTorch Geometric".
 """
 
+from optimum_ipu.poptorch_geometric import cluster_loader, neighbor_loader  # noqa: F401 - aliased too
 from optimum_ipu.poptorch_geometric.collate import (
     CombinedBatchingCollater,
     FixedSizeCollater,

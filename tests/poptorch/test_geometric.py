@@ -236,3 +236,12 @@ def test_padding_graph_keeps_non_tensor_attributes():
     batch = FixedSizeCollater(FixedSizeOptions(8, 4, num_graphs=3), add_masks_to_batch=True)(data)
     assert batch.name == ["g2", "g3", ""]
     assert batch.y.tolist() == [1, 1, 0] and batch.x.shape == (8, 3)
+
+
+def test_sampling_loaders_are_refused_with_the_reason():
+    from poptorch_geometric.cluster_loader import FixedSizeClusterLoader
+    from poptorch_geometric.neighbor_loader import FixedSizeNeighborLoader
+
+    for loader in (FixedSizeNeighborLoader, FixedSizeClusterLoader):
+        with pytest.raises(NotImplementedError, match="pyg-lib or torch-sparse"):
+            loader(graphs(2)[0], batch_size=2)
