@@ -245,3 +245,13 @@ def test_sampling_loaders_are_refused_with_the_reason():
     for loader in (FixedSizeNeighborLoader, FixedSizeClusterLoader):
         with pytest.raises(NotImplementedError, match="pyg-lib or torch-sparse"):
             loader(graphs(2)[0], batch_size=2)
+
+
+def test_options_from_a_loader_fit_its_largest_batch_plus_padding():
+    data = graphs(9)
+    loader = PyGDataLoader(data, batch_size=3)
+    opts = FixedSizeOptions.from_loader(loader)
+    batches = list(loader)
+    assert opts.num_graphs == 4
+    assert opts.num_nodes == max(b.num_nodes for b in batches) + 1
+    assert opts.num_edges == max(b.num_edges for b in batches) + 1
