@@ -255,3 +255,20 @@ def test_options_from_a_loader_fit_its_largest_batch_plus_padding():
     assert opts.num_graphs == 4
     assert opts.num_nodes == max(b.num_nodes for b in batches) + 1
     assert opts.num_edges == max(b.num_edges for b in batches) + 1
+
+
+def test_stream_pack_combined_batches_are_consecutive_packed_mini_batches():
+    data = graphs(20)
+    opts = FixedSizeOptions(num_nodes=30, num_edges=60, num_graphs=5)
+    loader = FixedSizeDataLoader(data, batch_size=5, fixed_size_options=opts, options=poptorch.Options().deviceIterations(2),
+                                 fixed_size_strategy=FixedSizeStrategy.StreamPack)  # fmt: skip
+    seen = 0
+    for item in loader:
+        assert item.x.shape == (60, 3) and item.edge_index.shape == (4, 60) and item.graphs_mask.shape == (10,)
+        for d in range(2):
+            real = int(item.graphs_mask[5 * d : 5 * d + 5].sum())
+            reference = Batch.from_data_list(data[seen : seen + real])
+            torch.testing.assert_close(item.x[30 * d : 30 * d + reference.num_nodes], reference.x)
+            torch.testing.assert_close(item.edge_index[2 * d : 2 * d + 2, : reference.num_edges], reference.edge_index)
+            seen += real
+    assert seen > len(data) // 2  # whole pairs of packed mini-batches; an odd last one is dropped (drop_last)
