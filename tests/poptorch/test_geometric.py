@@ -272,3 +272,19 @@ def test_stream_pack_combined_batches_are_consecutive_packed_mini_batches():
             torch.testing.assert_close(item.edge_index[2 * d : 2 * d + 2, : reference.num_edges], reference.edge_index)
             seen += real
     assert seen > len(data) // 2  # whole pairs of packed mini-batches; an odd last one is dropped (drop_last)
+
+
+def test_trim_nodes_keeps_each_graphs_first_nodes_and_one_padding_node():
+    data = graphs(4)[:3]
+    total = sum(d.num_nodes for d in data)
+    opts = FixedSizeOptions(num_nodes=total - 4, num_edges=200, num_graphs=4)
+    batch = FixedSizeCollater(opts, add_masks_to_batch=True, trim_nodes=True)(data)
+    assert batch.x.shape[0] == total - 4 and int(batch.nodes_mask.sum()) == total - 5  # one padding node left
+    kept = [int((batch.batch[batch.nodes_mask] == g).sum()) for g in range(3)]
+    assert all(k >= 1 for k in kept) and sum(kept) == total - 5
+    start = 0
+    for graph, k in zip(data, kept):  # each graph keeps its first k nodes, features unchanged
+        torch.testing.assert_close(batch.x[start : start + k], graph.x[:k])
+        start += k
+    real_edges = batch.edge_index[:, batch.edges_mask]
+    assert bool((real_edges < total - 5).all())  # no real edge points at a removed or padding node
