@@ -2,7 +2,8 @@
 
 Fixed-size mini-batches of graphs (`FixedSizeDataLoader`, `FixedSizeOptions`, `FixedSizeStrategy`,
 `OverSizeStrategy`, the collaters in `poptorch_geometric.collate`) and PyTorch Geometric batches as
-`poptorch.DataLoader` items (`poptorch_geometric.dataloader.DataLoader`), on today's torch-geometric.
+`poptorch.DataLoader` items (`poptorch_geometric.dataloader.DataLoader`, not exported here, as in PopTorch
+Geometric), on today's torch-geometric.
 Importing it registers PyTorch Geometric's `Data`/`Batch`/`HeteroData` as PopTorch custom argument types.
 What PopTorch Geometric had and this does not (the cluster and neighbour loaders, its IPU op
 substitutions) is listed in docs/poptorch.md, "PyTorch Geometric".
@@ -14,12 +15,7 @@ from optimum_ipu.poptorch_geometric.collate import (
     FixedSizeCollater,
     make_exclude_keys,
 )
-from optimum_ipu.poptorch_geometric.dataloader import (
-    DataLoader,
-    FixedSizeDataLoader,
-    FixedSizeStrategy,
-    OverSizeStrategy,
-)
+from optimum_ipu.poptorch_geometric.dataloader import FixedSizeDataLoader, FixedSizeStrategy, OverSizeStrategy
 from optimum_ipu.poptorch_geometric.fixed_size_options import FixedSizeOptions
 from optimum_ipu.poptorch_geometric.types import PyGArgsParser, registerCustomArgParsers
 
@@ -28,7 +24,6 @@ __version__ = "3.4.0+optimum-ipu"
 __all__ = [
     "__version__",
     "CombinedBatchingCollater",
-    "DataLoader",
     "FixedSizeCollater",
     "FixedSizeDataLoader",
     "FixedSizeOptions",

@@ -17,7 +17,7 @@ from torch.utils.data import RandomSampler, SequentialSampler
 from torch_geometric.data import HeteroData
 from torch_geometric.loader.dataloader import Collater
 
-from optimum_ipu.poptorch._dataloader import DataLoader as _PoptorchDataLoader
+from optimum_ipu.poptorch import DataLoader as _PoptorchDataLoader
 from optimum_ipu.poptorch._logging import logger
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.poptorch_geometric.collate import CombinedBatchingCollater, FixedSizeCollater
