@@ -21,6 +21,7 @@ from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.poptorch import _distributed
 from optimum_ipu.poptorch._host_call import input_layout
 from optimum_ipu.poptorch._logging import Error, logger
+from optimum_ipu.poptorch._utils import combine_batch_tensors_gen
 from optimum_ipu.poptorch._worker_errors import worker_failures
 from optimum_ipu.poptorch.custom_args import flatten_custom, rebuild_custom
 from optimum_ipu.poptorch.enums import DataLoaderMode
@@ -100,8 +101,7 @@ def _concatenated(batches: list[Any]) -> Any:
     rebuilt as PopTorch does (`flatten_custom`, so a registered custom argument type is combined too)."""
     if len(batches) == 1:
         return batches[0]
-    columns = zip(*(flatten_custom(batch) for batch in batches))
-    return rebuild_custom(batches[0], (torch.cat(column) for column in columns))
+    return rebuild_custom(batches[0], combine_batch_tensors_gen([flatten_custom(batch) for batch in batches]))
 
 
 def _rows_of(batch: Any, rows: slice) -> Any:
