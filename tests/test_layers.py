@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "trainer": 8,
     "trainer_seq2seq": 9,
     "poptorch": 9,
+    "poptorch_geometric": 10,
     "launcher": 9,
     "sdk": 10,
     "compat": 10,
