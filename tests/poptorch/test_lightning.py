@@ -169,6 +169,21 @@ def test_fit_through_accelerator_ipu_equals_plain_lightning(case, tmp_path):
     torch.testing.assert_close(cat(model.val_losses), cat(reference.val_losses))
 
 
+def test_given_training_options_keep_their_accumulation_over_lightnings(tmp_path):
+    """lightning-graphcore reads `accumulate_grad_batches` only into the options it builds itself: beside
+    your own `training_opts` (accumulation 1 here) the device updates every call, as plain Lightning does
+    without accumulation, while Lightning counts one optimizer step per two calls."""
+    reference = on_cpu(tmp_path)
+    model = Regression()
+    strategy = IPUStrategy(training_opts=options(1, 1))
+    ipu = trainer(
+        tmp_path, accelerator="ipu", strategy=strategy, accumulate_grad_batches=2, limit_val_batches=0
+    )
+    ipu.fit(model, loader())
+    assert_same_weights(model, reference)
+    assert (len(model.train_losses), ipu.global_step) == (8, 4)
+
+
 @pytest.mark.parametrize("device_iterations", [1, 2])
 def test_validate_and_predict_through_accelerator_ipu_equal_the_plain_model(device_iterations, tmp_path):
     model, plain = Regression(), Regression()
