@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 
-__all__ = ["Error", "RecoverableError", "UnrecoverableError", "logger", "no_effect", "setLogLevel"]
+__all__ = [
+    "Error", "RecoverableError", "UnrecoverableError", "logger", "no_effect", "note_poplar_engine_options",
+    "setLogLevel",
+]  # fmt: skip
 
 logger = logging.getLogger("poptorch")
 
@@ -52,3 +56,14 @@ def no_effect(name: str, why: str) -> None:
         return
     _said.add(name)
     logger.warning("%s has no effect on the simulated IPU: %s", name, why)
+
+
+def note_poplar_engine_options() -> None:
+    """Say once that `POPLAR_ENGINE_OPTIONS` (Poplar reads it when it builds an engine: PopVision's
+    `autoReport.*`, as Lightning's `IPUStrategy(autoreport=True)` sets it) changes nothing here."""
+    if os.environ.get("POPLAR_ENGINE_OPTIONS"):
+        no_effect(
+            "POPLAR_ENGINE_OPTIONS",
+            "no Poplar engine runs, so no PopVision report (autoReport) is written; the compile report "
+            "(model.compile_result.report, logged on optimum_ipu.compiling) is the estimate here.",
+        )

@@ -50,7 +50,7 @@ from optimum_ipu.poptorch._ipu_types import (
     mixed_precision,
     weights_follow_activations,
 )
-from optimum_ipu.poptorch._logging import Error
+from optimum_ipu.poptorch._logging import Error, note_poplar_engine_options
 from optimum_ipu.poptorch._offline import is_offline, refuse_offline
 from optimum_ipu.poptorch._optimizer_use import (
     check_optimizer_parameters,
@@ -237,6 +237,7 @@ class PoplarExecutor:
             bool(self._recomputed),
         )  # fmt: skip
         optim.note_compiled(self._optimizer, self._user_model)  # its state_dict() has the device's state now
+        note_poplar_engine_options()  # where Poplar would read them, building the engine
         self._executable = build_executable(self)  # under torchrun: every process holds process 0's weights
         self._replica_layout = None
         if own_buffers and self._stages is None:  # (stage processes run one replica's pipeline each)
