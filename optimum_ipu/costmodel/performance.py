@@ -30,9 +30,21 @@ Inference runs as PopTorch runs it: the device iterations loop on the IPUs, so o
 micro-batch x device iterations x replicas samples. Optimum Graphcore runs inference sharded
 (`ShardedExecution`): each micro-batch visits the IPUs one after another. With
 `Workload.pipelined_inference` (PopTorch's `PipelinedExecution`) and device_iterations >= S the stages
-overlap instead: DI + S - 1 cycles, each as long as the busiest IPU plus its copy. Every host call, in training or
-inference, pays the fitted fixed overhead once and streams its inputs and outputs over the host links;
-the host then writes the outputs into the new tensors PopTorch returns (`host_output_bandwidth`).
+overlap instead: DI + S - 1 cycles, each as long as the busiest IPU plus its copy: the pipeline fills
+and drains once per host call, not once per micro-batch, so a call of many device iterations keeps it
+full. Every host call, in training or inference, pays the fitted fixed overhead once and streams its
+inputs and the outputs its `Workload.output_mode` returns (all DI micro-batches' by default, one per
+replica for Final or Sum) over the host links; the host then writes those outputs into the new
+tensors PopTorch returns (`host_output_bandwidth`).
+
+A call therefore has three parts (`call_timing`): the IPUs' own work, the streams over the host links
+(in which the IPUs take part), and the host's own work (the fixed overhead and the output write).
+Its **latency** is their sum: one batch from the call to its results. Its **throughput** divides the
+samples by the time between calls, which is the same sum unless the host prepares the next call while
+the IPUs run this one (`Workload.async_data_loading`, PopTorch's asynchronous data loading): then the
+host's own work hides behind the IPUs' or the other way round. The call is **IPU-bound** when the IPUs'
+work is the larger part, **host-bound** otherwise: then more device iterations or a larger micro-batch
+amortise the host, and a faster layout of the IPUs changes little.
 """
 
 from __future__ import annotations
@@ -102,6 +114,9 @@ class PerformanceReport:
     utilisation: float
     notes: list[str] = field(default_factory=list)
     pipelined: bool = True  # training, or inference whose stages overlap across device iterations
+    device_time: float = 0.0  # the IPUs' own seconds per call (the pipeline's cycles, all updates)
+    latency: float = 0.0  # one call from its start to its outputs back on the host, nothing overlapped
+    regime: str = ""  # "IPU-bound" or "host-bound" (`call_timing`)
 
     @property
     def ipu_stages(self) -> list[StageTime]:
@@ -379,6 +394,31 @@ def inference_cycles(
     return one * device_iterations
 
 
+IPU_BOUND, HOST_BOUND = "IPU-bound", "host-bound"
+
+
+def call_timing(
+    device: float, streams: float, host_work: float, overlapped: bool
+) -> tuple[float, float, str]:
+    """Seconds between host calls, the latency of one call, and its regime.
+
+    Args:
+        device: the IPUs' own work in the call (compute and inter-IPU copies).
+        streams: the inputs in and the outputs out over the host links; the IPUs take part, so this
+            never overlaps their work.
+        host_work: the host's own work per call: the fixed overhead (Python, PopTorch, the data
+            loader) and writing the outputs into the tensors returned.
+        overlapped: the host prepares the next call while the IPUs run this one (asynchronous data
+            loading), so the period is max(device, host_work) + streams instead of their sum.
+
+    Latency is device + streams + host_work whatever the loading: one batch's way through. The call is
+    IPU-bound when `device` is at least `streams + host_work`, host-bound otherwise.
+    """
+    period = streams + (max(device, host_work) if overlapped else device + host_work)
+    latency = device + streams + host_work
+    return period, latency, IPU_BOUND if device >= streams + host_work else HOST_BOUND
+
+
 def estimate_performance(
     profile: ModelProfile,
     ipu_of: Mapping[str, int],
@@ -411,13 +451,14 @@ def estimate_performance(
         bottleneck = max(ipus, key=lambda s: s.forward).ipu
         update = sum(cycles) / di  # per micro-batch
         compute = sum(cycles)
-        inputs, outputs = profile.input_bytes * di, profile.output_bytes * di
-    host = (
+        inputs, outputs = profile.input_bytes * di, profile.output_bytes * workload.returned_micro_batches
+    streams = host_io_time(inputs, outputs, workload, hardware)
+    host_work = (
         calibration.host_call_overhead_s
-        + host_io_time(inputs, outputs, workload, hardware)
         + outputs * PodShape.of(workload).replicas_per_host / calibration.host_output_bandwidth
     )
-    call = compute + host
+    host = streams + host_work
+    call, latency, regime = call_timing(compute, streams, host_work, workload.async_data_loading)
     samples = workload.samples_per_call
     passes = [1.0 + (s.recompute + s.backward) / s.forward if s.forward else 1.0 for s in stages]
     executed = sum(s.forward_flops * k for s, k in zip(stages, passes)) * ga * di
@@ -440,7 +481,7 @@ def estimate_performance(
         allreduce_time=allreduce, optimizer_time=optimizer, host_time=host, call_time=call,
         samples_per_call=samples, samples_per_second=samples / call, pipeline_efficiency=efficiency,
         bottleneck_ipu=bottleneck, utilisation=utilisation, notes=notes,
-        pipelined=pipelined,
+        pipelined=pipelined, device_time=compute, latency=latency, regime=regime,
     )  # fmt: skip
 
 

@@ -85,6 +85,24 @@ class CompileReport:
             f"{[round(p, 3) for p in w.matmul_proportion]}"
         )
 
+    def _latency_line(self) -> str:
+        """The call's latency beside the throughput, and which side bounds it (`performance.call_timing`)."""
+        p, ms = self.performance, 1e3
+        overlap = (
+            "overlapping (asynchronous data loading)"
+            if self.workload.async_data_loading
+            else "taking turns (synchronous data loading)"
+        )
+        advice = (
+            "a faster layout speeds it up"
+            if p.regime == "IPU-bound"
+            else "more device iterations or a larger micro-batch amortise the host"
+        )
+        return (
+            f"Estimated latency: {p.latency * ms:.1f} ms per call of {p.samples_per_call} samples: IPUs "
+            f"{p.device_time * ms:.1f} ms, host {p.host_time * ms:.1f} ms, {overlap}. {p.regime}: {advice}"
+        )
+
     def summary(self) -> str:
         """Text for logs: the memory table, the estimated throughput, the bottleneck, warnings."""
         p, w = self.performance, self.workload
@@ -139,6 +157,7 @@ class CompileReport:
             f"Estimated throughput: {p.samples_per_second:,.1f} samples/s "
             f"({p.samples_per_call} samples per {p.call_time * ms:.1f} ms call; "
             f"host {p.host_time * ms:.1f} ms); {100 * p.utilisation:.1f}% of peak",
+            self._latency_line(),
             "Stage times:",
             stages,
             pipeline,
@@ -212,7 +231,9 @@ class CompileReport:
         for category in CATEGORIES:
             values = [getattr(m, category) / MiB for m in self.memory.ipus]
             label = category
-            if category == "update":  # the update takes turns with the pipeline's transients: its excess stacks
+            if (
+                category == "update"
+            ):  # the update takes turns with the pipeline's transients: its excess stacks
                 values = [max(0.0, m.update - m.activations - m.temporaries) / MiB for m in self.memory.ipus]
                 label = "update (beyond activations + temporaries)"
             if category in ("kv_cache", "update") and not any(values):

@@ -16,6 +16,7 @@ from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.configuration.schema import FIELD_DEFAULTS
 
 OPTIMIZERS = ("adamw", "adam", "lamb", "sgd")
+OUTPUT_MODES = ("all", "final", "sum", "everyn")
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,16 @@ class Workload:
         pipelined_inference: inference overlaps the stages across device iterations (PopTorch's
             `PipelinedExecution`). False by default: Optimum Graphcore's `IPUConfig.to_options(
             for_inference=True)` sets `ShardedExecution`, so each micro-batch visits the IPUs in turn.
+        output_mode: which micro-batches' outputs a call streams back to the host, PopTorch's
+            `OutputMode` in lower case: "all" (every micro-batch: inference's default, which
+            `IPUConfig.to_options(for_inference=True)` sets), "final" (the last of each replica), "sum"
+            (one sum per replica) or "everyn" (every `output_period`-th device iteration). Training
+            returns only its loss whatever the mode.
+        output_period: N of "everyn".
+        async_data_loading: the host prepares the next call while the IPUs run this one (PopTorch's
+            `DataLoaderMode.Async`, or an `AsynchronousDataAccessor`), so its fixed work per call
+            overlaps the IPUs' instead of adding to it. False by default: IPUTrainer's evaluation
+            loader is `DataLoaderMode.Sync`.
         optimizer: "adamw", "adam", "lamb" or "sgd".
         fp32: compute in fp32 instead of fp16.
         state_types: bytes of the optimizer's gradient accumulator and moments per trainable weight;
@@ -134,6 +145,9 @@ class Workload:
     recompute_checkpoint_every_layer: bool = False
     training: bool = True
     pipelined_inference: bool = False
+    output_mode: str = "all"
+    output_period: int = 1
+    async_data_loading: bool = False
     optimizer: str = "adamw"
     fp32: bool = False
     state_types: StateTypes | None = None
@@ -143,6 +157,12 @@ class Workload:
             object.__setattr__(self, "state_types", StateTypes.optimum_graphcore(self.fp32))
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer={self.optimizer!r}: choose one of {', '.join(OPTIMIZERS)}.")
+        if self.output_mode not in OUTPUT_MODES:
+            raise ValueError(f"output_mode={self.output_mode!r}: choose one of {', '.join(OUTPUT_MODES)}.")
+        if self.output_period < 1:
+            raise ValueError(
+                f"output_period={self.output_period}: give a positive number of device iterations."
+            )
         if len(self.matmul_proportion) != self.ipus_per_replica:
             object.__setattr__(
                 self,
@@ -241,6 +261,18 @@ class Workload:
         """The combined batch: micro-batch x GA x replicas x device iterations (the call's `CallLayout`)."""
         layout = CallLayout(self.device_iterations, self.replication_factor, self.gradient_accumulation_steps)
         return layout.combined_batch(self.micro_batch_size)
+
+    @property
+    def returned_micro_batches(self) -> int:
+        """Micro-batches per replica whose outputs one inference call streams back, by `output_mode`
+        (PopTorch's selection, `optimum_ipu.poptorch._outputs.select_outputs`, with no gradient
+        accumulation in inference): all DI of them, one for "final" and "sum", DI // N for "everyn"."""
+        di = self.device_iterations
+        if self.output_mode == "all":
+            return di
+        if self.output_mode == "everyn":
+            return di // self.output_period
+        return 1
 
     def stash_depth(self, stage: int, stages: int | None = None) -> int:
         """Micro-batches in flight at pipeline stage `stage` (of `stages`, one per IPU unless given)

@@ -283,3 +283,30 @@ def test_an_abbreviated_flag_still_parses_next_to_its_underscore_spelling():
         ["plan", "model", "--ipu-config", "x", "--seq", "128", "--micro", "2"]
     )
     assert (args.seq_len, args.micro_batch) == (128, 2)
+
+
+def test_inference_plan_prints_latency_throughput_and_the_regime(capsys):
+    # Optimum Graphcore's BERT-Base config at its 1 sample x 5 device iterations per call: the 8.6 ms the host
+    # spends per call outweighs the IPUs' work. 16 x 32 per call keeps the pipeline full: IPU-bound.
+    argv = [
+        "plan",
+        "bert-base-uncased",
+        "--ipu-config",
+        "Graphcore/bert-base-ipu",
+        "--inference",
+        "--pipelined",
+    ]
+    code, small, _ = _run(capsys, *argv)
+    assert code == 0 and "Estimated throughput:" in small
+    pattern = r"Estimated latency: ([\d.]+) ms per call of (\d+) samples: IPUs ([\d.]+) ms, host ([\d.]+) ms"
+    latency = re.search(pattern, small)
+    assert latency, small
+    ms, samples, ipus, host = float(latency[1]), int(latency[2]), float(latency[3]), float(latency[4])
+    assert (
+        samples == 5 and ms == pytest.approx(ipus + host, abs=0.11) and ipus < host and "host-bound" in small
+    )
+    code, busy, _ = _run(
+        capsys, *argv, "--micro-batch", "16", "--overrides", "inference_device_iterations=32"
+    )
+    assert code == 0 and "IPU-bound: a faster layout speeds it up" in busy
+    assert "taking turns (synchronous data loading)" in busy

@@ -359,11 +359,17 @@ def test_leave_one_out_error_is_recomputed_from_the_published_points():
     held_out = calibration.leave_one_out(pairs)
     errors = {point.name: abs(estimate / point.measured - 1) for point, estimate, _ in held_out}
     training = [errors[p.name] for p, _ in pairs if p.training]
-    # The figures the README reports: over all thirteen points mean 12.0 %, max 23.9 % (targets 15 % and
-    # 30 %); over the seven training points mean 8.8 %, max 14.7 %. Bounds a little above them, so a
-    # model change that makes cross-validation worse fails here.
-    assert sum(errors.values()) / len(errors) <= 0.13 and max(errors.values()) < 0.26, errors
+    inference = [errors[p.name] for p, _ in pairs if not p.training]
+    # The figures docs/planning.md reports: over all fifteen points mean 10.8 %, max 22.4 % (targets 15 %
+    # and 30 %); over the seven training points mean 8.8 %, max 15.8 %; over the eight inference points
+    # mean 12.5 %, max 22.4 %. Bounds a little above them, so a model change that makes
+    # cross-validation worse fails here.
+    assert sum(errors.values()) / len(errors) <= 0.115 and max(errors.values()) < 0.235, errors
     assert sum(training) / len(training) <= 0.095 and max(training) < 0.17, errors
+    assert sum(inference) / len(inference) <= 0.13 and max(inference) < 0.235, errors
+    # Where the IPUs bound the call (96 and 2,048 samples per call), leave-one-out within 10 %.
+    busy = [p.name for p, _ in pairs if not p.training and not p.evaluate_calls]
+    assert len(busy) >= 2 and all(errors[name] < 0.10 for name in busy), errors
     residuals = []
     for point, prepared in pairs:
         estimated = calibration.estimate(prepared, CALIBRATION)
@@ -373,6 +379,19 @@ def test_leave_one_out_error_is_recomputed_from_the_published_points():
     # The prior's weight is the fit's own residual scatter (points less fitted constants), not a free choice.
     scatter = math.sqrt(sum(r * r for r in residuals) / (len(pairs) - len(dataclasses.fields(CALIBRATION))))
     assert scatter == pytest.approx(calibration.POINT_SCATTER, rel=0.25)
+
+
+def test_the_held_out_training_run_is_estimated_within_its_reported_error():
+    """Graphcore's BERT-Large SQuAD tutorial run (8 IPUs x 2 replicas, Mk2), never fitted: docs/planning.md
+    reports it 0.3 % off (1.1 % with the constants before the IPU-bound inference points joined the fit)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import calibration
+
+    held = [p for p in calibration.HELD_OUT if p.training]
+    assert held
+    for point in held:
+        estimated = calibration.estimate(calibration.prepare(point), CALIBRATION)
+        assert abs(estimated / point.measured - 1) < 0.02, (point.name, estimated, point.measured)
 
 
 def test_a_constant_no_point_informs_is_fitted_to_the_middle_of_its_measured_span():
