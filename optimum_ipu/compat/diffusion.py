@@ -35,6 +35,7 @@ except ImportError as error:  # the core does not need it; these pipelines are d
         "'optimum-ipu[diffusers]' (or diffusers>=0.42)."
     ) from error
 from diffusers import StableDiffusionImg2ImgPipeline, StableDiffusionInpaintPipeline, StableDiffusionPipeline
+from diffusers.models.attention_processor import SlicedAttnProcessor
 from diffusers.models.autoencoders.vae import DecoderOutput
 from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
 from torch import nn
@@ -129,26 +130,66 @@ def _override_eps(module: nn.Module, eps: float = 1e-5) -> None:
             child.eps = eps
 
 
+class _BoundedAttention(SlicedAttnProcessor):
+    """diffusers' sliced attention with slices of at most `target_mb` MiB of attention scores, sized per call.
+
+    The original's `attn_matrix_target_mem_mb`: a 512 px UNet's first attention layers score 4096 x 4096
+    tokens per head, 512 MiB for the 16 heads of a guided pair in fp16, more than an IPU holds beside its
+    weights; sliced, one slice's scores are live at a time. The arithmetic is unchanged (the original
+    sliced over query rows, this over heads: each score row is computed whole either way).
+    """
+
+    def __init__(self, target_mb: int):
+        if target_mb < 1:
+            raise ValueError(f"attn_matrix_target_mem_mb={target_mb} must be a positive number of MiB.")
+        super().__init__(slice_size=1)
+        self.target_bytes = target_mb * 2**20
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None):
+        queries = (
+            hidden_states.shape[1]
+            if hidden_states.ndim == 3
+            else hidden_states.shape[2] * hidden_states.shape[3]
+        )
+        keys = queries if encoder_hidden_states is None else encoder_hidden_states.shape[1]
+        self.slice_size = max(1, self.target_bytes // (queries * keys * hidden_states.element_size()))
+        return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask)
+
+
 def _placed(name: str, module: nn.Module, settings: dict[str, Any]):
     """An fp16 copy of `module`, cut into blocks as the original cut it, as a `poptorch.inferenceModel`."""
     import poptorch
     from optimum_ipu.configuration import IPUConfig
 
     settings = dict(settings)
-    if settings.pop("attn_matrix_target_mem_mb", None) is not None:
-        _say_once(
-            "attn", "attn_matrix_target_mem_mb has no effect on the simulated IPU: the original sliced the UNet's "
-            "attention to bound each IPU's memory; sliced or not the arithmetic is the same, and the compile "
-            "report prices the unsliced attention matrix."
-        )  # fmt: skip
+    attention_mb = settings.pop("attn_matrix_target_mem_mb", None)
     config = IPUConfig.from_dict(settings)
     model = copy.deepcopy(module).half().eval()
     _override_eps(model)
+    if attention_mb is not None and hasattr(model, "set_attn_processor"):
+        model.set_attn_processor(_BoundedAttention(attention_mb))
     place_blocks(model, name, config.inference_ipus_per_replica, poptorch.BeginBlock)
     return poptorch.inferenceModel(_ON_IPUS[name](model), config.to_options(for_inference=True))
 
 
 # ----- the host models' calls, routed to their placed copies ------------------------------------------------
+
+
+def _run(executor, *inputs):
+    """A placed model's call; one with other shapes than its first (compiled) call fails as PopTorch's, saying why."""
+    import poptorch
+
+    try:
+        return executor(*inputs)
+    except poptorch.Error as error:
+        if not str(error).startswith("Shape mismatch"):
+            raise
+        raise poptorch.Error(
+            f"{error}\nThe pipeline's models on IPUs are compiled for the shapes of its first call, as on IPUs: "
+            "each call must have `num_prompts` prompts (given to from_pretrained), `num_images_per_prompt` images "
+            "each and the first call's height and width. For other numbers or sizes, load the pipeline again "
+            "with them."
+        ) from None
 
 
 def _on_host(name: str, what: str) -> None:
@@ -161,7 +202,7 @@ def _text_encoder_forward(executor, host, input_ids=None, attention_mask=None, *
     if args or attention_mask is not None or extra:
         _on_host("text encoder", ", ".join(extra) or "an attention mask")
         return type(host).forward(host, input_ids, attention_mask, *args, **kwargs)
-    last_hidden_state, pooled = executor(input_ids)
+    last_hidden_state, pooled = _run(executor, input_ids)
     return BaseModelOutputWithPooling(last_hidden_state=last_hidden_state, pooler_output=pooled)
 
 
@@ -173,19 +214,19 @@ def _unet_forward(executor, host, sample, timestep, encoder_hidden_states, *args
                                   **kwargs)  # fmt: skip
     # One timestep per image, so that each device iteration gets its own (the original repeated it).
     timestep = torch.as_tensor(timestep, dtype=torch.float32).reshape(-1).expand(sample.shape[0])
-    out = executor(sample.half(), timestep.contiguous(), encoder_hidden_states.half()).to(sample.dtype)
+    out = _run(executor, sample.half(), timestep.contiguous(), encoder_hidden_states.half()).to(sample.dtype)
     return UNet2DConditionOutput(sample=out) if return_dict else (out,)
 
 
 def _vae_decode(executor, z, return_dict=True, generator=None):
-    image = executor(z.half()).to(z.dtype)
+    image = _run(executor, z.half()).to(z.dtype)
     return DecoderOutput(sample=image) if return_dict else (image,)
 
 
 def _safety_checker_forward(executor, clip_input, images):
     as_numpy = isinstance(images, np.ndarray)
     tensor = torch.from_numpy(images) if as_numpy else images
-    checked, has_nsfw = executor(clip_input.half(), tensor)
+    checked, has_nsfw = _run(executor, clip_input.half(), tensor)
     if has_nsfw.any():
         logger.warning("Potential NSFW content was detected in one or more images. A black image will be returned "
                        "instead. Try again with a different prompt and/or seed.")  # fmt: skip
@@ -223,6 +264,13 @@ def _image_size(name: str, value: Any) -> Any:
 # ----- the plan ------------------------------------------------------------------------------------------
 
 
+def _verdict(memory) -> str:
+    """The memory model's word for the worst IPU: fits, may not fit (within its error), OUT OF MEMORY."""
+    if memory.surely_out_of_memory:
+        return "OUT OF MEMORY"
+    return "may not fit (within the memory model's error)" if memory.may_not_fit else "fits"
+
+
 @dataclass
 class DiffusionPlan:
     """The compile report of each model of a pipeline and the time one call would take on real IPUs.
@@ -238,8 +286,13 @@ class DiffusionPlan:
 
     @property
     def fits(self) -> bool:
-        """Every placed model fits its IPUs by the memory model."""
+        """Every placed model's memory estimate is within its IPUs' memory (`may_not_fit` tells how sure)."""
         return all(r.report.memory.fits for r in self._reports().values())
+
+    @property
+    def may_not_fit(self) -> list[str]:
+        """Placed models with an IPU whose estimate is within the memory model's error of the limit."""
+        return [n for n, r in self._reports().items() if r.report.memory.may_not_fit]
 
     @property
     def seconds_per_call(self) -> float:
@@ -263,11 +316,16 @@ class DiffusionPlan:
             peak = r.memory.peak
             lines.append(
                 f"  {name:15} {r.workload.ipus_per_replica} IPU(s), peak {peak.total / 2**20:.0f} MiB of "
-                f"{r.memory.capacity / 2**20:.0f} MiB (IPU {peak.ipu}): {'fits' if r.memory.fits else 'DOES NOT FIT'}; "
+                f"{r.memory.capacity / 2**20:.0f} MiB (IPU {peak.ipu}): {_verdict(r.memory)}; "
                 f"{r.performance.call_time * 1e3:.1f} ms per call x {self.calls.get(name, 1)} call(s)"
             )
-        lines.append(f"  one pipeline call: {self.seconds_per_call:.2f} s on IPUs; "
-                     f"{'every placed model fits' if self.fits else 'some model does not fit'}")  # fmt: skip
+        verdicts = {_verdict(r.report.memory) for r in self._reports().values()}
+        overall = (
+            next((v for v in verdicts if v != "fits"), "fits")
+            if "OUT OF MEMORY" not in verdicts
+            else "OUT OF MEMORY"
+        )
+        lines.append(f"  one pipeline call: {self.seconds_per_call:.2f} s on IPUs; memory: {overall}")
         for name, result in self._reports().items():
             lines += ["", f"[{name}]", result.report.summary()]
         return "\n".join(lines)

@@ -190,7 +190,8 @@ def test_the_plan_reports_each_placed_model_and_the_time_of_one_call(text_to_ima
     by_hand = sum(r.report.performance.call_time * plan.calls.get(n, 1) for n, r in plan.results.items())
     assert plan.seconds_per_call == pytest.approx(by_hand)
     text = plan.summary()
-    assert "unet            4 IPU(s)" in text and "fits" in text and "IPU compile report" in text
+    assert "unet            4 IPU(s)" in text and "memory: fits" in text and "IPU compile report" in text
+    assert plan.may_not_fit == []
     host_only = IPUStableDiffusionPipeline.from_pretrained(text_to_image, n_ipu=4)
     _run(host_only, height=SIZE, width=SIZE)
     assert "text_encoder    on the host (float32)" in host_only.ipu_plan().summary()
@@ -218,3 +219,38 @@ def test_default_ipu_configs_are_the_originals():
     with pytest.raises(ValueError, match=r"n_ipu=3 is not the IPU count of a pod; give one of 1, 2, 4"):
         get_default_ipu_configs(UNetConfig(), n_ipu=3)
     assert INFERENCE_ENGINES_TO_MODEL_NAMES["stable-diffusion-v1-5"] == "runwayml/stable-diffusion-v1-5"
+
+
+def test_a_call_with_other_shapes_than_the_first_says_what_to_do(text_to_image):
+    import poptorch
+
+    pipe = IPUStableDiffusionPipeline.from_pretrained(text_to_image, num_prompts=1)
+    _run(pipe, height=SIZE, width=SIZE)
+    with pytest.raises(
+        poptorch.Error, match=r"(?s)Shape mismatch for sample.*each call must have `num_prompts` prompts"
+    ):
+        _run(pipe, height=2 * SIZE, width=2 * SIZE)
+
+
+def test_attention_slicing_has_no_effect_and_says_so_once(text_to_image, caplog):
+    pipe = IPUStableDiffusionPipeline.from_pretrained(text_to_image)
+    with caplog.at_level(logging.WARNING):
+        pipe.enable_attention_slicing()
+        pipe.enable_attention_slicing(2)
+    assert sum("Attention slicing has no effect" in r.message for r in caplog.records) == 1
+
+
+def test_the_unets_attention_is_sliced_to_the_originals_memory_target_with_the_same_arithmetic():
+    from diffusers.models.attention_processor import Attention, AttnProcessor
+
+    from optimum_ipu.compat.diffusion import _BoundedAttention
+
+    torch.manual_seed(0)
+    attention = Attention(query_dim=16, heads=2, dim_head=8)
+    tokens = torch.randn(2, 1024, 16)  # scores of one head: 1024 x 1024 x 4 bytes = 4 MiB
+    expected = AttnProcessor()(attention, tokens)
+    bounded = _BoundedAttention(target_mb=8)
+    torch.testing.assert_close(bounded(attention, tokens), expected, atol=1e-5, rtol=1e-5)
+    assert bounded.slice_size == 2  # 2 of the 4 (batch x head) score matrices at a time
+    with pytest.raises(ValueError, match="attn_matrix_target_mem_mb=0 must be a positive number of MiB"):
+        _BoundedAttention(0)
