@@ -254,3 +254,23 @@ def test_the_unets_attention_is_sliced_to_the_originals_memory_target_with_the_s
     assert bounded.slice_size == 2  # 2 of the 4 (batch x head) score matrices at a time
     with pytest.raises(ValueError, match="attn_matrix_target_mem_mb=0 must be a positive number of MiB"):
         _BoundedAttention(0)
+
+
+def test_several_prompts_and_images_run_as_device_iterations(text_to_image):
+    prompts, each = ["a cat", "a dog"], 2
+    kwargs = dict(
+        num_images_per_prompt=each, height=SIZE, width=SIZE, num_inference_steps=2, output_type="np"
+    )
+    expected = StableDiffusionPipeline.from_pretrained(text_to_image)(
+        prompts, generator=_generator(), **kwargs
+    )
+    pipe = IPUStableDiffusionPipeline.from_pretrained(
+        text_to_image, n_ipu=8, num_prompts=2, num_images_per_prompt=each
+    )
+    images = pipe(prompts, generator=_generator(), **kwargs).images
+    np.testing.assert_allclose(images, expected.images, atol=FP16)
+    options = {name: executor.options for name, executor in pipe.ipu_models.items()}
+    assert options["unet"].device_iterations == 4 and options["text_encoder"].device_iterations == 2
+    assert (
+        pipe.ipu_plan().results["unet"].report.workload.micro_batch_size == 2
+    )  # the guided pair of one image
