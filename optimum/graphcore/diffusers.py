@@ -1,4 +1,4 @@
-"""`optimum.graphcore.diffusers`: Stable Diffusion on IPUs has no equivalent; using a name says what to use instead."""
+"""`optimum.graphcore.diffusers`: the Stable Diffusion pipelines, their models placed on (simulated) IPUs."""
 
 from optimum_ipu.compat._names import bind
 

@@ -15,10 +15,16 @@ _GENERATION = Missing(
     "transformers' `model.generate()` on the placed model (`IPUSeq2SeqTrainer` with `predict_with_generate`), "
     "inside `optimum_ipu.generation.static_generation(model)` for the IPU's fixed-size KV cache",
 )
-_DIFFUSERS = Missing(
-    "Stable Diffusion on IPUs is not simulated",
-    "diffusers' `StableDiffusionPipeline` / `StableDiffusionImg2ImgPipeline` / `StableDiffusionInpaintPipeline` on CPU/GPU",
-)
+_DIFFUSERS = {
+    **{
+        name: f"optimum_ipu.compat.diffusion:{name}"
+        for name in ("IPUStableDiffusionPipeline", "IPUStableDiffusionImg2ImgPipeline", "IPUStableDiffusionInpaintPipeline")
+    },
+    **{
+        name: f"optimum_ipu.compat.diffusion_placement:{name}"
+        for name in ("get_default_ipu_configs", "INFERENCE_ENGINES_TO_MODEL_NAMES")
+    },
+}
 _CUSTOM_OPS = Missing(
     "it is an IPU custom operation (Poplar codelet)",
     "keep the layer as it is (fp16 by default) or quantize with a torch tool on CPU/GPU",
@@ -173,16 +179,7 @@ TABLES: dict[str, dict[str, str | Missing]] = {
             "assert_poptorch_supports_cond",
         )
     },  # fmt: skip
-    f"{G}.diffusers": {
-        name: _DIFFUSERS
-        for name in (
-            "IPUStableDiffusionPipeline",
-            "IPUStableDiffusionImg2ImgPipeline",
-            "IPUStableDiffusionInpaintPipeline",
-            "get_default_ipu_configs",
-            "INFERENCE_ENGINES_TO_MODEL_NAMES",
-        )
-    },  # fmt: skip
+    f"{G}.diffusers": _DIFFUSERS,
     f"{G}.models": {},
     f"{G}.models.whisper": _WHISPER,
     f"{G}.models.bert": _BERT,

@@ -41,7 +41,7 @@ from optimum_ipu.poptorch._device_weights import (
     follow_training_model,
     write_to_device,
 )
-from optimum_ipu.poptorch._executables import build_executable, check_wrap, run_call
+from optimum_ipu.poptorch._executables import build_executable, check_wrap, fp16_compute_of, run_call
 from optimum_ipu.poptorch._host_call import HostCall, resolved_output_mode
 from optimum_ipu.poptorch._ipu_context import running_model
 from optimum_ipu.poptorch._ipu_types import (
@@ -71,6 +71,7 @@ from optimum_ipu.poptorch._trace import (
 from optimum_ipu.poptorch.enums import OutputMode
 from optimum_ipu.poptorch.options import Options
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
+from optimum_ipu.runtime.fp16_compute import fp16_compute_context
 from optimum_ipu.runtime.replicas import ReplicaStreams
 
 __all__ = ["PoplarExecutor", "inferenceModel", "trainingModel"]
@@ -209,7 +210,9 @@ class PoplarExecutor:
         self._stage_plan = None
         self._mixed_precision = mixed_precision(self._user_model, leaves)
         self._write_weights_to_device()  # attaching writes the host's weights to the device; the trace runs on them
-        with self._device_weights.in_use():
+        # The trace computes fp16 ops as the calls will (a CPU's native fp16 convolution is ~200x slower).
+        fp16 = fp16_compute_of(self._user_model, self._mixed_precision) or "native"
+        with self._device_weights.in_use(), fp16_compute_context(fp16):
             buffers = [(b, b.detach().clone()) for b in self._user_model.buffers()]
             versions = {name: b._version for name, b in self._user_model.named_buffers()}
             try:
@@ -225,7 +228,8 @@ class PoplarExecutor:
         placement = check_placement(self._user_model, trace, self._options, self._training)
         self.num_ipus, self.num_stages = placement.num_ipus, placement.num_stages
         self._recomputed, self._traced = placement.recomputed, trace
-        with weights_follow_activations(self._mixed_precision):  # it runs the forward again, as the calls do
+        # it runs the forward again, as the calls do
+        with weights_follow_activations(self._mixed_precision), fp16_compute_context(fp16):
             self._stage_plan = plan_stage_processes(
                 self._user_model, trace, self._options, self._training, placement
             )

@@ -112,18 +112,18 @@ def test_every_name_without_equivalent_imports_and_says_what_to_use_on_use(modul
 
 
 def test_a_missing_name_fails_on_every_use_with_the_same_message():
-    from optimum.graphcore.diffusers import IPUStableDiffusionPipeline as Missing
     from optimum.graphcore.generation import MODELS_SUPPORTING_KV_CACHE
+    from optimum.graphcore.generation import IPUGenerationMixin as Missing
 
     for use in (
         lambda: Missing(model=None, args=None),
         lambda: Missing.from_pretrained,
-        lambda: type("MyPipeline", (Missing,), {}),
+        lambda: type("MyModel", (Missing,), {}),
         lambda: object in MODELS_SUPPORTING_KV_CACHE,
     ):
-        with pytest.raises(NoEquivalentError, match=r"IPUStableDiffusionPipeline|MODELS_SUPPORTING_KV_CACHE"):
+        with pytest.raises(NoEquivalentError, match=r"IPUGenerationMixin|MODELS_SUPPORTING_KV_CACHE"):
             use()
-    with pytest.raises(NoEquivalentError, match=r"StableDiffusionPipeline"):
+    with pytest.raises(NoEquivalentError, match=r"IPUGenerationMixin"):
         Missing()
     assert isinstance(NoEquivalentError("x"), NotImplementedError)
     assert not hasattr(Missing, "__wrapped__")  # introspection still answers plainly
