@@ -121,7 +121,19 @@ def _training_options():
     return opts
 
 
-def test_a_training_model_saved_before_the_checks_loads_only_when_trusted(tmp_path):
+@pytest.fixture
+def torchs_own_safe_globals():
+    """torch's allow-list as a fresh process has it: importing torch-geometric (tests/poptorch/test_geometric.py)
+    adds `collections.defaultdict` to it for the whole process, and torch then builds one without asking."""
+    added = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()
+    try:
+        yield
+    finally:
+        torch.serialization.add_safe_globals(added)
+
+
+def test_a_training_model_saved_before_the_checks_loads_only_when_trusted(tmp_path, torchs_own_safe_globals):
     # Earlier versions pickled the optimizer's state as a defaultdict, which weights_only cannot build.
     model = Net()
     training = poptorch.trainingModel(
