@@ -154,3 +154,15 @@ def test_a_model_whose_parallelize_places_nothing_runs_on_ipu_0_and_says_so(tmp_
                              args=_args(IPUTrainingArguments, tmp_path, per_device_train_batch_size=1, fp32=True))  # fmt: skip
     assert {b.ipu for b in trainer._pipelined.plan.blocks} == {0}
     assert sum("placed no block" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_block_on_an_ipu_the_config_does_not_have_is_refused_naming_the_fix(tmp_path):
+    class OnFiveIPUs(TinyTransformer, PipelineMixin):
+        def parallelize(self):
+            super().parallelize()
+            poptorch.BeginBlock(self.transformer_encoder.layers[3], "Encoder3", ipu_id=4)
+            return self
+
+    with pytest.raises(ValueError, match=r"'Encoder3'.*on IPU 4.*ipus_per_replica=4: raise ipus_per_replica"):
+        IPUTrainer(model=OnFiveIPUs(), ipu_config=four_ipus(), train_dataset=Texts(),
+                   args=_args(IPUTrainingArguments, tmp_path, per_device_train_batch_size=1, fp32=True))  # fmt: skip
