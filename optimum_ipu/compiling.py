@@ -20,6 +20,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from optimum_ipu._once import warn_once
 from optimum_ipu.runtime import checks
 from optimum_ipu.runtime.batches import batch_size_of, split_batch
 
@@ -60,7 +61,6 @@ def _first_micro_batch(batch: Mapping[str, Any], micro_batch_size: int) -> dict[
     return split_batch(batch, parts)[0]
 
 
-_WARNED: set[str] = set()
 
 
 def _workload(ipu_config, micro_batch: dict, *, training: bool, optimizer: str, fp32: bool, ipus_per_replica: int,
@@ -96,9 +96,7 @@ def _analyse(model, plan, workload, micro_batch: dict, *, hardware: str, cache_d
             f"±{100 * memory.error:.0f}% (IPUs {', '.join(map(str, near))}): a real IPU may not fit this layout. "
             f"Going ahead (memory check: {check}); the compile report has the per-IPU table."
         )
-        if message not in _WARNED:
-            _WARNED.add(message)
-            logger.warning(message)
+        warn_once(logger, message)
     return report
 
 

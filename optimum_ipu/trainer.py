@@ -30,6 +30,7 @@ from torch import nn
 from transformers import Trainer
 from transformers.trainer_utils import TrainOutput
 
+from optimum_ipu._once import warn_once
 from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.checkpoints import AtomicCheckpoints
 from optimum_ipu.compiling import compile_inference, compile_training
@@ -46,15 +47,6 @@ from optimum_ipu.training_args import IPUTrainingArguments, resolve_ipu_config
 from optimum_ipu.training_calls import TrainingCalls, ipu_optimizer
 
 logger = logging.getLogger(__name__)
-
-
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        logger.warning(message)
 
 
 def settings_without_effect(
@@ -242,7 +234,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         ).train()
         self.hardware = hardware
         for message in settings_without_effect(self.ipu_config, args, model):
-            _warn_once(message)
+            warn_once(logger, message)
         self.fp16_compute = None if args.fp32 else resolve_fp16_compute(args.fp16_compute, args.device)
         if not args.fp32:
             model.half()  # IPU training default: fp16 weights and activations

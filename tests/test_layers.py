@@ -18,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "optimum_ipu"
 # Room (a folder or a top-level module of optimum_ipu) -> layer; a room imports only lower layers.
 LAYERS: dict[str, int] = {
     "_quoting": 0,
+    "_once": 0,
     "call_layout": 0,
     "overrides": 0,
     "configuration": 1,

@@ -450,7 +450,7 @@ def test_ipu_memory_check_refuses_beyond_the_models_error_unless_told_otherwise(
     beyond it, it is refused as Poplar would. strict refuses anything over the limit; off never refuses."""
     import dataclasses
 
-    from optimum_ipu import compiling
+    from optimum_ipu import _once
     from optimum_ipu.costmodel import memory
     from optimum_ipu.costmodel.memory import IPUOutOfMemoryError
 
@@ -459,7 +459,7 @@ def test_ipu_memory_check_refuses_beyond_the_models_error_unless_told_otherwise(
     monkeypatch.setattr(
         memory, "MEMORY_CALIBRATION", dataclasses.replace(memory.MEMORY_CALIBRATION, code_bytes_per_ipu=code)
     )
-    compiling._WARNED.clear()
+    _once.forget()
     trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path, compile_only=True, ipu_memory_check=check),
                          train_dataset=PatternQA(8))  # fmt: skip
     if refused:
@@ -473,9 +473,9 @@ def test_ipu_memory_check_refuses_beyond_the_models_error_unless_told_otherwise(
 
 
 def test_settings_without_effect_are_named_once(tmp_path, caplog):
-    from optimum_ipu import trainer as trainer_module
+    from optimum_ipu import _once
 
-    trainer_module._WARNED.clear()
+    _once.forget()
     cfg = two_ipu_config(parallelize_kwargs={"use_cache": False}, projection_serialization_factor=2,
                          output_mode="all")  # fmt: skip
     caplog.set_level(logging.WARNING, logger="optimum_ipu")

@@ -41,6 +41,7 @@ from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
+from optimum_ipu._once import warn_once
 from optimum_ipu.compat.diffusion_placement import get_default_ipu_configs, place_blocks
 
 __all__ = [
@@ -61,15 +62,6 @@ DEFAULT_COMMON_IPU_CONFIG_KWARGS = {
     "inference_replication_factor": 1,
 }
 _COMPONENTS = ("text_encoder", "unet", "vae", "safety_checker")  # in the order one image runs them
-_SAID: set[str] = set()
-
-
-def _say_once(key: str, message: str, *args: Any) -> None:
-    if key not in _SAID:
-        _SAID.add(key)
-        logger.warning(message, *args)
-
-
 # ----- what each placed model computes on the IPUs (fp16 in, float32 out, as the original's wrappers) -------
 
 
@@ -193,7 +185,7 @@ def _run(executor, *inputs):
 
 
 def _on_host(name: str, what: str) -> None:
-    _say_once(f"host-{name}-{what}", "The %s runs on the host for calls with %s (the IPU copy was compiled "
+    warn_once(logger, "The %s runs on the host for calls with %s (the IPU copy was compiled "
               "without them), as float32.", name, what)  # fmt: skip
 
 
@@ -256,8 +248,8 @@ def _image_size(name: str, value: Any) -> Any:
     if not value.strip().isdigit():
         raise ValueError(f"{name}={value!r} is not a number of pixels: give an integer, e.g. "
                          f"{name}=int(os.getenv(...)).")  # fmt: skip
-    _say_once(f"size-{name}", "%s=%r is a string (as os.getenv returns): read as %d pixels. Optimum Graphcore "
-              "passed it on unread, where diffusers failed on it.", name, value, int(value))  # fmt: skip
+    warn_once(logger, "%s=%r is a string (as os.getenv returns): read as %d pixels. Optimum Graphcore "
+              "passed it on unread, where diffusers failed on it.", name, value, int(value), key=f"size-{name}")  # fmt: skip
     return int(value)
 
 
@@ -399,7 +391,7 @@ class IPUStableDiffusionPipelineMixin:
             if kwargs.get("image") is not None:
                 raise TypeError("Give the starting image once: `image=` (diffusers' name) or `init_image=` "
                                 "(the old name), not both.")  # fmt: skip
-            _say_once("init_image", "init_image= is diffusers' old name of image=: passed as image=.")
+            warn_once(logger, "init_image= is diffusers' old name of image=: passed as image=.", key="init_image")
             kwargs["image"] = kwargs.pop("init_image")
         for name in ("height", "width"):
             if name in kwargs:
@@ -408,8 +400,8 @@ class IPUStableDiffusionPipelineMixin:
 
     def set_attention_slice(self, slice_size):
         """As the original: attention slicing is the placement's to choose; a value has no effect (said once)."""
-        _say_once("slice", "Attention slicing has no effect on the IPU pipelines (the original chose it from "
-                  "attn_matrix_target_mem_mb); slice_size=%r is ignored.", slice_size)  # fmt: skip
+        warn_once(logger, "Attention slicing has no effect on the IPU pipelines (the original chose it from "
+                  "attn_matrix_target_mem_mb); slice_size=%r is ignored.", slice_size, key="slice")  # fmt: skip
 
     def detach_from_device(self) -> None:
         """Release the (simulated) IPUs of every placed model that ran; the next call attaches again."""

@@ -21,6 +21,8 @@ from typing import Any
 
 from torch import nn
 
+from optimum_ipu._once import warn_once
+
 __all__ = [
     "CUT_POINTS",
     "INFERENCE_ENGINES_TO_MODEL_NAMES",
@@ -146,9 +148,6 @@ def _config_value(config: Any, name: str) -> Any:
     return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
 
 
-_SPREAD_SAID: set[str] = set()
-
-
 def place_blocks(model: nn.Module, component: str, ipus: int, begin_block) -> list[tuple[str, int]]:
     """Start a block (`begin_block(module, name, ipu_id)`, PopTorch's `BeginBlock`) at each cut of `component`.
 
@@ -161,14 +160,15 @@ def place_blocks(model: nn.Module, component: str, ipus: int, begin_block) -> li
         return []  # one IPU: the whole model is its block
     names = {name for name, _ in model.named_modules()}
     if not (cuts and all(path in names for path, _ in cuts) and max(ipu for _, ipu in cuts) + 1 == ipus):
-        if ipus > 1 and component not in _SPREAD_SAID:
-            _SPREAD_SAID.add(component)
-            logger.warning(
+        if ipus > 1:
+            warn_once(
+                logger,
                 "The %s has not the blocks at which Optimum Graphcore cut it, or its IPU config asks for another "
                 "IPU count (%d): its blocks are spread over the %d IPUs by weight.",
                 component,
                 ipus,
                 ipus,
+                key=("spread", component),
             )
         cuts = _spread(_blocks_in_order(model, component), ipus)
     for path, ipu in cuts:

@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from optimum_ipu._once import warn_once
 from optimum_ipu.pipelining import PipelinedModel
 from optimum_ipu.pipelining import to_pipelined as _to_pipelined
 from optimum_ipu.pipelining.placement import ipu_of_each_layer
@@ -93,7 +94,8 @@ class PipelinedModelView:
     def detachFromDevice(self) -> None:
         """Optimum Graphcore's generation models freed their compiled encoder and decoder here. A view runs
         its module directly, holding no compiled program or IPU between calls: there is nothing to free."""
-        _say_once(
+        warn_once(
+            logger,
             "detachFromDevice() on a to_pipelined model frees nothing: the simulated IPUs hold no compiled "
             "program between calls, and the model stays usable."
         )
@@ -110,15 +112,6 @@ class PipelinedModelView:
 
     def __repr__(self) -> str:
         return f"PipelinedModelView({self.pipelined.module.__class__.__name__}, {self.pipelined.plan.ipus_per_replica} IPUs)"
-
-
-_SAID: set[str] = set()
-
-
-def _say_once(message: str) -> None:
-    if message not in _SAID:
-        _SAID.add(message)
-        logger.warning(message)
 
 
 def to_pipelined(model: nn.Module, ipu_config, force: bool = False):

@@ -22,6 +22,7 @@ import logging
 import torch
 from torch import nn
 
+from optimum_ipu._once import warn_once
 from optimum_ipu.pipelining.block_marks import block_mark
 from optimum_ipu.pipelining.pipeline import PipelinedModel, default_ipu_devices
 from optimum_ipu.pipelining.stage_plan import Block, StagePlan
@@ -29,7 +30,6 @@ from optimum_ipu.pipelining.stage_plan import Block, StagePlan
 __all__ = ["SelfPlacedModel", "places_itself", "plan_from_block_marks"]
 
 logger = logging.getLogger(__name__)
-_SAID: set[str] = set()
 
 
 def places_itself(model: nn.Module) -> bool:
@@ -125,9 +125,7 @@ class SelfPlacedModel(PipelinedModel):
                 "ipus_per_replica stay idle. Mark the layers that start each IPU's block with "
                 "poptorch.BeginBlock(layer, name, ipu_id=k) in parallelize()."
             )
-            if message not in _SAID:
-                _SAID.add(message)
-                logger.warning(message)
+            warn_once(logger, message)
         logger.info("\n%s", self.plan.allocation_table())
         self._place_on_devices(devices or default_ipu_devices(self.plan.ipus_per_replica))
         self._laid_out = True
