@@ -253,3 +253,21 @@ def test_encode_plus_and_batch_encode_plus_are_the_tokenizers_own_call(tmp_path)
     assert single["input_ids"] == tokenizer(premises, **options)["input_ids"]
     assert one["input_ids"] == tokenizer(premises[0], hypotheses[0], **options)["input_ids"]
     assert not hasattr(type(tokenizer), "batch_encode_plus")  # removed again when the run ends
+
+
+def test_truncation_strategy_and_pad_to_max_length_act_as_in_transformers_4(tmp_path):
+    """The DeBERTa notebook calls `tokenizer.encode(premise, hypothesis, truncation_strategy="only_first")`:
+    transformers v5 raises TypeError on it, and silently ignores `pad_to_max_length=True`. transformers 4
+    read them as `truncation=` and `padding="max_length"` when those were not given."""
+    tokenizer = tiny_tokenizer(tmp_path / "tok")
+    premise, hypothesis = "alice lives in paris and bob works at rome", "where is alice"
+    with compatibility_shims():
+        truncated = tokenizer.encode(premise, hypothesis, truncation_strategy="only_first", max_length=8)
+        called = tokenizer(premise, hypothesis, truncation_strategy="only_first", max_length=8)["input_ids"]
+        padded = tokenizer("alice lives in paris", pad_to_max_length=True, max_length=12)["input_ids"]
+        untouched = tokenizer(premise, hypothesis, truncation_strategy="do_not_truncate")["input_ids"]
+    expected = tokenizer.encode(premise, hypothesis, truncation="only_first", max_length=8)
+    assert truncated == called == expected and len(expected) == 8
+    assert padded == tokenizer("alice lives in paris", padding="max_length", max_length=12)["input_ids"]
+    assert len(padded) == 12
+    assert untouched == tokenizer(premise, hypothesis)["input_ids"]

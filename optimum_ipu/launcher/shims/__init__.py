@@ -24,6 +24,7 @@ from optimum_ipu.launcher.shims.transformers_api import (
     IS_OFFLINE_MODE,
     SEND_EXAMPLE_TELEMETRY,
     TOKENIZER_METHODS,
+    TOKENIZER_OLD_KEYWORDS,
     USE_AUTH_TOKEN,
 )
 
@@ -37,6 +38,7 @@ SHIMS: tuple[Shim, ...] = (
     AUTO_FEATURE_EXTRACTOR,
     CONFIG_DEFAULTS,
     TOKENIZER_METHODS,
+    TOKENIZER_OLD_KEYWORDS,
     LOAD_DATASET,
     AUDIO_DECODING,
     LOAD_METRIC,

@@ -6,10 +6,14 @@
   tokenizers store it in their saved config); the scripts pass it on every load.
 - `AutoFeatureExtractor` for an image model: v5 maps ViT & co. to image processors only.
 - `config.tokenizer_class`: v5 no longer sets it on every config (the CTC example reads it).
+- `tokenizer.encode_plus` / `batch_encode_plus`: gone in v5 (mt5_xnli.ipynb).
+- `truncation_strategy=` / `pad_to_max_length=` on a tokenizer call: v5 raises TypeError on the first and
+  silently ignores the second (the DeBERTa notebook passes `truncation_strategy="only_first"`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 from optimum_ipu.launcher._report import note_once
@@ -22,6 +26,7 @@ __all__ = [
     "IS_OFFLINE_MODE",
     "REMOVED_CONFIG_DEFAULTS",
     "SEND_EXAMPLE_TELEMETRY",
+    "TOKENIZER_OLD_KEYWORDS",
     "USE_AUTH_TOKEN",
     "adapt_use_auth_token",
 ]
@@ -283,4 +288,51 @@ TOKENIZER_METHODS = Shim(
     "AttributeError)",
     by="the tokenizer's own call, `tokenizer(text, text_pair, **kwargs)`, with a batch of pairs split in two lists",
     install=_install_tokenizer_methods,
+)
+
+
+def adapt_old_tokenizer_keywords(kwargs: dict) -> None:
+    """Rewrite transformers 4's deprecated tokenizer keywords in `kwargs` as 4 read them.
+
+    4 read `truncation_strategy=X` as `truncation=X` and `pad_to_max_length=True` as `padding="max_length"`,
+    each only when the new keyword was not given (the new one wins when both are); v5 raises on the first
+    and drops the second without a word.
+    """
+    if "truncation_strategy" in kwargs:
+        old = kwargs.pop("truncation_strategy")
+        if kwargs.get("truncation") is None and old is not None:
+            kwargs["truncation"] = getattr(old, "value", old)
+        note_once("truncation_strategy", "truncation_strategy= was removed from tokenizer calls in transformers v5: "
+                  "read as truncation=, as transformers 4 did.")  # fmt: skip
+    if "pad_to_max_length" in kwargs:
+        if kwargs.pop("pad_to_max_length") and kwargs.get("padding", False) is False:
+            kwargs["padding"] = "max_length"
+        note_once("pad_to_max_length", 'pad_to_max_length= is ignored by tokenizer calls in transformers v5: read as '
+                  'padding="max_length", as transformers 4 did.')  # fmt: skip
+
+
+def _install_old_tokenizer_keywords(patches: Patches) -> Skip | None:
+    base = _owner("transformers.tokenization_utils_base:PreTrainedTokenizerBase")
+    if base is None:
+        return Skip("transformers has no PreTrainedTokenizerBase where transformers 5 defines it", problem=True)
+    for name in ("__call__", "encode"):
+        original = base.__dict__.get(name)
+        if original is None:
+            continue
+
+        @functools.wraps(original)
+        def adapted(self, *args, __original=original, **kwargs):
+            adapt_old_tokenizer_keywords(kwargs)
+            return __original(self, *args, **kwargs)
+
+        patches.set(base, name, adapted)
+    return None
+
+
+TOKENIZER_OLD_KEYWORDS = Shim(
+    name="truncation_strategy",
+    replaces="`truncation_strategy=` and `pad_to_max_length=` on `tokenizer(...)` / `tokenizer.encode(...)` "
+    "(transformers v5: TypeError for the first, silently ignored for the second)",
+    by="`truncation=` and `padding=\"max_length\"`, as transformers 4 read them when those were not given",
+    install=_install_old_tokenizer_keywords,
 )
