@@ -65,6 +65,20 @@ def test_optimum_is_a_namespace_package_shared_with_other_extensions(tmp_path):
     assert not (ROOT / "optimum" / "__init__.py").exists()
 
 
+def test_optimums_own_modules_import_beside_optimum_graphcore():
+    """Optimum Graphcore was an extension of Hugging Face's Optimum, and its code imports Optimum's modules
+    too (the external_model notebook: `from optimum.utils import logging`); Optimum is a dependency."""
+    done = run_python(
+        """
+        from optimum.utils import logging
+        from optimum.graphcore.modeling_utils import PipelineMixin
+        print(type(logging.get_logger("notebook")).__name__, PipelineMixin.__module__.split(".")[0])
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["Logger", "optimum_ipu"]
+
+
 def test_importing_optimum_graphcore_is_light():
     done = run_python(
         "import sys, optimum.graphcore, optimum.graphcore.modeling_utils; print('torch' in sys.modules)"
