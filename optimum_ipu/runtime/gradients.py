@@ -41,7 +41,12 @@ class GradientAccumulator:
         self.dtype = dtype
         # The weights whose gradients autograd cannot sum in the accumulator's type by itself.
         self._half = [p for p in self.params if p.dtype != torch.float32 or dtype != torch.float32]
+        # The sums (in `dtype`) and their fp32 hand-outs, kept from one update to the next: allocating
+        # weight-sized tensors at every update cost more than the additions (fresh pages). `_filled`
+        # names the sums this update has written; the others hold a past update's values.
         self._buffers: dict[torch.Tensor, torch.Tensor] = {}
+        self._filled: set[torch.Tensor] = set()
+        self._out: dict[torch.Tensor, torch.Tensor] = {}
 
     @contextlib.contextmanager
     def collecting(self, micro_batches: int) -> Iterator[None]:
@@ -65,29 +70,34 @@ class GradientAccumulator:
                 handle.remove()
 
     def _take(self, param: torch.Tensor) -> None:
-        buffer = self._buffers.get(param)
-        if buffer is None:
-            self._buffers[param] = param.grad.to(self.dtype, copy=True)
+        if param in self._filled:
+            self._buffers[param].add_(param.grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
         else:
-            buffer.add_(param.grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
+            _kept(self._buffers, param, self.dtype).copy_(param.grad)  # the update's first micro-batch
+            self._filled.add(param)
         param.grad = None
 
     def gradients(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
         """(parameter, fp32 gradient sum) for every parameter that received a gradient."""
-        out = []
+        out, sources, targets = [], [], []
         for p in self.params:
-            grad = self._buffers.get(p)
-            if grad is None and p.grad is not None:
-                # An update of one micro-batch: `.grad` as the accumulator holds it (fp32: `.grad` itself,
-                # float() returns it; an fp16 `.grad` converted exactly; fp32 in an fp16 accumulator: rounded).
-                grad = p.grad.to(self.dtype)
-            if grad is not None:
-                grad = grad.float()
-                if p.dtype == torch.float32:
-                    p.grad = (
-                        grad  # an fp32 weight's optimizer reads `.grad`: the sum as the accumulator holds it
-                    )
-                out.append((p, grad))
+            if p in self._filled:
+                grad = self._buffers[p]
+            elif p.grad is not None:
+                # An update of one micro-batch: `.grad` as the accumulator holds it (fp32: `.grad` itself;
+                # an fp16 `.grad` converted exactly; fp32 in an fp16 accumulator: rounded).
+                grad = p.grad if p.grad.dtype == torch.float16 else p.grad.to(self.dtype)
+            else:
+                continue
+            if grad.dtype != torch.float32:  # an fp16 sum, handed out as its exact fp32 value
+                sources.append(grad)
+                grad = _kept(self._out, p, torch.float32, grad.shape)
+                targets.append(grad)
+            if p.dtype == torch.float32:
+                p.grad = grad  # an fp32 weight's optimizer reads `.grad`: the sum as the accumulator holds it
+            out.append((p, grad))
+        if targets:
+            torch._foreach_copy_(targets, sources)  # one pass for every fp16 sum
         return out
 
     def hold_(self, gradients: Sequence[torch.Tensor]) -> None:
@@ -97,10 +107,19 @@ class GradientAccumulator:
             torch._foreach_copy_(list(gradients), [g.half() for g in gradients])
 
     def clear(self) -> None:
-        """Drop every gradient (after an update, or to skip one)."""
-        self._buffers = {}
+        """Drop every gradient (after an update, or to skip one); the buffers are kept for the next update."""
+        self._filled = set()
         for p in self.params:
             p.grad = None
+
+
+def _kept(buffers: dict, param: torch.Tensor, dtype: torch.dtype, shape: torch.Size | None = None) -> torch.Tensor:
+    """`buffers[param]`: a tensor of `param`'s shape (or `shape`) and device in `dtype`, made on first use."""
+    shape = param.shape if shape is None else shape
+    buffer = buffers.get(param)
+    if buffer is None or buffer.shape != shape or buffer.dtype != dtype or buffer.device != param.device:
+        buffer = buffers[param] = torch.empty(shape, dtype=dtype, device=param.device)
+    return buffer
 
 
 def global_norm(gradients: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -85,22 +85,32 @@ def fp32_working_copies(
                 torch._foreach_copy_(halves, values)  # round to nearest, in one pass for all weights
 
 
-def fp32_copies(optimizer: torch.optim.Optimizer, weights: list[torch.Tensor]) -> list[torch.Tensor]:
-    """fp32 copies of fp16 `weights` (exact), in tensors kept on `optimizer` from one update to the next.
+def fp32_copies(
+    optimizer: torch.optim.Optimizer, tensors: list[torch.Tensor], owners: list[torch.Tensor] | None = None,
+    kind: str = "weight",
+) -> list[torch.Tensor]:
+    """The exact fp32 values of `tensors`: an fp32 tensor is itself, an fp16 one is copied into a tensor
+    kept on `optimizer` from one update to the next (per `kind` of tensor of each of `owners`, the
+    parameters they belong to; by default the tensors themselves).
 
-    An update's working copies are 4 bytes per fp16 weight; allocating them at every update cost several
+    An update's working copies are 4 bytes per fp16 value; allocating them at every update cost several
     times the copy itself (fresh pages, one Python call per weight), so they are made once and filled
-    in one pass for all weights. They are scratch: the write-back rounds them in place.
+    in one pass for all tensors. They are scratch: the write-back rounds the weights' in place.
     """
-    kept: dict[torch.Tensor, torch.Tensor] = optimizer.__dict__.setdefault("_fp32_copies", {})
-    copies = []
-    for weight in weights:
-        copy = kept.get(weight)
-        if copy is None or copy.shape != weight.shape or copy.device != weight.device:
-            copy = kept[weight] = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+    kept: dict[tuple[str, torch.Tensor], torch.Tensor] = optimizer.__dict__.setdefault("_fp32_copies", {})
+    copies, sources, targets = [], [], []
+    for tensor, owner in zip(tensors, tensors if owners is None else owners):
+        if tensor.dtype == torch.float32:
+            copies.append(tensor)
+            continue
+        copy = kept.get((kind, owner))
+        if copy is None or copy.shape != tensor.shape or copy.device != tensor.device:
+            copy = kept[kind, owner] = torch.empty(tensor.shape, dtype=torch.float32, device=tensor.device)
         copies.append(copy)
-    if weights:
-        torch._foreach_copy_(copies, [w.detach() for w in weights])
+        sources.append(tensor.detach())
+        targets.append(copy)
+    if targets:
+        torch._foreach_copy_(targets, sources)
     return copies
 
 
@@ -261,26 +271,23 @@ class AdamW(IPUOptimizer):
         of one fused pass instead of a dozen elementwise ones.
         """
         beta1, beta2 = group["betas"]
-        halves = [p for p in params if p.dtype != torch.float32]
-        copies = dict(zip(halves, fp32_copies(self, halves)))
-        weights, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
-        for p in params:
-            state = self._state(p, group)
-            weights.append(copies.get(p, p))  # p itself when p is fp32: updated in place
-            grads.append(self._grad(p))
-            exp_avgs.append(state["exp_avg"].float())
-            exp_avg_sqs.append(state["exp_avg_sq"].float())
-            steps.append(state["step"])
+        states = [self._state(p, group) for p in params]
+        weights = fp32_copies(self, params)  # p itself when p is fp32: updated in place
+        grads = [self._grad(p) for p in params]
+        exp_avgs = fp32_copies(self, [state["exp_avg"] for state in states], params, "exp_avg")
+        exp_avg_sqs = fp32_copies(self, [state["exp_avg_sq"] for state in states], params, "exp_avg_sq")
+        steps = [state["step"] for state in states]
         adamw(
             weights, grads, exp_avgs, exp_avg_sqs, [], steps, fused=weights[0].device.type in ("cpu", "cuda"),
             amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
             eps=group["eps"], maximize=False,
         )  # fmt: skip
-        for p, weight, m, v in zip(params, weights, exp_avgs, exp_avg_sqs):
-            state = self.state[p]
-            if state["exp_avg"] is not m:  # fp16 accumulators: store the fp32 result back
-                state["exp_avg"].copy_(m)
-                state["exp_avg_sq"].copy_(v)
+        # fp16 moments: the fp32 results stored back (rounded to nearest), in one pass.
+        stored = [(state[key], value) for state, m, v in zip(states, exp_avgs, exp_avg_sqs)
+                  for key, value in (("exp_avg", m), ("exp_avg_sq", v)) if state[key] is not value]  # fmt: skip
+        if stored:
+            torch._foreach_copy_([moment for moment, _ in stored], [value for _, value in stored])
+        for p, weight in zip(params, weights):
             if weight is not p:
                 write_back(p, weight, group["stochastic_rounding"], self._generator(p.device))
 

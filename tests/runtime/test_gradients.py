@@ -70,3 +70,29 @@ def test_one_micro_batch_needs_no_hook_and_several_sum_in_fp32():
     hooked, grad = run(3)
     # Three fp16 gradients of 1025 summed in fp32 give 3075; summed in fp16 they would give 3076.
     assert hooked and grad.tolist() == [3 * 2048.0, 3075.0]
+
+
+def _update(accumulator, weights, scales):
+    """One update: a micro-batch per scale, each the gradient `scale` on every weight; the sums handed out."""
+    with accumulator.collecting(len(scales)):
+        for scale in scales:
+            sum((w.float() * scale).sum() for w in weights).backward()
+    return {id(p): grad for p, grad in accumulator.gradients()}
+
+
+def test_each_update_sums_its_own_micro_batches_in_buffers_kept_from_the_last():
+    """An update's sums start from zero, whatever the last update summed, and land in the same tensors at
+    every update (no fresh memory per update: allocating weight-sized buffers cost more than the sums)."""
+    for dtype in (torch.float32, torch.float16):
+        weights = [torch.nn.Parameter(torch.zeros(70_000, dtype=torch.float16)) for _ in range(2)]
+        accumulator = GradientAccumulator(weights, dtype=dtype)
+        first = _update(accumulator, weights, [1.0, 2.0, 4.0])
+        addresses = {key: g.data_ptr() for key, g in first.items()}
+        assert all(g.eq(7.0).all() for g in first.values())
+        accumulator.clear()  # the update's end
+        second = _update(accumulator, weights, [0.5, 0.25])
+        assert all(g.eq(0.75).all() for g in second.values()), dtype  # not 7.75: each update starts at zero
+        assert {key: g.data_ptr() for key, g in second.items()} == addresses, dtype
+        fresh = _update(GradientAccumulator(weights, dtype=dtype), weights, [0.5, 0.25])
+        for key, grad in second.items():
+            assert torch.equal(grad, fresh[key])
