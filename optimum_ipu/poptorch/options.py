@@ -294,10 +294,13 @@ class _TrainingOptions(_OptionsDict):
 
     def setMeanAccumulationAndReplicationReductionStrategy(self, strategy) -> _TrainingOptions:
         """When a Mean reduction divides: read back as `Training.meanAccumulationAndReplicationReductionStrategy`
-        (`Post` until set, as on PopTorch). Every strategy gives the same values here: the gradients
-        are summed in fp32 and divided once."""
+        (`Post` until set, as on PopTorch). The setting itself changes nothing here, as on PopTorch where
+        the optimizer decides: an fp16 `accum_type` keeps the running mean whatever is set (PopTorch
+        overrides the option), and an fp32 accumulator sums in fp32 and divides once, which Running
+        would match up to fp32 rounding."""
         no_effect("Training.setMeanAccumulationAndReplicationReductionStrategy",
-                  "gradients are summed in fp32 and divided once, which no strategy changes.")  # fmt: skip
+                  "the optimizer decides, as on PopTorch: an fp16 accum_type keeps PopTorch's running mean, "
+                  "an fp32 accumulator sums in fp32 and divides once.")  # fmt: skip
         self._store(meanAccumulationAndReplicationReductionStrategy=enums.MeanReductionStrategy(strategy))
         return self
 

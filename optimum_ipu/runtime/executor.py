@@ -58,7 +58,8 @@ class TrainingExecutable:
             norm) the norm is measured only to clip, and the overflow check and the unscaling are one
             fused pass.
         accumulator_dtype: the gradient accumulator's type (`gradients.GradientAccumulator`): fp32, or
-            fp16 as Optimum Graphcore's fp16 training sums the loss-scaled micro-batch gradients.
+            fp16 as Optimum Graphcore's fp16 training combines the loss-scaled micro-batch gradients
+            (under a Mean reduction as PopTorch's running mean, as it does for an fp16 `accum_type`).
         skip_non_finite_updates: skip an update whose gradients are not finite (IPUTrainer, the
             default: Optimum Graphcore's and transformers' users rely on it), or apply it as computed, the
             weights becoming NaN as on the IPU (PopTorch programs; `LossScaler.unscale_`).
@@ -141,8 +142,16 @@ class TrainingExecutable:
         self.stochastic_rounding = stochastic_rounding
         self.rounding_generator = rounding_generator
         trained = [p for p in self.weights if p.requires_grad]
-        if getattr(self, "gradients", None) is None or self.gradients.dtype != accumulator_dtype:
-            self.gradients = GradientAccumulator(trained, accumulator_dtype)
+        # PopTorch's rule (`_optimizer_attributes.py`): an fp16 accum_type switches a Mean reduction to
+        # `MeanReductionStrategy.Running`, except for the combined-accumulator SGD variant.
+        running_mean = (
+            accumulator_dtype == torch.float16
+            and self.reduction == "mean"
+            and not getattr(self.optimizer, "use_combined_accum", False)
+        )
+        current = getattr(self, "gradients", None)
+        if current is None or (current.dtype, current.running_mean) != (accumulator_dtype, running_mean):
+            self.gradients = GradientAccumulator(trained, accumulator_dtype, running_mean)
 
     def __call__(self, batch: Mapping[str, Any]) -> torch.Tensor:
         """Run one combined batch; return every micro-batch's loss as losses[iteration, replica, step]
@@ -181,7 +190,7 @@ class TrainingExecutable:
                             loss = self.loss_fn(micro_batches[first + g])
                             self.loss_scaler.scale_loss(loss).backward()
                             collected.append(loss.detach())
-            self._update(self.gradient_divisor)
+            self._update(self.gradient_divisor // self.gradients.mean_over)  # a running mean is divided already
         losses = torch.full((di, replicas, ga), float("nan"))
         if collected:
             values = torch.stack(collected)  # 0-dim losses, or each stage replica's GA losses as a vector

@@ -11,11 +11,15 @@ cache) and `.grad` is released.
   fp32, with no hook (a Python call per weight per micro-batch costs more than a small model's
   step). fp32 parameters need no buffer: autograd already accumulates their `.grad` in fp32.
 * fp16 accumulator (Optimum Graphcore's fp16 training, and `IPUTrainer`'s): the loss-scaled
-  gradients are summed in fp16, each addition rounded to the nearest fp16 (as every fp16 result of
+  gradients are combined in fp16, each step rounded to the nearest fp16 (as every fp16 result of
   the forward and backward is here; the IPU rounds them stochastically when stochastic rounding is
-  on), so a contribution below half an fp16 step of the running sum is lost and a sum beyond 65,504
-  overflows to inf, which the loss scaler then sees and skips. One micro-batch's gradient is held in
-  fp16 as it is.
+  on). Under a Sum reduction they are summed, so a contribution below half an fp16 step of the
+  running sum is lost and a sum beyond 65,504 overflows to inf, which the loss scaler then sees and
+  skips. Under a Mean reduction (the default) PopTorch switches to PopART's running mean whenever
+  the accumulator is fp16 (`MeanReductionStrategy.Running`, set from the optimizer's `accum_type`):
+  after k micro-batches the accumulator holds a * acc + b * g with b = 1 / (k + 1), a = 1 - b,
+  computed in fp32 and rounded to fp16, which never exceeds the largest gradient, so it overflows
+  only where one micro-batch's gradient does. One micro-batch's gradient is held in fp16 as it is.
 """
 
 from __future__ import annotations
@@ -31,14 +35,21 @@ class GradientAccumulator:
     """Sums of the micro-batch gradients of `params` over one update, in `dtype` (fp32 or fp16).
 
     `gradients()` hands them on as fp32 tensors (the values the accumulator holds): the reduction over
-    processes, the unscaling and the update run in fp32.
+    processes, the unscaling and the update run in fp32. With `running_mean` (an fp16 accumulator under
+    a Mean reduction: see the module's docstring) they are the means of the update's micro-batches
+    rather than their sums, and `mean_over` says over how many, so the caller divides by the rest only.
     """
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, params: Sequence[torch.nn.Parameter], dtype: torch.dtype = torch.float32, running_mean: bool = False
+    ):
         if dtype not in (torch.float32, torch.float16):
             raise ValueError(f"a gradient accumulator is torch.float32 or torch.float16, got {dtype}.")
         self.params = list(params)
         self.dtype = dtype
+        self.running_mean = running_mean
+        self.mean_over = 1  # micro-batches the handed-out gradients are already the mean of
+        self._counts: dict[torch.Tensor, int] = {}  # micro-batches summed into each buffer this update
         # The weights whose gradients autograd cannot sum in the accumulator's type by itself.
         self._half = [p for p in self.params if p.dtype != torch.float32 or dtype != torch.float32]
         # The sums (in `dtype`) and their fp32 hand-outs, kept from one update to the next: allocating
@@ -61,6 +72,7 @@ class GradientAccumulator:
                 no buffer is needed and no hook is set.
         """
         self.clear()
+        self.mean_over = micro_batches if self.running_mean else 1
         hooked = self._half if micro_batches > 1 else ()
         handles = [p.register_post_accumulate_grad_hook(self._take) for p in hooked]
         try:
@@ -70,11 +82,18 @@ class GradientAccumulator:
                 handle.remove()
 
     def _take(self, param: torch.Tensor) -> None:
-        if param in self._filled:
-            self._buffers[param].add_(param.grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
-        else:
+        if param not in self._filled:
             _kept(self._buffers, param, self.dtype).copy_(param.grad)  # the update's first micro-batch
             self._filled.add(param)
+            self._counts[param] = 1
+        elif self.running_mean:  # PopART's running mean, in fp32, held in the buffer's type
+            buffer, before = self._buffers[param], self._counts[param]
+            b = 1.0 / (before + 1)
+            buffer.copy_(buffer.float().mul_(1.0 - b).add_(param.grad.float(), alpha=b))
+            self._counts[param] = before + 1
+        else:
+            self._buffers[param].add_(param.grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
+            self._counts[param] += 1
         param.grad = None
 
     def gradients(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
@@ -98,6 +117,13 @@ class GradientAccumulator:
             out.append((p, grad))
         if targets:
             torch._foreach_copy_(targets, sources)  # one pass for every fp16 sum
+        if self.mean_over > 1:
+            # A weight that some micro-batches left without a gradient: their zeros join its mean, as
+            # on the IPU, where every micro-batch produces every gradient.
+            for p, grad in out:
+                taken = self._counts.get(p, 1) if p in self._filled else 1
+                if taken < self.mean_over:
+                    grad.mul_(taken / self.mean_over)
         return out
 
     def hold_(self, gradients: Sequence[torch.Tensor]) -> None:

@@ -281,6 +281,24 @@ def test_an_fp16_gradient_accumulator_sums_loss_scaled_gradients_and_overflows_b
             assert optimizer.seen[0].tolist() == [3.0]  # unscaled in fp32 after the fp16 sum
 
 
+def test_an_fp16_accumulator_under_a_mean_reduction_holds_poptorchs_running_mean():
+    """PopTorch sets `MeanReductionStrategy.Running` whenever the optimizer's accum_type is fp16
+    (`_optimizer_attributes.py`), and PopART's running mean keeps acc = a * acc + b * g with
+    b = 1 / (k + 1), a = 1 - b after k micro-batches: never above the largest gradient, so loss-scaled
+    gradients whose sum would overflow fp16 still update (Optimum Graphcore's fp16 training, GA 64)."""
+    # Hand-worked: 1, then 0.5 * 1 + 0.5 * 2 = 1.5, then (2/3) * 1.5 + (1/3) * x3, held in fp16: 7/3 for
+    # x3 = 4 (rounded to fp16), 2 for x3 = 3. At scale 2**14 the largest gradient, 3 * 2**14, fits fp16;
+    # the sum, 6 * 2**14, does not: a summing accumulator would overflow and skip the update.
+    for scale, x3, held in ((1.0, 4.0, torch.tensor(7 / 3).half().item()), (2.0**14, 3.0, 2.0)):
+        m = _OneWeight(torch.float16)
+        optimizer = _SeenGradients(m.parameters(), lr=0.0)
+        exe = TrainingExecutable(m, cfg(ga=3), m.loss, optimizer, LossScaler(scale), ReplicaStreams(0, 1),
+                                 accumulator_dtype=torch.float16)  # fmt: skip
+        exe({"x": torch.tensor([[1.0], [2.0], [x3]])})
+        assert exe.last_update_applied, scale
+        assert optimizer.seen[0].tolist() == [held], scale
+
+
 def test_a_fresh_executable_has_returned_no_losses_and_skipped_no_update():
     m = _OneWeight()
     exe = TrainingExecutable(m, cfg(), m.loss, torch.optim.SGD(m.parameters(), lr=0.1), LossScaler(),
