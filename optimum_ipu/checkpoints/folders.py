@@ -326,6 +326,8 @@ def check_resumable(path: str | os.PathLike, save_only_model: bool = False) -> s
         if other
         else "start without --resume_from_checkpoint"
     )
+    if not Path(path).exists():  # never written (a shorter run, a step that was not saved), not half-written
+        raise FileNotFoundError(f"Cannot resume from {path}: there is no such folder; {hint}.")
     raise FileNotFoundError(
         f"Cannot resume from {path}: it is not a complete checkpoint ({'; '.join(problems)}). "
         f"It was probably written by a run that was killed while saving; {hint}, or delete the folder."

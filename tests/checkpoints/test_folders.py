@@ -285,8 +285,20 @@ def test_check_resumable_without_a_complete_sibling_says_start_without_resuming(
         FileNotFoundError, match=r"killed while saving; start without --resume_from_checkpoint, or "
     ):
         check_resumable(broken)
-    with pytest.raises(FileNotFoundError, match=r"is not a folder\).*start without --resume_from_checkpoint"):
+    with pytest.raises(FileNotFoundError, match=r"there is no such folder; start without --resume_from_checkpoint\.$"):
         check_resumable(tmp_path / "absent" / "checkpoint-1")
+
+
+def test_resuming_from_a_checkpoint_that_was_never_written_names_the_newest_there_is(tmp_path):
+    """The external_model notebook resumes from `checkpoint-500`, which a shorter run never wrote: no
+    talk of a run killed while saving, and the checkpoint the run did write is named."""
+    complete(tmp_path / "checkpoint-10")
+    with pytest.raises(FileNotFoundError) as error:
+        check_resumable(tmp_path / "checkpoint-500")
+    assert str(error.value) == (
+        f"Cannot resume from {tmp_path / 'checkpoint-500'}: there is no such folder; resume from "
+        f"{tmp_path / 'checkpoint-10'} (the newest complete one) instead."
+    )
 
 
 # -- flushing, staging and publishing ---------------------------------------------------------------------
