@@ -89,7 +89,8 @@ class GradientAccumulator:
         elif self.running_mean:  # PopART's running mean, in fp32, held in the buffer's type
             buffer, before = self._buffers[param], self._counts[param]
             b = 1.0 / (before + 1)
-            buffer.copy_(buffer.float().mul_(1.0 - b).add_(param.grad.float(), alpha=b))
+            scratch = _kept(self._out, param, torch.float32)  # the fp32 hand-out's memory, free until then
+            buffer.copy_(scratch.copy_(buffer).mul_(1.0 - b).add_(param.grad, alpha=b))
             self._counts[param] = before + 1
         else:
             self._buffers[param].add_(param.grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator

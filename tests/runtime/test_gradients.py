@@ -96,3 +96,16 @@ def test_each_update_sums_its_own_micro_batches_in_buffers_kept_from_the_last():
         fresh = _update(GradientAccumulator(weights, dtype=dtype), weights, [0.5, 0.25])
         for key, grad in second.items():
             assert torch.equal(grad, fresh[key])
+
+
+def test_a_running_mean_counts_the_micro_batches_that_gave_a_weight_no_gradient_as_zeros():
+    """On the IPU every micro-batch produces every gradient (zero where a weight was not used), so a weight
+    used by one micro-batch of two has half that gradient as its mean."""
+    used, unused = (torch.nn.Parameter(torch.zeros(3, dtype=torch.float16)) for _ in range(2))
+    accumulator = GradientAccumulator([used, unused], dtype=torch.float16, running_mean=True)
+    with accumulator.collecting(2):
+        (used.float() * 6.0).sum().backward()
+        (used.float() * 2.0 + unused.float() * 8.0).sum().backward()
+    grads = {id(p): g for p, g in accumulator.gradients()}
+    assert accumulator.mean_over == 2
+    assert grads[id(used)].tolist() == [4.0] * 3 and grads[id(unused)].tolist() == [4.0] * 3
