@@ -188,6 +188,7 @@ class TrainingExecutable:
                             continue
                         for g in range(ga):
                             loss = self.loss_fn(micro_batches[first + g])
+                            self.gradients.micro_batch(first + g)
                             self.loss_scaler.scale_loss(loss).backward()
                             collected.append(loss.detach())
             self._update(self.gradient_divisor // self.gradients.mean_over)  # a running mean is divided already
@@ -205,6 +206,11 @@ class TrainingExecutable:
         params, grads = (list(t) for t in zip(*pairs)) if pairs else ([], [])
         self.replicas.sum_(grads)
         if not isinstance(self.replicas, LocalReplicas):  # sums from other processes: held as the accumulator
+            if self.gradients.running_mean and divisor > 1:
+                # A running mean stays a mean over replicas too (PopTorch's Running strategy): the sum of
+                # the processes' means is divided before it is held, so it overflows only where a mean does.
+                torch._foreach_div_(grads, float(divisor))
+                divisor = 1
             self.gradients.hold_(grads)
         clipping = bool(self.max_grad_norm and self.max_grad_norm > 0)
         measured = clipping or self.measure_grad_norm

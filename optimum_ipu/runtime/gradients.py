@@ -50,6 +50,8 @@ class GradientAccumulator:
         self.running_mean = running_mean
         self.mean_over = 1  # micro-batches the handed-out gradients are already the mean of
         self._counts: dict[torch.Tensor, int] = {}  # micro-batches summed into each buffer this update
+        self._last: dict[torch.Tensor, int | None] = {}  # the micro-batch each buffer last took a gradient from
+        self._micro_batch: int | None = None
         # The weights whose gradients autograd cannot sum in the accumulator's type by itself.
         self._half = [p for p in self.params if p.dtype != torch.float32 or dtype != torch.float32]
         # The sums (in `dtype`) and their fp32 hand-outs, kept from one update to the next: allocating
@@ -72,6 +74,7 @@ class GradientAccumulator:
                 no buffer is needed and no hook is set.
         """
         self.clear()
+        self._micro_batch = None
         self.mean_over = micro_batches if self.running_mean else 1
         hooked = self._half if micro_batches > 1 else ()
         handles = [p.register_post_accumulate_grad_hook(self._take) for p in hooked]
@@ -81,20 +84,35 @@ class GradientAccumulator:
             for handle in handles:
                 handle.remove()
 
+    def micro_batch(self, index: int) -> None:
+        """Say that the backward passes from here on are micro-batch `index`'s (the executor's loop).
+
+        A weight's gradient can arrive in parts within one backward (a weight used in two segments of a
+        reentrant `torch.utils.checkpoint`): told the micro-batch, the running mean adds the parts into
+        one micro-batch's share. Untold (the pipeline stages' schedule), each arrival is a micro-batch.
+        """
+        self._micro_batch = index
+
     def _take(self, param: torch.Tensor) -> None:
+        current = self._micro_batch
         if param not in self._filled:
             _kept(self._buffers, param, self.dtype).copy_(param.grad)  # the update's first micro-batch
             self._filled.add(param)
             self._counts[param] = 1
         elif self.running_mean:  # PopART's running mean, in fp32, held in the buffer's type
-            buffer, before = self._buffers[param], self._counts[param]
-            b = 1.0 / (before + 1)
+            buffer, count = self._buffers[param], self._counts[param]
             scratch = _kept(self._out, param, torch.float32)  # the fp32 hand-out's memory, free until then
-            buffer.copy_(scratch.copy_(buffer).mul_(1.0 - b).add_(param.grad, alpha=b))
-            self._counts[param] = before + 1
+            if current is not None and self._last[param] == current:  # another part of this micro-batch
+                buffer.copy_(scratch.copy_(buffer).add_(param.grad, alpha=1.0 / count))
+            else:
+                b = 1.0 / (count + 1)
+                buffer.copy_(scratch.copy_(buffer).mul_(1.0 - b).add_(param.grad, alpha=b))
+                self._counts[param] = count + 1
         else:
             self._buffers[param].add_(param.grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
-            self._counts[param] += 1
+            if current is None or self._last[param] != current:
+                self._counts[param] += 1
+        self._last[param] = current
         param.grad = None
 
     def gradients(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:

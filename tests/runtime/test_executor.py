@@ -299,6 +299,40 @@ def test_an_fp16_accumulator_under_a_mean_reduction_holds_poptorchs_running_mean
         assert optimizer.seen[0].tolist() == [held], scale
 
 
+class _TwinProcess:
+    """Replica 0 of 2 in this process; the other process (replica 1) had the same gradients, so the sum
+    over processes doubles them."""
+
+    def local_replicas(self, replication_factor):
+        return range(1)
+
+    def sum_(self, tensors):
+        torch._foreach_mul_(list(tensors), 2.0)
+
+    def any(self, flag):
+        return bool(flag)
+
+    def sum_over_stages(self, value):
+        return value
+
+    def gather_losses(self, losses):
+        return losses
+
+
+def test_a_running_mean_over_replica_processes_is_a_mean_before_it_is_held_in_fp16():
+    """Two replica processes each hold the running mean 40,000 (loss-scaled); their sum, 80,000, is past
+    fp16's 65,504, their mean is not. The IPU's running mean is a mean over replicas too: the update
+    applies, with the mean."""
+    m = _OneWeight(torch.float16)
+    optimizer = _SeenGradients(m.parameters(), lr=0.0)
+    exe = TrainingExecutable(m, cfg(ga=2, replicas=2), m.loss, optimizer, LossScaler(2.0**14),
+                             ReplicaStreams(0, 2), replicas=_TwinProcess(), accumulator_dtype=torch.float16)  # fmt: skip
+    exe({"x": torch.tensor([[2.0], [2.8828125], [0.0], [0.0]])})  # this process takes rows 0-1 (replica 0)
+    assert exe.last_update_applied
+    mean = torch.tensor((2.0 + 2.8828125) / 2 * 2.0**14).half().float() / 2.0**14  # held in fp16, unscaled
+    assert optimizer.seen[0].tolist() == [mean.item()]
+
+
 def test_a_fresh_executable_has_returned_no_losses_and_skipped_no_update():
     m = _OneWeight()
     exe = TrainingExecutable(m, cfg(), m.loss, torch.optim.SGD(m.parameters(), lr=0.1), LossScaler(),

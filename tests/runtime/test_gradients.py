@@ -109,3 +109,25 @@ def test_a_running_mean_counts_the_micro_batches_that_gave_a_weight_no_gradient_
     grads = {id(p): g for p, g in accumulator.gradients()}
     assert accumulator.mean_over == 2
     assert grads[id(used)].tolist() == [4.0] * 3 and grads[id(unused)].tolist() == [4.0] * 3
+
+
+def test_a_gradient_arriving_in_parts_within_one_micro_batch_joins_the_running_mean_once():
+    """A weight used in two segments of a reentrant checkpoint gets its gradient in two parts within one
+    backward; the running mean takes their sum as that micro-batch's gradient. With h = x * w * w * second
+    (w = x = 1), each segment's part is `second`: 10 + 10, then 8 + 8, the mean 18 (counting each part
+    as a micro-batch would give the mean of 10, 10, 8, 8: 9)."""
+    w = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
+    accumulator = GradientAccumulator([w], dtype=torch.float16, running_mean=True)
+
+    def segment(h, scale):
+        return h * w.float() * scale
+
+    with accumulator.collecting(2):
+        for index, (first, second) in enumerate(((6.0, 10.0), (8.0, 8.0))):
+            accumulator.micro_batch(index)
+            x = torch.ones(2, requires_grad=True)
+            h = torch.utils.checkpoint.checkpoint(segment, x, first, use_reentrant=True)
+            h = torch.utils.checkpoint.checkpoint(segment, h / first, second, use_reentrant=True)
+            h.sum().backward()
+    ((_, grad),) = accumulator.gradients()
+    assert grad.tolist() == [18.0, 18.0]
