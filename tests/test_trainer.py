@@ -398,7 +398,7 @@ def test_emulated_fp16_weights_copied_once_per_device_iteration_train_the_same_b
 
     once = run("once")
     monkeypatch.setattr(
-        executor, "fp16_compute_context", lambda mode, weights=(), kept=None: fp16_compute.fp16_compute_context(mode)
+        executor, "fp16_compute_context", lambda mode, weights=(): fp16_compute.fp16_compute_context(mode)
     )
     per_op = run("per_op")
     assert once.state.global_step == per_op.state.global_step >= 2

@@ -29,7 +29,7 @@ from torch import nn
 
 from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, concatenate, slice_batch, split_batch
-from optimum_ipu.runtime.fp16_compute import fp16_compute_context, kept_copies
+from optimum_ipu.runtime.fp16_compute import fp16_compute_context
 from optimum_ipu.runtime.gradients import GradientAccumulator, clip_
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.optimizers import fp32_working_copies, takes_fp32_gradients
@@ -175,9 +175,7 @@ class TrainingExecutable:
             # fp16 compute converts them once (with one, each op's own conversion is the cheaper).
             per_update = layout.with_replicas(len(local)).micro_batches_per_update  # this process's, per update
             shared = self.weights if per_update > 1 else ()
-            with self.gradients.collecting(per_update), fp16_compute_context(
-                self.fp16_compute, shared, kept_copies(self.model)
-            ):
+            with self.gradients.collecting(per_update), fp16_compute_context(self.fp16_compute, shared):
                 for r in local:
                     first = layout.first_micro_batch(d, r)
                     with self.streams.use(r):
@@ -300,7 +298,7 @@ class InferenceExecutable:
         starts = range(0, size, micro_batch_size)
         split = _split_by_own_sizes(batch, len(starts)) if real_samples is None else None
         outputs, sizes, loss_parts = [], [], []
-        with fp16_compute_context(self.fp16_compute, self.model.parameters(), kept_copies(self.model)):
+        with fp16_compute_context(self.fp16_compute, self.model.parameters()):
             for index, start in enumerate(starts):  # [device iteration][replica] order: micro-batches in turn
                 stop = min(start + micro_batch_size, size)
                 micro = split[index] if split is not None else slice_batch(batch, start, stop)

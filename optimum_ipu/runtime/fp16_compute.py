@@ -29,9 +29,7 @@ inputs. Weights declared to the context are copied to fp32 once for the context 
 iteration of training with several micro-batches on unchanged weights, or one inference call) and
 every op and micro-batch reads that copy; a weight changed in place (its version counter moves) is
 copied again. Declared weights of fewer than `CACHED_WEIGHT_ELEMENTS` elements are copied per op, where
-the copy costs less than the bookkeeping. A training or inference executable keeps the copies' memory
-from one block to the next (`kept`), so the fp32 copies of the weights stay allocated between steps:
-4 bytes per fp16 weight, the same peak as before, held instead of freed and made again.
+the copy costs less than the bookkeeping.
 
 `enable_half_partials` (Optimum Graphcore's default True) asks the IPU to accumulate matmul partials
 in fp16. This backend does not emulate that: partial sums are fp32, which is at least as accurate,
@@ -47,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import weakref
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -56,7 +53,6 @@ __all__ = [
     "FP16_COMPUTE_CHOICES",
     "FP32Partials",
     "fp16_compute_context",
-    "kept_copies",
     "active_fp32_partials",
     "resolve_fp16_compute",
 ]
@@ -108,18 +104,14 @@ class FP32Partials:
     Args:
         weights: tensors that stay the same inside the context (the model's parameters): copied to
             fp32 once for the context instead of at every op that reads them.
-        kept: where those copies live from one context to the next (storage address -> flat fp32
-            tensor; the caller keeps the dict): each context copies the weights' new values into the
-            same memory instead of allocating it afresh (fresh pages cost more than the copy).
 
     Only ops with at least one fp16 tensor input are converted, so an fp32 model (or fp32 parts of
     a model, such as a loss computed in fp32) runs unchanged in the context. Contexts nest; the
     innermost one's weights are used.
     """
 
-    def __init__(self, weights: Iterable[torch.Tensor] = (), kept: dict[int, torch.Tensor] | None = None):
+    def __init__(self, weights: Iterable[torch.Tensor] = ()):
         self.weights = [w for w in weights if w.dtype == torch.float16]
-        self._kept = {} if kept is None else kept
         # Held for the context's life, so no other tensor can get a weight's storage address meanwhile.
         self._cached = {
             w.untyped_storage().data_ptr(): w for w in self.weights if w.numel() >= CACHED_WEIGHT_ELEMENTS
@@ -156,9 +148,7 @@ class FP32Partials:
         if version is None:  # not a declared weight, or no version counter to prove it unchanged
             return tensor.float()
         cached = self._fp32.get(address)
-        if cached is None:
-            cached = self._fp32[address] = (version, _storage_as_fp32(tensor, self._kept))
-        elif cached[0] != version:  # changed within the context: earlier ops may hold the old copy
+        if cached is None or cached[0] != version:
             cached = self._fp32[address] = (version, _storage_as_fp32(tensor))
         copy = cached[1].as_strided(tensor.size(), tensor.stride(), tensor.storage_offset())
         return _ReadCopy.apply(tensor, copy) if tensor.requires_grad and torch.is_grad_enabled() else copy
@@ -244,18 +234,11 @@ def _down(value, index: int, keep: tuple[int, ...]):
     return value
 
 
-def _storage_as_fp32(tensor: torch.Tensor, kept: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
-    """The whole fp16 storage under `tensor`, as a flat fp32 tensor (any view of it is a stride away);
-    written into `kept`'s tensor for that storage when there is one of its size (made there if not)."""
+def _storage_as_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole fp16 storage under `tensor`, as a flat fp32 tensor (any view of it is a stride away)."""
     storage = tensor.untyped_storage()
     whole = torch.empty(0, dtype=torch.float16, device=tensor.device)
-    whole.set_(storage, 0, (storage.nbytes() // 2,), (1,))
-    if kept is None:
-        return whole.float()
-    copy = kept.get(storage.data_ptr())
-    if copy is None or copy.numel() != whole.numel() or copy.device != whole.device:
-        copy = kept[storage.data_ptr()] = torch.empty(whole.numel(), dtype=torch.float32, device=whole.device)
-    return copy.copy_(whole)
+    return whole.set_(storage, 0, (storage.nbytes() // 2,), (1,)).float()
 
 
 def _version(tensor: torch.Tensor) -> int | None:
@@ -291,28 +274,16 @@ def resolve_fp16_compute(requested: str | None, device: torch.device | str) -> s
     return choice
 
 
-_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def kept_copies(model: torch.nn.Module) -> dict[int, torch.Tensor]:
-    """The dict in which `model`'s fp32 weight copies are kept between blocks (`FP32Partials(kept=...)`):
-    one per model, shared by its training and inference executables, gone with the model."""
-    return _KEPT.setdefault(model, {})
-
-
 @contextlib.contextmanager
-def fp16_compute_context(
-    mode: str, weights: Iterable[torch.Tensor] = (), kept: dict[int, torch.Tensor] | None = None
-) -> Iterator[None]:
+def fp16_compute_context(mode: str, weights: Iterable[torch.Tensor] = ()) -> Iterator[None]:
     """Run the enclosed forward/backward with `mode` ("emulated" enters `FP32Partials`).
 
     Args:
         weights: tensors that stay the same inside the block (the model's parameters): converted to
             fp32 once for the block instead of at every op that reads them.
-        kept: the caller's dict in which those fp32 copies are kept from one block to the next.
     """
     if mode == "emulated":
-        with FP32Partials(weights, kept):
+        with FP32Partials(weights):
             yield
     else:
         yield

@@ -18,8 +18,8 @@ cache) and `.grad` is released.
   skips. Under a Mean reduction (the default) PopTorch switches to PopART's running mean whenever
   the accumulator is fp16 (`MeanReductionStrategy.Running`, set from the optimizer's `accum_type`):
   after k micro-batches the accumulator holds a * acc + b * g with b = 1 / (k + 1), a = 1 - b,
-  computed in fp32 and rounded to fp16, which never exceeds the largest gradient, so it overflows
-  only where one micro-batch's gradient does. One micro-batch's gradient is held in fp16 as it is.
+  computed in fp32 and rounded to fp16 (here as acc + b * (g - acc), torch's `lerp`, one pass), which
+  never exceeds the largest gradient, so it overflows only where one micro-batch's gradient does. One micro-batch's gradient is held in fp16 as it is.
 """
 
 from __future__ import annotations
@@ -101,12 +101,16 @@ class GradientAccumulator:
             self._counts[param] = 1
         elif self.running_mean:  # PopART's running mean, in fp32, held in the buffer's type
             buffer, count = self._buffers[param], self._counts[param]
-            scratch = _kept(self._out, param, torch.float32)  # the fp32 hand-out's memory, free until then
             if current is not None and self._last[param] == current:  # another part of this micro-batch
-                buffer.copy_(scratch.copy_(buffer).add_(param.grad, alpha=1.0 / count))
-            else:
+                buffer.add_(param.grad, alpha=1.0 / count)  # computed in fp32, rounded once
+            elif param.grad.dtype == buffer.dtype:
+                # One pass: torch's lerp computes acc + b * (g - acc) in fp32 and rounds once to fp16.
+                buffer.lerp_(param.grad, 1.0 / (count + 1))
+                self._counts[param] = count + 1
+            else:  # an fp32 weight's gradient: the same in fp32, in the fp32 hand-out's memory (free until then)
                 b = 1.0 / (count + 1)
-                buffer.copy_(scratch.copy_(buffer).mul_(1.0 - b).add_(param.grad, alpha=b))
+                scratch = _kept(self._out, param, torch.float32).copy_(buffer)
+                buffer.copy_(scratch.lerp_(param.grad, b))
                 self._counts[param] = count + 1
         else:
             self._buffers[param].add_(param.grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
