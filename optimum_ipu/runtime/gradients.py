@@ -19,7 +19,8 @@ cache) and `.grad` is released.
   the accumulator is fp16 (`MeanReductionStrategy.Running`, set from the optimizer's `accum_type`):
   after k micro-batches the accumulator holds a * acc + b * g with b = 1 / (k + 1), a = 1 - b,
   computed in fp32 and rounded to fp16 (here as acc + b * (g - acc), torch's `lerp`, one pass), which
-  never exceeds the largest gradient, so it overflows only where one micro-batch's gradient does. One micro-batch's gradient is held in fp16 as it is.
+  never exceeds the largest gradient, so it overflows only where one micro-batch's gradient does. One
+  micro-batch's gradient is held in fp16 as it is.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import math
 from collections.abc import Iterator, Sequence
 
 import torch
+
+from optimum_ipu.runtime.kept_tensors import kept_tensor
 
 
 class GradientAccumulator:
@@ -49,17 +52,16 @@ class GradientAccumulator:
         self.dtype = dtype
         self.running_mean = running_mean
         self.mean_over = 1  # micro-batches the handed-out gradients are already the mean of
-        self._counts: dict[torch.Tensor, int] = {}  # micro-batches summed into each buffer this update
-        self._last: dict[torch.Tensor, int | None] = {}  # the micro-batch each buffer last took a gradient from
         self._micro_batch: int | None = None
         # The weights whose gradients autograd cannot sum in the accumulator's type by itself.
         self._half = [p for p in self.params if p.dtype != torch.float32 or dtype != torch.float32]
-        # The sums (in `dtype`) and their fp32 hand-outs, kept from one update to the next: allocating
-        # weight-sized tensors at every update cost more than the additions (fresh pages). `_filled`
-        # names the sums this update has written; the others hold a past update's values.
+        # The sums (in `dtype`) and their fp32 hand-outs, kept from one update to the next (`kept_tensors`).
+        # `_counts` names the sums this update has written (a buffer not in it holds a past update's
+        # values) and how many micro-batches each holds; `_last`, the micro-batch each last took from.
         self._buffers: dict[torch.Tensor, torch.Tensor] = {}
-        self._filled: set[torch.Tensor] = set()
         self._out: dict[torch.Tensor, torch.Tensor] = {}
+        self._counts: dict[torch.Tensor, int] = {}
+        self._last: dict[torch.Tensor, int | None] = {}
 
     @contextlib.contextmanager
     def collecting(self, micro_batches: int) -> Iterator[None]:
@@ -94,28 +96,23 @@ class GradientAccumulator:
         self._micro_batch = index
 
     def _take(self, param: torch.Tensor) -> None:
-        current = self._micro_batch
-        if param not in self._filled:
-            _kept(self._buffers, param, self.dtype).copy_(param.grad)  # the update's first micro-batch
-            self._filled.add(param)
+        current, grad = self._micro_batch, param.grad
+        count = self._counts.get(param)
+        if count is None:  # the update's first micro-batch
+            kept_tensor(self._buffers, param, param.shape, self.dtype, param.device).copy_(grad)
             self._counts[param] = 1
-        elif self.running_mean:  # PopART's running mean, in fp32, held in the buffer's type
-            buffer, count = self._buffers[param], self._counts[param]
-            if current is not None and self._last[param] == current:  # another part of this micro-batch
-                buffer.add_(param.grad, alpha=1.0 / count)  # computed in fp32, rounded once
-            elif param.grad.dtype == buffer.dtype:
-                # One pass: torch's lerp computes acc + b * (g - acc) in fp32 and rounds once to fp16.
-                buffer.lerp_(param.grad, 1.0 / (count + 1))
-                self._counts[param] = count + 1
-            else:  # an fp32 weight's gradient: the same in fp32, in the fp32 hand-out's memory (free until then)
-                b = 1.0 / (count + 1)
-                scratch = _kept(self._out, param, torch.float32).copy_(buffer)
-                buffer.copy_(scratch.lerp_(param.grad, b))
-                self._counts[param] = count + 1
-        else:
-            self._buffers[param].add_(param.grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
-            if current is None or self._last[param] != current:
-                self._counts[param] += 1
+        elif not self.running_mean:
+            self._buffers[param].add_(grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
+        elif current is not None and self._last[param] == current:  # another part of this micro-batch
+            self._buffers[param].add_(grad, alpha=1.0 / count)  # computed in fp32, rounded once
+        else:  # PopART's running mean: acc + b * (g - acc) computed in fp32 by torch's lerp, rounded once
+            buffer, b = self._buffers[param], 1.0 / (count + 1)
+            if grad.dtype == buffer.dtype:
+                buffer.lerp_(grad, b)
+            else:  # an fp32 weight's gradient: in the fp32 hand-out's memory, free until then
+                scratch = kept_tensor(self._out, param, param.shape, torch.float32, param.device)
+                buffer.copy_(scratch.copy_(buffer).lerp_(grad, b))
+            self._counts[param] = count + 1
         self._last[param] = current
         param.grad = None
 
@@ -123,7 +120,7 @@ class GradientAccumulator:
         """(parameter, fp32 gradient sum) for every parameter that received a gradient."""
         out, sources, targets = [], [], []
         for p in self.params:
-            if p in self._filled:
+            if p in self._counts:
                 grad = self._buffers[p]
             elif p.grad is not None:
                 # An update of one micro-batch: `.grad` as the accumulator holds it (fp32: `.grad` itself;
@@ -133,7 +130,7 @@ class GradientAccumulator:
                 continue
             if grad.dtype != torch.float32:  # an fp16 sum, handed out as its exact fp32 value
                 sources.append(grad)
-                grad = _kept(self._out, p, torch.float32, grad.shape)
+                grad = kept_tensor(self._out, p, grad.shape, torch.float32, p.device)
                 targets.append(grad)
             if p.dtype == torch.float32:
                 p.grad = grad  # an fp32 weight's optimizer reads `.grad`: the sum as the accumulator holds it
@@ -144,7 +141,7 @@ class GradientAccumulator:
             # A weight that some micro-batches left without a gradient: their zeros join its mean, as
             # on the IPU, where every micro-batch produces every gradient.
             for p, grad in out:
-                taken = self._counts.get(p, 1) if p in self._filled else 1
+                taken = self._counts.get(p, 1)
                 if taken < self.mean_over:
                     grad.mul_(taken / self.mean_over)
         return out
@@ -157,18 +154,9 @@ class GradientAccumulator:
 
     def clear(self) -> None:
         """Drop every gradient (after an update, or to skip one); the buffers are kept for the next update."""
-        self._filled = set()
+        self._counts = {}
         for p in self.params:
             p.grad = None
-
-
-def _kept(buffers: dict, param: torch.Tensor, dtype: torch.dtype, shape: torch.Size | None = None) -> torch.Tensor:
-    """`buffers[param]`: a tensor of `param`'s shape (or `shape`) and device in `dtype`, made on first use."""
-    shape = param.shape if shape is None else shape
-    buffer = buffers.get(param)
-    if buffer is None or buffer.shape != shape or buffer.dtype != dtype or buffer.device != param.device:
-        buffer = buffers[param] = torch.empty(shape, dtype=dtype, device=param.device)
-    return buffer
 
 
 def global_norm(gradients: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch.optim.adamw import adamw
 
+from optimum_ipu.runtime.kept_tensors import kept_tensor
 from optimum_ipu.runtime.rounding import rounding_generator, write_back
 
 STATE_TYPES = (torch.float32, torch.float16)
@@ -93,9 +94,8 @@ def fp32_copies(
     kept on `optimizer` from one update to the next (per `kind` of tensor of each of `owners`, the
     parameters they belong to; by default the tensors themselves).
 
-    An update's working copies are 4 bytes per fp16 value; allocating them at every update cost several
-    times the copy itself (fresh pages, one Python call per weight), so they are made once and filled
-    in one pass for all tensors. They are scratch: the write-back rounds the weights' in place.
+    An update's working copies are 4 bytes per fp16 value, made once (`kept_tensors`) and filled in one
+    pass for all tensors. They are scratch: the write-back rounds the weights' in place.
     """
     kept: dict[tuple[str, torch.Tensor], torch.Tensor] = optimizer.__dict__.setdefault("_fp32_copies", {})
     copies, sources, targets = [], [], []
@@ -103,9 +103,7 @@ def fp32_copies(
         if tensor.dtype == torch.float32:
             copies.append(tensor)
             continue
-        copy = kept.get((kind, owner))
-        if copy is None or copy.shape != tensor.shape or copy.device != tensor.device:
-            copy = kept[kind, owner] = torch.empty(tensor.shape, dtype=torch.float32, device=tensor.device)
+        copy = kept_tensor(kept, (kind, owner), tensor.shape, torch.float32, tensor.device)
         copies.append(copy)
         sources.append(tensor.detach())
         targets.append(copy)
