@@ -57,12 +57,15 @@ def _rounded_by_hand(x: torch.Tensor, generator: torch.Generator) -> torch.Tenso
     return ((x.contiguous().view(torch.int32) + noise) & ~0x1FFF).view(torch.float32).half()
 
 
-@pytest.mark.parametrize("shape", [(7,), (64, 33), (3, 5, 2)])
+# (2 * 2**17 + 3,) spans three of the CPU write-back's chunks, the last one odd-sized.
+@pytest.mark.parametrize("shape", [(7,), (64, 33), (3, 5, 2), (2 * 2**17 + 3,), (0, 4)])
 def test_write_back_in_place_gives_the_rules_bits_and_uses_the_stream_alike(shape):
-    """The write-back rounds the working copy in place (no temporary the size of the weight): the same fp16
-    bits and the same generator state after as the rule written out, odd sizes and non-finite values too."""
+    """The write-back rounds the working copy in place (no temporary the size of the weight), chunk by
+    chunk on the CPU: the same fp16 bits and the same generator state after as the rule written out over
+    the whole tensor at once, odd sizes, several chunks and non-finite values too."""
     value = torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 3
-    value.view(-1)[:3] = torch.tensor([float("inf"), float("-inf"), float("nan")])
+    if value.numel():
+        value.view(-1)[:3] = torch.tensor([float("inf"), float("-inf"), float("nan")])
     by_hand, ours = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     expected = _rounded_by_hand(value, by_hand)
     param = torch.zeros(shape, dtype=torch.float16)
