@@ -36,7 +36,7 @@ import torch
 from torch.optim.adamw import adamw
 
 from optimum_ipu.runtime.kept_tensors import kept_tensor
-from optimum_ipu.runtime.rounding import rounding_generator, write_back
+from optimum_ipu.runtime.rounding import rounding_generator, update_in_chunks, write_back
 
 STATE_TYPES = (torch.float32, torch.float16)
 
@@ -110,6 +110,11 @@ def fp32_copies(
     if targets:
         torch._foreach_copy_(targets, sources)
     return copies
+
+
+def _updated_in_chunks(p: torch.Tensor) -> bool:
+    """Whether AdamW updates `p` chunk by chunk: an fp16 weight on the CPU, contiguous (`update_in_chunks`)."""
+    return p.dtype == torch.float16 and p.device.type == "cpu" and p.is_contiguous()
 
 
 def accumulator_dtype(optimizer: torch.optim.Optimizer) -> torch.dtype:
@@ -263,15 +268,33 @@ class AdamW(IPUOptimizer):
         return loss
 
     def _fused_step(self, group: dict, params: list[torch.Tensor]) -> None:
-        """All of a group's tensors through torch's fused AdamW kernel, on fp32 working copies.
+        """All of a group's tensors through torch's fused AdamW kernel, on exact fp32 values.
 
-        Working copies are exact (`p.float()`), so this is the same update as `_step_one`, at the speed
-        of one fused pass instead of a dozen elementwise ones.
+        fp32 weights are updated in place, all in one call. An fp16 weight on the CPU is updated chunk by
+        chunk (`update_in_chunks`): the kernel runs on an fp32 copy of each chunk and the matching slices
+        of the gradient and the moments, so the copy, the update and the rounding stay in the cache. Copies
+        are exact (`p.float()`), so this is the same update as `_step_one`, at the speed of one fused pass
+        instead of a dozen elementwise ones; fp16 weights draw their rounding in the order of `params`.
         """
-        beta1, beta2 = group["betas"]
         states = [self._state(p, group) for p in params]
-        weights = fp32_copies(self, params)  # p itself when p is fp32: updated in place
         grads = [self._grad(p) for p in params]
+        chunked = [_updated_in_chunks(p) for p in params]
+        if not any(chunked):
+            self._fused_whole(group, params, states, grads)
+            return
+        fp32 = [i for i, p in enumerate(params) if p.dtype == torch.float32]
+        if fp32:  # no rounding: one call for all of them
+            self._fused_whole(group, [params[i] for i in fp32], [states[i] for i in fp32], [grads[i] for i in fp32])
+        for p, state, grad, in_chunks in zip(params, states, grads, chunked):
+            if in_chunks:
+                self._fused_chunks(group, p, state, grad)
+            elif p.dtype != torch.float32:
+                self._fused_whole(group, [p], [state], [grad])
+
+    def _fused_whole(self, group: dict, params: list, states: list[dict], grads: list) -> None:
+        """`params` through one call of the fused kernel, fp16 ones on whole fp32 working copies."""
+        beta1, beta2 = group["betas"]
+        weights = fp32_copies(self, params)  # p itself when p is fp32: updated in place
         exp_avgs = fp32_copies(self, [state["exp_avg"] for state in states], params, "exp_avg")
         exp_avg_sqs = fp32_copies(self, [state["exp_avg_sq"] for state in states], params, "exp_avg_sq")
         steps = [state["step"] for state in states]
@@ -288,6 +311,29 @@ class AdamW(IPUOptimizer):
         for p, weight in zip(params, weights):
             if weight is not p:
                 write_back(p, weight, group["stochastic_rounding"], self._generator(p.device))
+
+    def _fused_chunks(self, group: dict, p: torch.Tensor, state: dict, grad: torch.Tensor) -> None:
+        """An fp16 weight on the CPU through the fused kernel, chunk by chunk (`update_in_chunks`)."""
+        beta1, beta2 = group["betas"]
+        state["step"] += 1  # once per update, as torch's fused AdamW counts before its kernel
+        step = [state["step"]]
+        grad = grad.contiguous().view(-1)
+        moments = [state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1)]
+
+        def update(start: int, size: int, weight: torch.Tensor) -> None:
+            slices = [m[start : start + size] for m in moments]
+            # fp16 moments through fp32 copies, stored back rounded to nearest, as the whole update does
+            exact = [s if s.dtype == torch.float32 else s.float() for s in slices]
+            torch._fused_adamw_(
+                [weight], [grad[start : start + size]], exact[:1], exact[1:], [], step, amsgrad=False,
+                lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
+                maximize=False, grad_scale=None, found_inf=None,
+            )  # fmt: skip
+            for s, e in zip(slices, exact):
+                if s is not e:
+                    s.copy_(e)
+
+        update_in_chunks(p, update, group["stochastic_rounding"], self._generator(p.device))
 
     def _step_one(self, group: dict, p: torch.Tensor) -> None:
         """One tensor, written out: the reference rule (and the only one without bias correction)."""

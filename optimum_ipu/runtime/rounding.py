@@ -8,6 +8,8 @@ proportional to the distance, so small updates survive on average instead of bei
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import torch
 
 # fp32 has 23 explicit mantissa bits, fp16 has 10: 13 bits are dropped when rounding to half.
@@ -36,30 +38,74 @@ def _round_bits_(x: torch.Tensor, generator: torch.Generator | None, into: torch
     to fp16 exactly (its 13 low bits are zero), so the conversion is the rounding's last step. With
     `into` (a contiguous fp16 tensor of `x`'s size) each rounded chunk is also converted into it.
 
+    On the CPU the work goes chunk by chunk (`_chunks`), so the draws, the noise and the slice of `x`
+    stay in the core's cache instead of making six passes over weight-sized memory.
+    """
+    flat = x.view(-1)
+    noise = _Noise(flat.numel(), x.device)
+    for start, size in _chunks(flat.numel(), x.device):
+        part = flat[start : start + size]
+        noise.round_(part, generator)
+        if into is not None:
+            into.view(-1)[start : start + size].copy_(part)
+
+
+def _chunks(n: int, device: torch.device) -> Iterator[tuple[int, int]]:
+    """(start, size) of the chunks a weight of `n` elements is rounded in: cache-sized on the CPU, where
+    the generator draws one word per element in order, so chunks take the same draws as one call would;
+    the whole tensor elsewhere (an accelerator's generator draws in parallel)."""
+    chunk = min(n, _CHUNK) if device.type == "cpu" else n
+    for start in range(0, n, max(chunk, 1)):
+        yield start, min(chunk, n - start)
+
+
+class _Noise:
+    """Scratch for the random low bits of up to `n` elements (`_chunks`' largest), reused chunk after chunk.
+
     One 31-bit draw gives two 16-bit halves, 13 bits of each the noise of one element (half the
-    generator calls). On the CPU the work goes chunk by chunk, so the draws, the noise and the slice of
-    `x` stay in the core's cache instead of making six passes over weight-sized memory; the CPU
-    generator draws one word per element in order, so the chunks take the same draws as one call would.
-    The noise is widened to 32 bits in a chunk-sized scratch before the add: an int32 += int16 add
+    generator calls). The noise is widened to 32 bits before the add: torch's int32 += int16 add
     converts element by element, several times slower than the copy and the add apart.
     """
-    n = x.numel()
-    if n == 0:
-        return
-    bits = x.view(-1).view(torch.int32)
-    chunk = n if x.device.type != "cpu" else min(n, _CHUNK)
-    words = torch.empty((chunk + 1) // 2, dtype=torch.int32, device=x.device)
-    wide = torch.empty(chunk, dtype=torch.int32, device=x.device)
-    for start in range(0, n, chunk):
-        size = min(chunk, n - start)
-        drawn = words[: (size + 1) // 2].random_(generator=generator)
-        noise = wide[:size]
+
+    def __init__(self, n: int, device: torch.device):
+        chunk = min(n, _CHUNK) if device.type == "cpu" else n
+        self.words = torch.empty((chunk + 1) // 2, dtype=torch.int32, device=device)
+        self.wide = torch.empty(chunk, dtype=torch.int32, device=device)
+
+    def round_(self, part: torch.Tensor, generator: torch.Generator | None) -> None:
+        """Stochastically round the contiguous fp32 chunk `part` to fp16 values, in place."""
+        size = part.numel()
+        drawn = self.words[: (size + 1) // 2].random_(generator=generator)
+        noise = self.wide[:size]
         noise.copy_(drawn.view(torch.int16)[:size].bitwise_and_(_DROPPED_MASK))
-        part = bits[start : start + size]
-        part.add_(noise)
-        part.bitwise_and_(~_DROPPED_MASK)
-        if into is not None:
-            into.view(-1)[start : start + size].copy_(part.view(torch.float32))
+        bits = part.view(torch.int32)
+        bits.add_(noise)
+        bits.bitwise_and_(~_DROPPED_MASK)
+
+
+def update_in_chunks(
+    param: torch.Tensor, update: Callable[[int, int, torch.Tensor], None], stochastic_rounding: bool,
+    generator: torch.Generator | None = None,
+) -> None:
+    """Update the contiguous fp16 `param` through fp32 arithmetic, one cache-sized chunk at a time.
+
+    For each chunk, an fp32 copy of it is handed to `update(start, size, copy)`, which changes the copy
+    in place (an optimizer's step on the matching slices of its state), and the result is written back
+    as `write_back` writes: stochastically rounded from `generator`, or to nearest. The same values,
+    draws and bits as a whole-weight fp32 copy updated and then written back, without that copy: a
+    weight-sized working copy costs four bytes per weight and two passes through memory.
+    """
+    flat = param.view(-1)
+    n = flat.numel()
+    copy = torch.empty(min(n, _CHUNK) if param.device.type == "cpu" else n, dtype=torch.float32, device=param.device)
+    noise = _Noise(n, param.device) if stochastic_rounding else None
+    for start, size in _chunks(n, param.device):
+        part = copy[:size]
+        part.copy_(flat[start : start + size])
+        update(start, size, part)
+        if noise is not None:
+            noise.round_(part, generator)
+        flat[start : start + size].copy_(part)
 
 
 def write_back(

@@ -149,6 +149,55 @@ def test_fused_adamw_equals_the_written_out_rule_on_fp16_weights(accum_type):
     assert int(opt_fused.state[fused[0]]["step"]) == 10
 
 
+@pytest.mark.parametrize("first_moment", [torch.float32, torch.float16])
+def test_fp16_adamw_is_torchs_fp32_adamw_then_the_rounding_rule(first_moment):
+    """Each update of fp16 weights is torch's AdamW on their exact fp32 values, then stochastic rounding drawn
+    from the optimizer's seeded stream in the order of its parameters: over a weight of several of the
+    CPU's update chunks and one of a single chunk, fp16 first moments too."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [(2 * 2**17 + 3,), (64, 33)]
+    ours = [torch.nn.Parameter(torch.randn(s, generator=g).half()) for s in shapes]
+    kwargs = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.1)
+    opt = AdamW(ours, first_order_momentum_accum_type=first_moment, seed=7, **kwargs)
+    reference = [torch.nn.Parameter(p.detach().float()) for p in ours]
+    torch_adamw = torch.optim.AdamW(reference, fused=True, **kwargs)
+    stream = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        grads = [torch.randn(p.shape, generator=g) for p in ours]
+        opt.step(gradients=dict(zip(ours, grads)))
+        for r, grad in zip(reference, grads):
+            r.grad = grad
+        torch_adamw.step()
+        with torch.no_grad():
+            for p, r in zip(ours, reference):
+                expected = _rounded_by_hand(r.detach(), stream)
+                assert torch.equal(p.detach().view(torch.int16), expected.view(torch.int16))
+                r.copy_(expected)  # torch's next step starts from the stored fp16 weight
+                if first_moment == torch.float16:  # the moment as stored, rounded to nearest
+                    exp_avg = torch_adamw.state[r]["exp_avg"]
+                    exp_avg.copy_(exp_avg.half())
+    assert torch.equal(opt._generator(torch.device("cpu")).get_state(), stream.get_state())
+
+
+def test_a_non_contiguous_fp16_weight_follows_torchs_adamw():
+    """A transposed fp16 weight (updated whole, not in chunks) takes torch's AdamW step on its fp32 values,
+    rounded to nearest: equal to torch's fp32 result rounded to fp16 at every step."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(50, 8, generator=g).half().t())
+    kwargs = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.1)
+    opt = AdamW([w], stochastic_rounding=False, **kwargs)
+    reference = torch.nn.Parameter(w.detach().float())
+    torch_adamw = torch.optim.AdamW([reference], foreach=False, **kwargs)
+    for _ in range(4):
+        grad = torch.randn(w.shape, generator=g)
+        opt.step(gradients={w: grad})
+        reference.grad = grad
+        torch_adamw.step()
+        with torch.no_grad():
+            assert torch.equal(w, reference.half())
+            reference.copy_(w)
+
+
 def _reference_lamb(w, grads, lr, betas, eps, weight_decay):
     """LAMB written out from You et al. (2019), Algorithm 2, in float64."""
     w = w.double().clone()
