@@ -17,6 +17,7 @@ set below), which another process on a shared machine disturbs far less than wal
 | fp32 copies | fp32 working copies of the fp16 weights for the torch optimizer |
 | update | the optimizer's own `step()` (AdamW) |
 | round back | the new values written to fp16: stochastic rounding draws and writes |
+| update in chunks | an fp16 weight's fp32 copy, AdamW update and rounding, chunk by chunk in the cache (CPU) |
 | clear | gradients and buffers dropped |
 | rest | the step's CPU time less all of the above: Python, the loader, the Trainer's bookkeeping |
 
@@ -33,6 +34,7 @@ import contextlib
 import functools
 import logging
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -51,7 +53,7 @@ from optimum_ipu import IPUConfig, IPUTrainer, IPUTrainingArguments  # noqa: E40
 from optimum_ipu.runtime import executor, gradients, loss_scaling, optimizers  # noqa: E402
 
 PHASES = ("forward", "backward", "accumulate", "weights for compute", "gradients out", "unscale + check", "clip",
-          "fp32 copies", "update", "round back", "clear", "rest")  # fmt: skip
+          "fp32 copies", "update", "round back", "update in chunks", "clear", "rest")  # fmt: skip
 
 
 class Clock:
@@ -89,6 +91,7 @@ class StepClock(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.clock.step = defaultdict(float)
+        self._faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self._start = time.process_time()
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -96,6 +99,9 @@ class StepClock(TrainerCallback):
         step = dict(self.clock.step)
         step["rest"] = total - sum(step.values())
         step["total"] = total
+        # Page faults: each fresh page the allocator hands out costs one, in the kernel's time (counted in
+        # the process's CPU time); how many depends on the allocator's state, not only on the step.
+        step["page faults"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self._faults) / 1e6
         self.clock.steps.append(step)
 
 
@@ -149,6 +155,9 @@ def instrumented(clock: Clock, model_class):
     stack.enter_context(patched(optimizers.AdamW, "step", clock.timed("fp32 copies", optimizers.AdamW.step)))
     stack.enter_context(patched(optimizers, "adamw", clock.timed("update", optimizers.adamw)))
     stack.enter_context(patched(optimizers, "write_back", clock.timed("round back", optimizers.write_back)))
+    # An fp16 weight on the CPU: its copy, update and rounding chunk by chunk, in one phase.
+    stack.enter_context(patched(optimizers, "update_in_chunks",
+                                clock.timed("update in chunks", optimizers.update_in_chunks)))  # fmt: skip
     return stack
 
 
@@ -200,10 +209,11 @@ def main() -> None:
         print(f"\n{name}")
         print(f"{'phase':<20}" + "".join(f"{kind:>12}" for kind in kinds) + f"{'fp16 - fp32':>13}")
         medians = {kind: {p: statistics.median(s.get(p, 0.0) for s in clocks[kind].steps) * 1e3
-                          for p in (*PHASES, "total")} for kind in kinds}  # fmt: skip
+                          for p in (*PHASES, "total", "page faults")} for kind in kinds}  # fmt: skip
         for phase in (*PHASES, "total"):
             row = [medians[kind][phase] for kind in kinds]
             print(f"{phase:<20}" + "".join(f"{v:>12.1f}" for v in row) + f"{row[2] - row[1]:>+13.1f}")
+        print(f"{'page faults':<20}" + "".join(f"{medians[kind]['page faults'] * 1e3:>12,.0f}" for kind in kinds))
         fp32, fp16, plain = (medians[k]["total"] for k in ("ipu-fp32", "ipu-fp16", "plain-ga"))
         print(f"ratio to plain-ga (samples/s, CPU time): ipu-fp32 {plain / fp32:.2f}, ipu-fp16 {plain / fp16:.2f}")
 
