@@ -91,7 +91,8 @@ class StepClock(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.clock.step = defaultdict(float)
-        self._faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self._faults, self._system = usage.ru_minflt, usage.ru_stime
         self._start = time.process_time()
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -101,7 +102,9 @@ class StepClock(TrainerCallback):
         step["total"] = total
         # Page faults: each fresh page the allocator hands out costs one, in the kernel's time (counted in
         # the process's CPU time); how many depends on the allocator's state, not only on the step.
-        step["page faults"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self._faults) / 1e6
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        step["page faults"] = (usage.ru_minflt - self._faults) / 1e3
+        step["kernel time"] = usage.ru_stime - self._system  # mostly those faults
         self.clock.steps.append(step)
 
 
@@ -209,11 +212,12 @@ def main() -> None:
         print(f"\n{name}")
         print(f"{'phase':<20}" + "".join(f"{kind:>12}" for kind in kinds) + f"{'fp16 - fp32':>13}")
         medians = {kind: {p: statistics.median(s.get(p, 0.0) for s in clocks[kind].steps) * 1e3
-                          for p in (*PHASES, "total", "page faults")} for kind in kinds}  # fmt: skip
+                          for p in (*PHASES, "total", "page faults", "kernel time")} for kind in kinds}  # fmt: skip
         for phase in (*PHASES, "total"):
             row = [medians[kind][phase] for kind in kinds]
             print(f"{phase:<20}" + "".join(f"{v:>12.1f}" for v in row) + f"{row[2] - row[1]:>+13.1f}")
-        print(f"{'page faults':<20}" + "".join(f"{medians[kind]['page faults'] * 1e3:>12,.0f}" for kind in kinds))
+        print(f"{'  of which kernel':<20}" + "".join(f"{medians[kind]['kernel time']:>12.1f}" for kind in kinds))
+        print(f"{'page faults':<20}" + "".join(f"{medians[kind]['page faults']:>12,.0f}" for kind in kinds))
         fp32, fp16, plain = (medians[k]["total"] for k in ("ipu-fp32", "ipu-fp16", "plain-ga"))
         print(f"ratio to plain-ga (samples/s, CPU time): ipu-fp32 {plain / fp32:.2f}, ipu-fp16 {plain / fp16:.2f}")
 

@@ -55,7 +55,8 @@ class GradientAccumulator:
         self._micro_batch: int | None = None
         # The weights whose gradients autograd cannot sum in the accumulator's type by itself.
         self._half = [p for p in self.params if p.dtype != torch.float32 or dtype != torch.float32]
-        # The sums (in `dtype`) and their fp32 hand-outs, kept from one update to the next (`kept_tensors`).
+        # The sums (in `dtype`) and their fp32 hand-outs, kept from one update to the next (`kept_tensors`);
+        # a sum in `.grad`'s own type starts as the first micro-batch's `.grad` tensor itself, not a copy.
         # `_counts` names the sums this update has written (a buffer not in it holds a past update's
         # values) and how many micro-batches each holds; `_last`, the micro-batch each last took from.
         self._buffers: dict[torch.Tensor, torch.Tensor] = {}
@@ -99,7 +100,10 @@ class GradientAccumulator:
         current, grad = self._micro_batch, param.grad
         count = self._counts.get(param)
         if count is None:  # the update's first micro-batch
-            kept_tensor(self._buffers, param, param.shape, self.dtype, param.device).copy_(grad)
+            if grad.dtype == self.dtype and grad.shape == param.shape:
+                self._buffers[param] = grad  # `.grad`'s own tensor, let go of below: kept without a copy
+            else:
+                kept_tensor(self._buffers, param, param.shape, self.dtype, param.device).copy_(grad)
             self._counts[param] = 1
         elif not self.running_mean:
             self._buffers[param].add_(grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
