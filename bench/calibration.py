@@ -120,6 +120,17 @@ class Point:
     note: str = ""
 
 
+def _mlperf_ipu_config(layers, proportion, ga: int, replicas: int, offchip: bool, half_momentum: bool) -> dict:
+    """The IPU config of Graphcore's MLPerf BERT-Large application (both rounds): one replica over
+    `len(layers)` IPUs, recomputation per layer, sharded optimizer state, the embedding in 4 slices."""
+    return dict(
+        layers_per_ipu=layers, ipus_per_replica=len(layers), matmul_proportion=proportion,
+        gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=1,
+        recompute_checkpoint_every_layer=True, optimizer_state_offchip=offchip, replicated_tensor_sharding=True,
+        embedding_serialization_factor=4, enable_half_first_order_momentum=half_momentum,
+    )  # fmt: skip
+
+
 def _mlperf(pod: int, measured_seq_per_s: float, layers, proportion, ga: int, replicas: int, offchip: bool,
             half_momentum: bool, result: str) -> Point:  # fmt: skip
     return Point(
@@ -130,19 +141,7 @@ def _mlperf(pod: int, measured_seq_per_s: float, layers, proportion, ga: int, re
         task="pretraining",
         # "vocab_length": 30912 (padded vocabulary); "no_attn_dropout": true
         config=dict(vocab_size=30912, attention_probs_dropout_prob=0.0),
-        ipu_config=dict(
-            layers_per_ipu=layers,
-            ipus_per_replica=len(layers),
-            matmul_proportion=proportion,
-            gradient_accumulation_steps=ga,
-            replication_factor=replicas,
-            device_iterations=1,
-            recompute_checkpoint_every_layer=True,
-            optimizer_state_offchip=offchip,
-            replicated_tensor_sharding=True,
-            embedding_serialization_factor=4,
-            enable_half_first_order_momentum=half_momentum,
-        ),  # fmt: skip
+        ipu_config=_mlperf_ipu_config(layers, proportion, ga, replicas, offchip, half_momentum),
         micro_batch_size=2,
         inputs=dict(seq_len=512),
         optimizer="lamb",
@@ -172,19 +171,7 @@ def _mlperf_v20(
         task="pretraining",
         # "vocab_length": 30912; "no_attn_dropout": false, so attention dropout stays (BERT's 0.1)
         config=dict(vocab_size=30912),
-        ipu_config=dict(
-            layers_per_ipu=[1, 3, 3, 3, 4, 3, 4, 3],
-            ipus_per_replica=8,
-            matmul_proportion=[1.0] * 8,
-            gradient_accumulation_steps=ga,
-            replication_factor=replicas,
-            device_iterations=1,
-            recompute_checkpoint_every_layer=True,
-            optimizer_state_offchip=False,
-            replicated_tensor_sharding=True,
-            embedding_serialization_factor=4,
-            enable_half_first_order_momentum=True,
-        ),  # fmt: skip
+        ipu_config=_mlperf_ipu_config([1, 3, 3, 3, 4, 3, 4, 3], [1.0] * 8, ga, replicas, False, True),
         micro_batch_size=3,
         inputs=dict(seq_len=512),
         optimizer="lamb",
