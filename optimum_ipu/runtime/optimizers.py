@@ -36,7 +36,7 @@ import torch
 from torch.optim.adamw import adamw
 
 from optimum_ipu.runtime.kept_tensors import kept_tensor
-from optimum_ipu.runtime.rounding import rounding_generator, update_in_chunks, write_back
+from optimum_ipu.runtime.rounding import chunk_views, rounding_generator, update_in_chunks, write_back
 
 STATE_TYPES = (torch.float32, torch.float16)
 
@@ -317,21 +317,21 @@ class AdamW(IPUOptimizer):
         beta1, beta2 = group["betas"]
         state["step"] += 1  # once per update, as torch's fused AdamW counts before its kernel
         step = [state["step"]]
-        grad = grad.contiguous().view(-1)
-        moments = [state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1)]
+        grads = chunk_views(grad.contiguous())
+        exp_avgs, exp_avg_sqs = chunk_views(state["exp_avg"]), chunk_views(state["exp_avg_sq"])
+        options = dict(amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
+                       eps=group["eps"], maximize=False, grad_scale=None, found_inf=None)  # fmt: skip
 
-        def update(start: int, size: int, weight: torch.Tensor) -> None:
-            slices = [m[start : start + size] for m in moments]
+        def update(i: int, weight: torch.Tensor) -> None:
+            m, v = exp_avgs[i], exp_avg_sqs[i]
             # fp16 moments through fp32 copies, stored back rounded to nearest, as the whole update does
-            exact = [s if s.dtype == torch.float32 else s.float() for s in slices]
-            torch._fused_adamw_(
-                [weight], [grad[start : start + size]], exact[:1], exact[1:], [], step, amsgrad=False,
-                lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
-                maximize=False, grad_scale=None, found_inf=None,
-            )  # fmt: skip
-            for s, e in zip(slices, exact):
-                if s is not e:
-                    s.copy_(e)
+            m32 = m if m.dtype == torch.float32 else m.float()
+            v32 = v if v.dtype == torch.float32 else v.float()
+            torch._fused_adamw_([weight], [grads[i]], [m32], [v32], [], step, **options)
+            if m32 is not m:
+                m.copy_(m32)
+            if v32 is not v:
+                v.copy_(v32)
 
         update_in_chunks(p, update, group["stochastic_rounding"], self._generator(p.device))
 

@@ -8,7 +8,7 @@ proportional to the distance, so small updates survive on average instead of bei
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
@@ -38,74 +38,88 @@ def _round_bits_(x: torch.Tensor, generator: torch.Generator | None, into: torch
     to fp16 exactly (its 13 low bits are zero), so the conversion is the rounding's last step. With
     `into` (a contiguous fp16 tensor of `x`'s size) each rounded chunk is also converted into it.
 
-    On the CPU the work goes chunk by chunk (`_chunks`), so the draws, the noise and the slice of `x`
+    On the CPU the work goes chunk by chunk (`chunk_views`), so the draws, the noise and the slice of `x`
     stay in the core's cache instead of making six passes over weight-sized memory.
     """
-    flat = x.view(-1)
-    noise = _Noise(flat.numel(), x.device)
-    for start, size in _chunks(flat.numel(), x.device):
-        part = flat[start : start + size]
+    parts = chunk_views(x)
+    targets = chunk_views(into) if into is not None else ()
+    noise = _Noise(parts)
+    for i, part in enumerate(parts):
         noise.round_(part, generator)
-        if into is not None:
-            into.view(-1)[start : start + size].copy_(part)
+        if targets:
+            targets[i].copy_(part)
 
 
-def _chunks(n: int, device: torch.device) -> Iterator[tuple[int, int]]:
-    """(start, size) of the chunks a weight of `n` elements is rounded in: cache-sized on the CPU, where
-    the generator draws one word per element in order, so chunks take the same draws as one call would;
-    the whole tensor elsewhere (an accelerator's generator draws in parallel)."""
-    chunk = min(n, _CHUNK) if device.type == "cpu" else n
-    for start in range(0, n, max(chunk, 1)):
-        yield start, min(chunk, n - start)
+def chunk_views(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A contiguous `tensor`'s elements, flat, as the chunks a weight is rounded and updated in.
+
+    Cache-sized on the CPU (`_CHUNK`), where the generator draws one word per element in order, so the
+    chunks take the same draws as one call over the whole weight would; the whole tensor elsewhere (an
+    accelerator's generator draws in parallel). Tensors of one size split alike, so the chunks of a
+    weight, its gradient and its optimizer state match one to one.
+    """
+    flat = tensor.view(-1)
+    if flat.numel() == 0:
+        return ()
+    return flat.split(_CHUNK) if tensor.device.type == "cpu" else (flat,)
 
 
 class _Noise:
-    """Scratch for the random low bits of up to `n` elements (`_chunks`' largest), reused chunk after chunk.
+    """Scratch for the random low bits of the largest of `parts` (`chunk_views`), reused chunk after chunk.
 
     One 31-bit draw gives two 16-bit halves, 13 bits of each the noise of one element (half the
     generator calls). The noise is widened to 32 bits before the add: torch's int32 += int16 add
     converts element by element, several times slower than the copy and the add apart.
     """
 
-    def __init__(self, n: int, device: torch.device):
-        chunk = min(n, _CHUNK) if device.type == "cpu" else n
-        self.words = torch.empty((chunk + 1) // 2, dtype=torch.int32, device=device)
-        self.wide = torch.empty(chunk, dtype=torch.int32, device=device)
+    def __init__(self, parts: tuple[torch.Tensor, ...]):
+        size = parts[0].numel() if parts else 0
+        device = parts[0].device if parts else None
+        self.size = size
+        self.words = torch.empty((size + 1) // 2, dtype=torch.int32, device=device)
+        self.halves = self.words.view(torch.int16)[:size]
+        self.wide = torch.empty(size, dtype=torch.int32, device=device)
 
     def round_(self, part: torch.Tensor, generator: torch.Generator | None) -> None:
         """Stochastically round the contiguous fp32 chunk `part` to fp16 values, in place."""
         size = part.numel()
-        drawn = self.words[: (size + 1) // 2].random_(generator=generator)
-        noise = self.wide[:size]
-        noise.copy_(drawn.view(torch.int16)[:size].bitwise_and_(_DROPPED_MASK))
+        if size == self.size:  # every chunk but a weight's last: the scratch as it is
+            words, halves, noise = self.words, self.halves, self.wide
+        else:
+            words, noise = self.words[: (size + 1) // 2], self.wide[:size]
+            halves = words.view(torch.int16)[:size]
+        words.random_(generator=generator)
+        noise.copy_(halves.bitwise_and_(_DROPPED_MASK))
         bits = part.view(torch.int32)
         bits.add_(noise)
         bits.bitwise_and_(~_DROPPED_MASK)
 
 
 def update_in_chunks(
-    param: torch.Tensor, update: Callable[[int, int, torch.Tensor], None], stochastic_rounding: bool,
+    param: torch.Tensor, update: Callable[[int, torch.Tensor], None], stochastic_rounding: bool,
     generator: torch.Generator | None = None,
 ) -> None:
     """Update the contiguous fp16 `param` through fp32 arithmetic, one cache-sized chunk at a time.
 
-    For each chunk, an fp32 copy of it is handed to `update(start, size, copy)`, which changes the copy
-    in place (an optimizer's step on the matching slices of its state), and the result is written back
-    as `write_back` writes: stochastically rounded from `generator`, or to nearest. The same values,
-    draws and bits as a whole-weight fp32 copy updated and then written back, without that copy: a
-    weight-sized working copy costs four bytes per weight and two passes through memory.
+    For chunk `i` of `chunk_views(param)`, an fp32 copy of it is handed to `update(i, copy)`, which
+    changes the copy in place (an optimizer's step on chunk `i` of its gradient and state, split by
+    `chunk_views` alike), and the result is written back as `write_back` writes: stochastically rounded
+    from `generator`, or to nearest. The same values, draws and bits as a whole-weight fp32 copy updated
+    and then written back, without that copy: a weight-sized working copy costs four bytes per weight and
+    two passes through memory.
     """
-    flat = param.view(-1)
-    n = flat.numel()
-    copy = torch.empty(min(n, _CHUNK) if param.device.type == "cpu" else n, dtype=torch.float32, device=param.device)
-    noise = _Noise(n, param.device) if stochastic_rounding else None
-    for start, size in _chunks(n, param.device):
-        part = copy[:size]
-        part.copy_(flat[start : start + size])
-        update(start, size, part)
+    parts = chunk_views(param)
+    if not parts:
+        return
+    copy = torch.empty(parts[0].numel(), dtype=torch.float32, device=param.device)
+    noise = _Noise(parts) if stochastic_rounding else None
+    for i, part in enumerate(parts):
+        work = copy if part.numel() == copy.numel() else copy[: part.numel()]
+        work.copy_(part)
+        update(i, work)
         if noise is not None:
-            noise.round_(part, generator)
-        flat[start : start + size].copy_(part)
+            noise.round_(work, generator)
+        part.copy_(work)
 
 
 def write_back(
