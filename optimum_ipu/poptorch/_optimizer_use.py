@@ -25,12 +25,14 @@ from torch import nn
 
 from optimum_ipu.poptorch import optim
 from optimum_ipu.poptorch._logging import Error, logger
+from optimum_ipu.poptorch.enums import MeanReductionStrategy
 from optimum_ipu.poptorch.optim import _IPUMixin
 from optimum_ipu.runtime.loss_scaling import LossScaler
-from optimum_ipu.runtime.optimizers import accumulator_dtype
+from optimum_ipu.runtime.optimizers import accumulator_dtype, keeps_running_mean
 from optimum_ipu.runtime.rounding import rounding_generator
 
 __all__ = [
+    "apply_reduction_strategy",
     "check_optimizer_parameters",
     "hyperparameters",
     "hyperparameters_as_set",
@@ -124,6 +126,31 @@ def training_settings(optimizer, options, current: LossScaler | None = None) -> 
         "stochastic_rounding": rounding,
         "rounding_generator": rounding_generator(optimizer),
     }
+
+
+def apply_reduction_strategy(optimizer, options, compiled: bool) -> None:
+    """The Mean reduction's strategy as PopTorch's optimizer handling sets it (`_optimizer_attributes.py`).
+
+    An optimizer whose gradient accumulator keeps a running mean (`keeps_running_mean`: an fp16
+    `accum_type`) needs `MeanReductionStrategy.Running`: before compiling, PopTorch writes it into the
+    options (so they read back what runs); once compiled without it, the executable cannot change, and a
+    `setOptimizer` with such an optimizer is refused, with PopTorch's message.
+    """
+    if not keeps_running_mean(optimizer):
+        return
+    training = options.Training
+    if not compiled:
+        frozen = training.__dict__.get("_is_frozen", False)
+        training._set_frozen(False)
+        training._store(meanAccumulationAndReplicationReductionStrategy=MeanReductionStrategy.Running)
+        training._set_frozen(frozen)
+    elif training.meanAccumulationAndReplicationReductionStrategy != MeanReductionStrategy.Running:
+        raise ValueError(
+            "Invalid optimizer: the new optimizer would require changing options.Training."
+            "meanAccumulationAndReplicationReductionStrategy to poptorch.MeanReductionStrategy.Running but the "
+            "executable is already compiled. Keep the compiled optimizer's accum_type (torch.float32), or "
+            "compile with an optimizer whose accum_type is torch.float16 (model.destroy() and call again)."
+        )
 
 
 # The algorithms PopTorch implements on the device, most derived first (poptorch.optim's subclass torch's).

@@ -53,6 +53,7 @@ from optimum_ipu.poptorch._ipu_types import (
 from optimum_ipu.poptorch._logging import Error, note_poplar_engine_options
 from optimum_ipu.poptorch._offline import is_offline, refuse_offline
 from optimum_ipu.poptorch._optimizer_use import (
+    apply_reduction_strategy,
     check_optimizer_parameters,
     hyperparameters,
     training_settings,
@@ -379,6 +380,7 @@ class PoplarExecutor:
         if not self._training:
             raise Error("setOptimizer is only for a poptorch.trainingModel.")
         check_optimizer_parameters(self._user_model, optimizer)
+        apply_reduction_strategy(optimizer, self._options, compiled=isinstance(self._executable, TrainingExecutable))
         warn_if_subclassed(optimizer)
         self._optimizer = optimizer
         self._hyperparameters = hyperparameters(optimizer)

@@ -32,7 +32,7 @@ from optimum_ipu.runtime.batches import batch_size_of, cast_floating, concatenat
 from optimum_ipu.runtime.fp16_compute import fp16_compute_context
 from optimum_ipu.runtime.gradients import GradientAccumulator, clip_
 from optimum_ipu.runtime.loss_scaling import LossScaler
-from optimum_ipu.runtime.optimizers import fp32_working_copies, takes_fp32_gradients
+from optimum_ipu.runtime.optimizers import fp32_working_copies, keeps_running_mean, takes_fp32_gradients
 from optimum_ipu.runtime.replicas import LocalReplicas, Replicas, ReplicaStreams
 
 
@@ -142,13 +142,7 @@ class TrainingExecutable:
         self.stochastic_rounding = stochastic_rounding
         self.rounding_generator = rounding_generator
         trained = [p for p in self.weights if p.requires_grad]
-        # PopTorch's rule (`_optimizer_attributes.py`): an fp16 accum_type switches a Mean reduction to
-        # `MeanReductionStrategy.Running`, except for the combined-accumulator SGD variant.
-        running_mean = (
-            accumulator_dtype == torch.float16
-            and self.reduction == "mean"
-            and not getattr(self.optimizer, "use_combined_accum", False)
-        )
+        running_mean = self.reduction == "mean" and keeps_running_mean(self.optimizer, accumulator_dtype)
         current = getattr(self, "gradients", None)
         if current is None or (current.dtype, current.running_mean) != (accumulator_dtype, running_mean):
             self.gradients = GradientAccumulator(trained, accumulator_dtype, running_mean)

@@ -124,6 +124,14 @@ def accumulator_dtype(optimizer: torch.optim.Optimizer) -> torch.dtype:
     return torch.float16 if getattr(optimizer, "accum_type", None) == torch.float16 else torch.float32
 
 
+def keeps_running_mean(optimizer: torch.optim.Optimizer, dtype: torch.dtype | None = None) -> bool:
+    """PopTorch's rule (`_optimizer_attributes.py`): an fp16 gradient accumulator (`dtype`, by default the
+    optimizer's `accum_type`) keeps a running mean of the micro-batch gradients under a Mean reduction
+    (`MeanReductionStrategy.Running`), except for the combined-accumulator SGD variant."""
+    dtype = accumulator_dtype(optimizer) if dtype is None else dtype
+    return dtype == torch.float16 and not getattr(getattr(optimizer, "optimizer", optimizer), "use_combined_accum", False)
+
+
 def takes_fp32_gradients(optimizer: torch.optim.Optimizer) -> bool:
     """Whether `optimizer.step` takes the fp32 gradients of fp16 weights itself (`step(gradients=...)`)."""
     return "gradients" in inspect.signature(optimizer.step).parameters

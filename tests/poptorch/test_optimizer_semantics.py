@@ -89,3 +89,36 @@ def test_a_torch_optimizers_state_is_refused_by_a_poptorch_optimizer():
         optimizer.load_state_dict(torch_state)
     with pytest.raises(RuntimeError, match="empty"):
         optimizer.load_state_dict({})
+
+
+def _fp16_accumulator_model(accum_type):
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(2)
+    model = LinearRegression()
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.01, accum_type=accum_type)
+    return opts, poptorch.trainingModel(model, opts, optimizer=optimizer), model
+
+
+def test_compiling_with_an_fp16_accumulator_sets_the_running_mean_strategy_in_the_options():
+    """PopTorch (`_optimizer_attributes.py`) writes `MeanReductionStrategy.Running` into the model's options
+    (its copy of the user's) when it compiles with an optimizer whose `accum_type` is fp16: they read back
+    what the run does."""
+    x, y = torch.randn(4, 4), torch.randn(4, 1)
+    _, training, _ = _fp16_accumulator_model(torch.float16)
+    strategy = poptorch.MeanReductionStrategy
+    assert training.options.Training.meanAccumulationAndReplicationReductionStrategy == strategy.Post
+    training(x, y)
+    assert training.options.Training.meanAccumulationAndReplicationReductionStrategy == strategy.Running
+    _, training32, _ = _fp16_accumulator_model(torch.float32)
+    training32(x, y)
+    assert training32.options.Training.meanAccumulationAndReplicationReductionStrategy == strategy.Post
+
+
+def test_set_optimizer_refuses_an_fp16_accumulator_after_compiling_with_the_post_strategy():
+    """PopTorch raises: the new optimizer would need the Running strategy the compiled executable lacks."""
+    x, y = torch.randn(4, 4), torch.randn(4, 1)
+    _, training, model = _fp16_accumulator_model(torch.float32)
+    training(x, y)
+    with pytest.raises(ValueError, match="Running but the executable is already compiled"):
+        training.setOptimizer(poptorch.optim.SGD(model.parameters(), lr=0.01, accum_type=torch.float16))
+    training(x, y)  # the old optimizer still trains

@@ -1,6 +1,10 @@
 """poptorch.Options: builder API, sub-objects, freezing, clone, and options with no effect saying so."""
 
 import logging
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -150,3 +154,38 @@ def test_every_option_a_setter_stores_can_be_set_by_name():
         for name in part._values:
             if part._SETTERS[name] is not None:
                 part.set(**{name: part._values[name]})  # each stored value is one its setter accepts
+
+
+def test_the_poptorch_logger_prints_what_its_level_lets_through_in_poptorchs_format(capsys):
+    """PopTorch's logger has its own console handler: after `setLogLevel("INFO")` an info message is
+    printed ("[12:34:56.789] [poptorch] [info] ..."), where a logger without a handler drops it."""
+    try:
+        poptorch.setLogLevel("INFO")
+        poptorch.logger.info("compiled in %d s", 3)
+        poptorch.setLogLevel("WARN")
+        poptorch.logger.info("not shown at WARN")
+    finally:
+        poptorch.setLogLevel("WARN")
+    err = capsys.readouterr().err
+    assert re.search(r"^\[\d\d:\d\d:\d\d\.\d{3}\] \[poptorch\] \[info\] compiled in 3 s$", err, re.M), err
+    assert "not shown" not in err
+
+
+@pytest.mark.parametrize("level, expected", [(0, logging.DEBUG), (1, logging.DEBUG), (2, logging.INFO),
+                                             (3, logging.WARNING), (4, logging.ERROR), (6, logging.CRITICAL)])  # fmt: skip
+def test_set_log_level_reads_an_integer_as_poptorchs_legacy_level(level, expected):
+    """PopTorch's integer levels are its C++ ones (0 trace ... 6 off), not `logging`'s numbers."""
+    try:
+        poptorch.setLogLevel(level)
+        assert poptorch.logger.level == expected
+    finally:
+        poptorch.setLogLevel("WARN")
+    with pytest.raises(ValueError, match="Invalid log level integer 5"):
+        poptorch.setLogLevel(5)
+
+
+def test_poptorch_log_level_is_read_from_the_environment_at_import():
+    code = "import logging, poptorch; print(logging.getLevelName(poptorch.logger.level))"
+    env = {**os.environ, "POPTORCH_LOG_LEVEL": "ERR"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ERROR"
