@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from optimum_ipu._once import warn_once
 from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.poptorch import _distributed
 from optimum_ipu.poptorch._host_call import input_layout
@@ -145,9 +146,6 @@ def _items_of(count: int, per_item: int, drop_last: bool) -> int:
     return count // per_item + (1 if count % per_item and not drop_last else 0)
 
 
-_SAID_MODES: set[str] = set()
-
-
 def _mode_as_poptorch_reads_it(mode: Any) -> DataLoaderMode:
     """`mode` as PopTorch's DataLoader acts on it: it compares `mode` with `DataLoaderMode.Async` and
     `AsyncRebatched`, so a value equal to neither (a string such as "async_rebatched", which Graphcore's
@@ -156,14 +154,13 @@ def _mode_as_poptorch_reads_it(mode: Any) -> DataLoaderMode:
         return DataLoaderMode(mode)
     except ValueError:
         pass
-    if repr(mode) not in _SAID_MODES:
-        _SAID_MODES.add(repr(mode))
-        names = ", ".join(f"DataLoaderMode.{m.name}" for m in DataLoaderMode)
-        logger.warning(
-            "poptorch.DataLoader(mode=%r): not a poptorch.DataLoaderMode, so, as on PopTorch (which compares the "
-            "mode with the enum's members), the batches load synchronously in the calling process. Pass one of "
-            "%s for another mode.", mode, names,
-        )  # fmt: skip
+    names = ", ".join(f"DataLoaderMode.{m.name}" for m in DataLoaderMode)
+    warn_once(
+        logger,
+        "poptorch.DataLoader(mode=%r): not a poptorch.DataLoaderMode, so, as on PopTorch (which compares the "
+        "mode with the enum's members), the batches load synchronously in the calling process. Pass one of "
+        "%s for another mode.", mode, names, key=("DataLoader mode", repr(mode)),
+    )  # fmt: skip
     return DataLoaderMode.Sync
 
 

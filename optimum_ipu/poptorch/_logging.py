@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+from optimum_ipu._once import warn_once
+
 __all__ = [
     "Error", "RecoverableError", "UnrecoverableError", "logger", "no_effect", "note_poplar_engine_options",
     "setLogLevel",
@@ -91,15 +93,9 @@ except ValueError as error:
     raise ValueError(f"POPTORCH_LOG_LEVEL: {error}") from None
 
 
-_said: set[str] = set()
-
-
 def no_effect(name: str, why: str) -> None:
     """Log once per process that option or call `name` is accepted but changes nothing here, and why."""
-    if name in _said:
-        return
-    _said.add(name)
-    logger.warning("%s has no effect on the simulated IPU: %s", name, why)
+    warn_once(logger, "%s has no effect on the simulated IPU: %s", name, why, key=("no effect", name))
 
 
 def note_poplar_engine_options() -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from optimum_ipu._once import warn_once
 from optimum_ipu.poptorch import optim
 from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch.enums import MeanReductionStrategy
@@ -158,7 +159,6 @@ _NATIVE = (
     optim.SGD, optim.Adam, optim.AdamW, optim.RMSprop, optim.LAMB,
     torch.optim.SGD, torch.optim.AdamW, torch.optim.Adam, torch.optim.RMSprop,
 )  # fmt: skip
-_warned: set[type] = set()
 
 
 def native_class(optimizer) -> type | None:
@@ -171,14 +171,15 @@ def warn_if_subclassed(optimizer) -> None:
     """Say once per class, when a model takes `optimizer` (wrap, `setOptimizer`), that a subclass's Python
     code will not run (`native_step`), in PopTorch's words, so programs and tests matching them work."""
     native = native_class(optimizer)
-    if native is None or type(optimizer) is native or type(optimizer) in _warned:
+    if native is None or type(optimizer) is native:
         return
-    _warned.add(type(optimizer))
-    logger.warning(
+    warn_once(
+        logger,
         f"Optimizer `{type(optimizer).__name__}` subclassed from classes in poptorch.optim or torch.optim are "
         "unlikely to behave as intended. Poptorch does not run Python optimizer code directly; it runs "
         f"{native.__module__.split('.')[0]}.optim.{native.__name__}'s algorithm with the subclass's attributes "
-        "(learning rate, loss scaling, ...). Put custom update code in the model, or use the parent class."
+        "(learning rate, loss scaling, ...). Put custom update code in the model, or use the parent class.",
+        key=("optimizer subclass", type(optimizer)),
     )
 
 

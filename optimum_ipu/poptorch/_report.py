@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from optimum_ipu._once import warn_once
 from optimum_ipu.compiling import CompileResult, report_layout
 from optimum_ipu.costmodel.memory import IPUOutOfMemoryError, memory_check_from_environment
 from optimum_ipu.costmodel.workload import StateTypes, Workload
@@ -203,17 +204,12 @@ def report_of_compile(model, trace, options, training: bool, optimizer, num_ipus
         return None
 
 
-_ESTIMATED: set[str] = set()  # calls that said once that they answer from the cost model
-
-
 def _estimate(result, call: str):
     """The cost model's report of the compiled layout (None before a call has run, or without one)."""
     if result is None or getattr(result, "report", None) is None:
         return None
-    if call not in _ESTIMATED:
-        _ESTIMATED.add(call)
-        logger.warning("PoplarExecutor.%s() answers with the cost model's estimate for an IPU: there is no IPU "
-                       "to time here.", call)  # fmt: skip
+    warn_once(logger, "PoplarExecutor.%s() answers with the cost model's estimate for an IPU: there is no IPU "
+              "to time here.", call)  # fmt: skip
     return result.report
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import os
 
+from optimum_ipu._once import warn_once
+
 logger = logging.getLogger("examples_utils")
-_SAID: set[str] = set()
 
 
 def load_lib(path: str | os.PathLike, *args, **kwargs) -> None:
@@ -16,10 +17,9 @@ def load_lib(path: str | os.PathLike, *args, **kwargs) -> None:
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"examples_utils.load_lib: {path!r} does not exist.")
-    if path not in _SAID:
-        _SAID.add(path)
-        logger.warning(
-            "examples_utils.load_lib(%r): the custom-op library is not built or loaded on the simulated IPU; "
-            "the custom ops Graphcore shipped with its applications run by name through poptorch.custom_op.",
-            path,
-        )
+    warn_once(
+        logger,
+        "examples_utils.load_lib(%r): the custom-op library is not built or loaded on the simulated IPU; "
+        "the custom ops Graphcore shipped with its applications run by name through poptorch.custom_op.",
+        path,
+    )

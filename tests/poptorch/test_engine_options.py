@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 import poptorch
-from optimum_ipu.poptorch import _logging
+from optimum_ipu import _once
 
 
 @pytest.fixture(autouse=True)
 def _say_no_effect_again():
-    _logging._said.discard("POPLAR_ENGINE_OPTIONS")
+    _once.forget()
     yield
 
 

@@ -28,7 +28,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import poptorch
-from optimum_ipu.poptorch import _logging as poptorch_logging
+from optimum_ipu import _once
 
 
 def _import_lightning():
@@ -271,7 +271,7 @@ def test_autoreport_says_that_no_popvision_report_is_written(tmp_path, monkeypat
     """`IPUStrategy(autoreport=True)` asks Poplar for PopVision reports through POPLAR_ENGINE_OPTIONS (and
     leaves it set): compiling says once that it has no effect here, and writes nothing."""
     monkeypatch.delenv("POPLAR_ENGINE_OPTIONS", raising=False)  # removed again after the test
-    monkeypatch.setattr(poptorch_logging, "_said", set())
+    monkeypatch.setattr(_once, "_SAID", set())
     reports = tmp_path / "reports"
     strategy = IPUStrategy(autoreport=True, autoreport_dir=str(reports))
     ipu = trainer(tmp_path, accelerator="ipu", strategy=strategy, limit_val_batches=0)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import poptorch
-from optimum_ipu.poptorch import _logging
+from optimum_ipu import _once
 
 DI, GA, MB = 2, 2, 3
 
@@ -53,7 +53,7 @@ def batch(features=4, outputs=4, seed=0):
 @pytest.fixture(autouse=True)
 def _say_no_effect_again():
     """Each test sees the "no effect" notes afresh (they are said once per process)."""
-    _logging._said.clear()
+    _once.forget()
     yield
 
 

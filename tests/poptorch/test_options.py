@@ -11,7 +11,7 @@ import torch
 
 import optimum_ipu.poptorch as impl
 import poptorch
-from optimum_ipu.poptorch import _logging
+from optimum_ipu import _once
 
 
 def test_poptorch_name_is_the_optimum_ipu_module():
@@ -75,7 +75,7 @@ def test_every_documented_setter_exists():
 
 
 def test_an_option_without_effect_says_so_once(caplog):
-    _logging._said.discard("useIpuModel")
+    _once.forget()
     with caplog.at_level(logging.WARNING, logger="poptorch"):
         poptorch.Options().useIpuModel(True)
         poptorch.Options().useIpuModel(False)
