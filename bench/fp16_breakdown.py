@@ -21,7 +21,7 @@ set below), which another process on a shared machine disturbs far less than wal
 | clear | gradients and buffers dropped |
 | rest | the step's CPU time less all of the above: Python, the loader, the Trainer's bookkeeping |
 
-    OMP_NUM_THREADS=1 python bench/fp16_breakdown.py [--steps 6] [--rounds 3] [--only minilm|vit]
+    OMP_NUM_THREADS=1 python bench/fp16_breakdown.py [--steps 6] [--rounds 3] [--only minilm|vit|bert-base]
 
 Medians per phase over the timed steps of all rounds (the first step of each run is a warm-up). The
 CPU is printed first: a breakdown holds for its CPU only.
@@ -191,7 +191,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--only", choices=("minilm", "vit"))
+    parser.add_argument("--only", choices=("minilm", "vit", "bert-base"),
+                        help="one model; bert-base (the real size: 109 M parameters) runs only when named")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     print(cpu_description())
@@ -201,8 +202,9 @@ def main() -> None:
     if os.path.exists("/proc/loadavg"):
         print("load average at start:", open("/proc/loadavg").read().split()[:3])
     kinds = ("plain-ga", "ipu-fp32", "ipu-fp16")
-    for key, (name, make_model, item) in {"minilm": minilm_qa(args.seq_len), "vit": vit()}.items():
-        if args.only and key != args.only:
+    models = {"minilm": minilm_qa(args.seq_len), "vit": vit(), "bert-base": minilm_qa(args.seq_len, base=True)}
+    for key, (name, make_model, item) in models.items():
+        if (args.only and key != args.only) or (not args.only and key == "bert-base"):
             continue
         data = RandomData(item, EFFECTIVE_BATCH * (args.steps + 1))
         clocks = {kind: Clock() for kind in kinds}

@@ -108,10 +108,11 @@ class RandomData(torch.utils.data.Dataset):
         return self.items[i]
 
 
-def minilm_qa(seq_len: int):
+def minilm_qa(seq_len: int, base: bool = False):
+    """MiniLM-L6's shape (22.6 M parameters) for question answering; with `base`, BERT-base's (109 M)."""
     config = BertConfig(
         vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536
-    )  # MiniLM-L6 shape (22.6 M parameters)
+    ) if not base else BertConfig()  # fmt: skip
 
     def item(i):
         g = torch.Generator().manual_seed(i)
@@ -122,7 +123,7 @@ def minilm_qa(seq_len: int):
             "end_positions": torch.tensor(5),
         }
 
-    return "MiniLM-L6 QA", lambda: BertForQuestionAnswering(config), item
+    return "BERT-base QA" if base else "MiniLM-L6 QA", lambda: BertForQuestionAnswering(config), item
 
 
 def vit(image_size: int = 224):
