@@ -24,7 +24,9 @@ estimate does not include the setup. They run a few samples per call, so the hos
 more time single `poptorch.inferenceModel` calls where the IPUs bound the call (a 2-IPU BERT-Large
 pipeline kept full over 8 replicas, 96 samples per call; a whole BERT-Large encoder on one IPU over
 256 device iterations): those are estimated as samples / call time, as the planner reports them.
-The table prints the leave-one-out errors of the training and the inference points apart.
+The table prints the leave-one-out errors of the training and the inference points apart, and where a
+source prints a call's latency beside its throughput (`Point.latency_s`), that latency against the one
+the planner prints.
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ class Point:
             dropped last batch included); the estimate divides its modelled time into the same count.
         host_work_s: seconds of CPU-only work the run's `eval_runtime` also timed (the notebook's
             metric), measured by doing the same work (`bench/host_work.py`); added to the estimate.
+        latency_s: seconds of one host call as the source printed them beside the throughput (the
+            embeddings notebook's "batch latency"), checked against the latency the planner prints
+            (`PerformanceReport.latency`); None where the source prints none.
     """
 
     name: str
@@ -116,6 +121,7 @@ class Point:
     evaluate_calls: int | None = None
     reported_samples: int | None = None
     host_work_s: float = 0.0
+    latency_s: float | None = None
     assumed: list[str] = field(default_factory=list)
     note: str = ""
 
@@ -213,7 +219,7 @@ TEXT_EMBEDDINGS = (
 
 
 def _embedding_call(name: str, measured: float, model: str, seq_len: int, matmul_proportion: float, commit: str,
-                    cell: int, quote: str, assumed: tuple[str, ...] | list[str] = (),
+                    cell: int, quote: str, latency_s: float, assumed: tuple[str, ...] | list[str] = (),
                     note: str = "") -> Point:  # fmt: skip
     """One `poptorch.inferenceModel` call of Optimum Graphcore's text-embeddings notebook (2023, Poplar SDK
     3.2-3.3): the whole encoder on one IPU, 4 replicas on an IPU-POD4, micro-batch 2 x 256 device
@@ -225,7 +231,7 @@ def _embedding_call(name: str, measured: float, model: str, seq_len: int, matmul
         name=name, measured=measured, hardware="mk2", model=model, task="base",
         ipu_config=dict(layers_per_ipu=[-1], ipus_per_replica=1, matmul_proportion=matmul_proportion,
                         replication_factor=4, device_iterations=256),
-        micro_batch_size=2, inputs=dict(seq_len=seq_len), training=False,
+        micro_batch_size=2, inputs=dict(seq_len=seq_len), training=False, latency_s=latency_s,
         source=f"{TEXT_EMBEDDINGS.format(commit=commit)} (cell {cell}: '{quote}'; the notebook's config.py at "
         f"that commit: 1 IPU, matmul_proportion {matmul_proportion}, 4 replicas, micro-batch 2, 256 device "
         "iterations, padding to the sequence length)",
@@ -536,6 +542,7 @@ POINTS = [
         matmul_proportion=0.1,
         commit="ca26ebf8",
         cell=29,
+        latency_s=2.3807373046875,
         quote="batch latency: 2.3807373046875s | per_sample: 0.0011624693870544434s | throughput: 860.237707019433 "
         "samples/s",
         note="a repeat on Poplar SDK 3.2.1 (commit b4033f4d, notebooks/e5-text-embeddings) gave 864.9",
@@ -584,6 +591,7 @@ HELD_OUT = [
         matmul_proportion=0.2,
         commit="ca26ebf8",
         cell=31,
+        latency_s=1.6058893203735352,
         quote="batch latency: 1.6058893203735352s | per_sample: 0.0007841256447136402s | throughput: "
         "1275.3058221494546 samples/s",
     ),
@@ -595,6 +603,7 @@ HELD_OUT = [
         matmul_proportion=0.1,
         commit="edb9e3b3",
         cell=27,
+        latency_s=0.8889319896697998,
         quote="batch latency: 0.8889319896697998s | per_sample: 0.00043404882308095694s | throughput: "
         "2303.8882881926033 samples/s",
         assumed=[
@@ -855,8 +864,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"max {miss[0]:.1f}% ({miss[1]})")  # fmt: skip
     print("\nHeld out (never fitted; estimated with the constants above):")
     checks = []
-    for pt in HELD_OUT:
-        est = estimate(prepare(pt), calibration)
+    held_out_pairs = [(pt, prepare(pt)) for pt in HELD_OUT]
+    for pt, p in held_out_pairs:
+        est = estimate(p, calibration)
         checks.append((abs(100 * (est / pt.measured - 1)), pt))
         print(
             f"{pt.name:<52} {pt.hardware:>4} {pt.measured:>9,.0f} {est:>9,.0f} {100 * (est / pt.measured - 1):>+6.1f}%"
@@ -866,6 +876,13 @@ def main(argv: list[str] | None = None) -> int:
         if apart:
             print(f"held out, {label} ({len(apart)}): mean absolute error {sum(apart) / len(apart):.1f}%, "
                   f"max {max(apart):.1f}%")  # fmt: skip
+    print("\nLatency of one host call, published beside the throughput, against the planner's "
+          "(`plan --inference` prints it; fitted and held-out points alike):")
+    for pt, p in [*pairs, *held_out_pairs]:
+        if pt.latency_s:
+            planned = performance(p, calibration).latency
+            print(f"{pt.name:<52} {pt.hardware:>4} {1e3 * pt.latency_s:>8,.1f} ms {1e3 * planned:>8,.1f} ms "
+                  f"{100 * (planned / pt.latency_s - 1):>+6.1f}%")  # fmt: skip
     for pt in [pt for pt, _ in pairs] + HELD_OUT:
         print(f"  {pt.name}: {pt.source}" + (f"; assumed: {'; '.join(pt.assumed)}" if pt.assumed else "")
               + (f"; {pt.note}" if pt.note else ""))  # fmt: skip

@@ -410,6 +410,24 @@ def test_the_held_out_bow_mlperf_runs_are_estimated_as_docs_planning_reports():
         assert estimated / point.measured - 1 == pytest.approx(error, abs=0.005), point.name
 
 
+def test_the_published_call_latencies_are_compared_as_docs_planning_reports():
+    """The text-embeddings notebook prints each call's latency beside its throughput (2,048 sentences a
+    call); docs/planning.md compares the latency `plan --inference` prints with it: +8.0 % (E5-large,
+    fitted), -40.2 % and +18.0 % (MPNet-base at sequence 514 and 512, held out)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import calibration
+
+    reported = {"E5-large": 0.080, "seq 514": -0.402, "seq 512": 0.180}
+    points = [p for p in calibration.POINTS + calibration.HELD_OUT if p.latency_s]
+    assert sorted(next(k for k in reported if k in p.name) for p in points) == sorted(reported)
+    for point in points:
+        # The two published figures agree: the throughput is the call's 2,048 sentences over its latency.
+        assert point.latency_s * point.measured == pytest.approx(2048, rel=1e-4), point.name
+        error = next(e for key, e in reported.items() if key in point.name)
+        planned = calibration.performance(calibration.prepare(point), CALIBRATION).latency
+        assert planned / point.latency_s - 1 == pytest.approx(error, abs=0.005), point.name
+
+
 def test_a_constant_no_point_informs_is_fitted_to_the_middle_of_its_measured_span():
     """`host_output_bandwidth` matters only to an evaluation returning a language model's logits. Fitted
     without such a point, it must land where its prior, the span `bench/host_work.py` measured, puts it
