@@ -112,9 +112,14 @@ def fp32_copies(
     return copies
 
 
-def _updated_in_chunks(p: torch.Tensor) -> bool:
-    """Whether AdamW updates `p` chunk by chunk: an fp16 weight on the CPU, contiguous (`update_in_chunks`)."""
-    return p.dtype == torch.float16 and p.device.type == "cpu" and p.is_contiguous()
+def _updated_in_chunks(p: torch.Tensor, state: dict) -> bool:
+    """Whether AdamW updates `p` chunk by chunk (`update_in_chunks`): an fp16 weight on the CPU whose
+    moments (`state`) split alike, all contiguous. Moments loaded from a run whose weight was laid out
+    otherwise keep their strides, and such a weight is updated whole."""
+    return (
+        p.dtype == torch.float16 and p.device.type == "cpu" and p.is_contiguous()
+        and all(state[k].is_contiguous() and state[k].shape == p.shape for k in ("exp_avg", "exp_avg_sq"))
+    )  # fmt: skip
 
 
 def accumulator_dtype(optimizer: torch.optim.Optimizer) -> torch.dtype:
@@ -286,7 +291,7 @@ class AdamW(IPUOptimizer):
         """
         states = [self._state(p, group) for p in params]
         grads = [self._grad(p) for p in params]
-        chunked = [_updated_in_chunks(p) for p in params]
+        chunked = [_updated_in_chunks(p, state) for p, state in zip(params, states)]
         if not any(chunked):
             self._fused_whole(group, params, states, grads)
             return

@@ -68,17 +68,18 @@ class _Noise:
     """Scratch for the random low bits of the largest of `parts` (`chunk_views`), reused chunk after chunk.
 
     One 31-bit draw gives two 16-bit halves, 13 bits of each the noise of one element (half the
-    generator calls). The noise is widened to 32 bits before the add: torch's int32 += int16 add
-    converts element by element, several times slower than the copy and the add apart.
+    generator calls). On the CPU the noise is widened to 32 bits before the add: torch's int32 += int16
+    add converts element by element there, several times slower than the copy and the add apart; an
+    accelerator adds it as it is (the same bits, without a buffer of 4 bytes per weight).
     """
 
     def __init__(self, parts: tuple[torch.Tensor, ...]):
         size = parts[0].numel() if parts else 0
-        device = parts[0].device if parts else None
+        device = parts[0].device if parts else torch.device("cpu")
         self.size = size
         self.words = torch.empty((size + 1) // 2, dtype=torch.int32, device=device)
         self.halves = self.words.view(torch.int16)[:size]
-        self.wide = torch.empty(size, dtype=torch.int32, device=device)
+        self.wide = torch.empty(size, dtype=torch.int32, device=device) if device.type == "cpu" else None
 
     def round_(self, part: torch.Tensor, generator: torch.Generator | None) -> None:
         """Stochastically round the contiguous fp32 chunk `part` to fp16 values, in place."""
@@ -86,10 +87,11 @@ class _Noise:
         if size == self.size:  # every chunk but a weight's last: the scratch as it is
             words, halves, noise = self.words, self.halves, self.wide
         else:
-            words, noise = self.words[: (size + 1) // 2], self.wide[:size]
-            halves = words.view(torch.int16)[:size]
+            words, halves = self.words[: (size + 1) // 2], self.words.view(torch.int16)[:size]
+            noise = self.wide[:size] if self.wide is not None else None
         words.random_(generator=generator)
-        noise.copy_(halves.bitwise_and_(_DROPPED_MASK))
+        halves.bitwise_and_(_DROPPED_MASK)
+        noise = noise.copy_(halves) if noise is not None else halves
         bits = part.view(torch.int32)
         bits.add_(noise)
         bits.bitwise_and_(~_DROPPED_MASK)
@@ -136,7 +138,7 @@ def write_back(
     """
     if param.dtype == torch.float16 and stochastic_rounding:
         if value.dtype == torch.float32 and value.is_contiguous() and value is not param:
-            if param.is_contiguous() and param.shape == value.shape:
+            if param.is_contiguous() and param.shape == value.shape and param.device == value.device:
                 _round_bits_(value, generator, into=param)
             else:
                 _round_bits_(value, generator)

@@ -99,14 +99,15 @@ def _fp16_accumulator_model(accum_type):
     return opts, poptorch.trainingModel(model, opts, optimizer=optimizer), model
 
 
-def test_compiling_with_an_fp16_accumulator_sets_the_running_mean_strategy_in_the_options():
+def test_taking_an_fp16_accumulator_sets_the_running_mean_strategy_in_the_models_options():
     """PopTorch (`_optimizer_attributes.py`) writes `MeanReductionStrategy.Running` into the model's options
-    (its copy of the user's) when it compiles with an optimizer whose `accum_type` is fp16: they read back
-    what the run does."""
+    (its copy of the user's) when it takes an optimizer whose `accum_type` is fp16 (at wrap, before
+    compiling): they read back what the run does; the user's own options are left as they were."""
     x, y = torch.randn(4, 4), torch.randn(4, 1)
-    _, training, _ = _fp16_accumulator_model(torch.float16)
+    opts, training, _ = _fp16_accumulator_model(torch.float16)
     strategy = poptorch.MeanReductionStrategy
-    assert training.options.Training.meanAccumulationAndReplicationReductionStrategy == strategy.Post
+    assert training.options.Training.meanAccumulationAndReplicationReductionStrategy == strategy.Running
+    assert opts.Training.meanAccumulationAndReplicationReductionStrategy == strategy.Post
     training(x, y)
     assert training.options.Training.meanAccumulationAndReplicationReductionStrategy == strategy.Running
     _, training32, _ = _fp16_accumulator_model(torch.float32)

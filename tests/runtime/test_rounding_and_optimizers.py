@@ -423,3 +423,20 @@ def test_lamb_trust_ratio_hand_worked():
     # max_weight_norm caps ||w|| in the trust ratio: 1 instead of 5.
     capped = [3.0 - 0.1 * 2**-0.5, 4.0 - 0.1 * 2**-0.5]
     assert _lamb_first_step([3.0, 4.0], [1.0, 1.0], max_weight_norm=1.0) == capped
+
+
+def test_a_run_resumed_with_its_weight_now_contiguous_takes_the_uninterrupted_steps():
+    """Moments saved from a transposed weight keep their strides through a state dict; the weight reloaded
+    contiguous (as safetensors writes it) must still take the same update, not fail on the layouts."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(300, 500, generator=g).half().t())  # 150,000 values: two chunks
+    grads = [torch.randn(w.shape, generator=g) for _ in range(2)]
+    opt = AdamW([w], lr=1e-2, first_order_momentum_accum_type=torch.float16, seed=1)
+    opt.step(gradients={w: grads[0]})
+    resumed_weight = torch.nn.Parameter(w.detach().contiguous())
+    resumed = AdamW([resumed_weight], lr=1e-2, first_order_momentum_accum_type=torch.float16, seed=1)
+    resumed.load_state_dict(copy.deepcopy(opt.state_dict()))
+    assert not resumed.state[resumed_weight]["exp_avg_sq"].is_contiguous()
+    opt.step(gradients={w: grads[1]})
+    resumed.step(gradients={resumed_weight: grads[1]})
+    assert torch.equal(resumed_weight.detach().view(torch.int16), w.detach().contiguous().view(torch.int16))
