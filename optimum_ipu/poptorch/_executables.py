@@ -18,7 +18,6 @@ from torch.utils import _pytree as pytree
 from optimum_ipu.poptorch import _anchors, _distributed, _stages
 from optimum_ipu.poptorch._logging import Error
 from optimum_ipu.poptorch._optimizer_use import (
-    apply_reduction_strategy,
     check_optimizer_parameters,
     hyperparameters_as_set,
     native_step,
@@ -85,7 +84,6 @@ def build_executable(wrapper) -> TrainingExecutable | InferenceExecutable:
             sets_mode=False,  # PopTorch runs each module in the mode its user left it in
         )
     options = wrapper._options
-    apply_reduction_strategy(wrapper._optimizer, options, compiled=False)
     seed = options._values.get("random_seed", torch.initial_seed())
     wrapper._streams = wrapper._streams or ReplicaStreams(seed, options.replication_factor)
     reduction = options.Training.accumulation_and_replication_reduction_type

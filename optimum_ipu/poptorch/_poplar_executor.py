@@ -129,8 +129,8 @@ class PoplarExecutor:
         optimizer = check_wrap(model, self._options, training, optimizer)
         if training:
             _training_wrappers[model] = self
-            if optimizer is not None:  # PopTorch sets the strategy when it takes the optimizer, at wrap
-                apply_reduction_strategy(optimizer, self._options, compiled=False)
+            # PopTorch sets the strategy when it takes the optimizer: here, and at `setOptimizer`
+            apply_reduction_strategy(optimizer, self._options, compiled=False)
         self._optimizer = optimizer
         self._hyperparameters = hyperparameters(optimizer) if optimizer is not None else None
         self._executable: TrainingExecutable | InferenceExecutable | None = None
