@@ -63,6 +63,7 @@ class GradientAccumulator:
         self._out: dict[torch.Tensor, torch.Tensor] = {}
         self._counts: dict[torch.Tensor, int] = {}
         self._last: dict[torch.Tensor, int | None] = {}
+        self._scratch: torch.Tensor | None = None  # `_as_fp32`'s memory
 
     @contextlib.contextmanager
     def collecting(self, micro_batches: int) -> Iterator[None]:
@@ -106,7 +107,10 @@ class GradientAccumulator:
                 kept_tensor(self._buffers, param, param.shape, self.dtype, param.device).copy_(grad)
             self._counts[param] = 1
         elif not self.running_mean:
-            self._buffers[param].add_(grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
+            buffer = self._buffers[param]
+            if grad.dtype != buffer.dtype and buffer.dtype == torch.float32:
+                grad = self._as_fp32(grad)  # not `add_` as it is: that converts into fresh memory each time
+            buffer.add_(grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
         elif current is not None and self._last[param] == current:  # another part of this micro-batch
             self._buffers[param].add_(grad, alpha=1.0 / count)  # computed in fp32, rounded once
         else:  # PopART's running mean: acc + b * (g - acc) computed in fp32 by torch's lerp, rounded once
@@ -119,6 +123,14 @@ class GradientAccumulator:
             self._counts[param] = count + 1
         self._last[param] = current
         param.grad = None
+
+    def _as_fp32(self, grad: torch.Tensor) -> torch.Tensor:
+        """`grad`'s exact fp32 values, in scratch memory kept for the accumulator's life (one flat tensor,
+        as large as its largest gradient: the hooks run one at a time)."""
+        scratch = self._scratch
+        if scratch is None or scratch.numel() < grad.numel() or scratch.device != grad.device:
+            scratch = self._scratch = torch.empty(grad.numel(), dtype=torch.float32, device=grad.device)
+        return scratch[: grad.numel()].view(grad.shape).copy_(grad)
 
     def gradients(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
         """(parameter, fp32 gradient sum) for every parameter that received a gradient."""

@@ -72,6 +72,29 @@ def test_one_micro_batch_needs_no_hook_and_several_sum_in_fp32():
     assert hooked and grad.tolist() == [3 * 2048.0, 3075.0]
 
 
+def test_an_fp16_gradient_joins_an_fp32_sum_without_a_weight_sized_temporary():
+    """Adding an fp16 gradient to an fp32 buffer as it is makes torch convert it into a fresh fp32 tensor of
+    the weight's size at every micro-batch; fresh memory of that size is new pages from the kernel on many
+    hosts, which cost more than the sum. The conversion goes through memory the accumulator keeps."""
+    weight = torch.nn.Parameter(torch.zeros(70_000, dtype=torch.float16))
+    accumulator = GradientAccumulator([weight])
+    with accumulator.collecting(3):
+        (weight.float() * 1.0).sum().backward()
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, record_shapes=True
+        ) as run:
+            for scale in (2.0, 4.0):
+                (weight.float() * scale).sum().backward()
+    ((_, grad),) = accumulator.gradients()
+    assert grad.eq(7.0).all()
+    sums = [e for e in run.events() if e.name == "aten::add_" and e.input_shapes[0] == [70_000]]
+    assert len(sums) == 2
+    for event in sums:
+        assert all(child.cpu_memory_usage <= 0 for child in event.cpu_children), [
+            (child.name, child.cpu_memory_usage) for child in event.cpu_children
+        ]
+
+
 def _update(accumulator, weights, scales):
     """One update: a micro-batch per scale, each the gradient `scale` on every weight; the sums handed out."""
     with accumulator.collecting(len(scales)):
