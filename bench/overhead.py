@@ -14,7 +14,7 @@ are interleaved over several rounds on the same machine:
   `--native-steps` timed steps (default 2), printed with its round count.
 
 Each run's median step time (after a warm-up step) gives samples/s, in this process's CPU time (one
-torch thread: the work the step did, which other jobs on a shared machine inflate far less than its
+torch thread, unless OMP_NUM_THREADS says otherwise: the work the step did, which other jobs on a shared machine inflate far less than its
 wall time; the load average is printed before and after). Two ratios are printed in CPU time, and the
 first again in wall-clock time (`wall vs p-ga`):
 `vs plain-ga` is the simulator's overhead over transformers doing the same micro-batches in fp32
@@ -187,6 +187,9 @@ def main() -> None:
     parser.add_argument("--only", choices=("minilm", "vit"), help="one model only")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
+    if "OMP_NUM_THREADS" not in os.environ:
+        # CPU time measures the work done only with one thread: idle threads of a team spin, and count.
+        torch.set_num_threads(1)
 
     print(cpu_description())
     print(
