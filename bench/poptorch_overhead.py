@@ -174,6 +174,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     logging.getLogger("poptorch").setLevel(logging.ERROR)
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)  # CPU time is the work done only with one thread (idle ones spin)
     print(cpu_description(), f"{torch.get_num_threads()} torch threads, torch {torch.__version__}")
     for name in args.program:
         measure(PROGRAMS[name], args.rounds, args.calls)
