@@ -141,7 +141,8 @@ def sample_inputs_for(
     transcripts of a quarter as many tokens (12.5 a second; read speech runs at about 15 characters).
     Whisper gets the log-mel `input_features` of the one window its encoder accepts (30 s: twice
     `max_source_positions` frames, which its stride-2 convolution halves) and transcripts (`labels`) of
-    `seq_len` tokens (default 384).
+    `seq_len` tokens (default 384). The base model of an encoder-decoder (no head, no labels) gets
+    `decoder_input_ids` of the labels' shape instead.
     """
     config = model.config
     accepted = set(inspect.signature(model.forward).parameters)
@@ -186,6 +187,9 @@ def sample_inputs_for(
                 inputs["labels"] = torch.empty(b, **long)
         elif len(token_shape) == 2:
             inputs["labels"] = torch.empty(token_shape, **long)
+    if "labels" not in inputs and "decoder_input_ids" in accepted and getattr(config, "is_encoder_decoder", False):
+        # The base model of an encoder-decoder (T5Model, WhisperModel): no labels to derive them from.
+        inputs["decoder_input_ids"] = torch.empty(token_shape, **long)
     return inputs
 
 

@@ -56,3 +56,20 @@ def test_plan_prices_mt5_with_its_bundled_config(tmp_path, capsys):
 def test_encoder_decoder_models_plan_summarization_by_default(tmp_path):
     tiny_bart_config().save_pretrained(tmp_path)  # a config without `architectures`
     assert resolve_model(str(tmp_path)).builder == "AutoModelForSeq2SeqLM"
+
+
+@pytest.mark.parametrize("key", ["t5", "whisper", "bart"])
+@pytest.mark.parametrize("inference", [True, False])
+def test_the_base_model_of_an_encoder_decoder_is_priced_with_decoder_inputs(tmp_path, capsys, key, inference):
+    """`--task base` builds the model without a head (T5Model, WhisperModel, BartModel): its forward needs
+    decoder inputs as well as the encoder's, which the traced micro-batch gives it (of `--seq-len` tokens),
+    as a seq2seq task's labels do; without them transformers refused the trace."""
+    make, _, layers = CONFIGS[key]
+    make().save_pretrained(tmp_path)
+    ipu_config = tmp_path / "ipu_config.json"
+    ipu_config.write_text(f'{{"layers_per_ipu": {layers}, "ipus_per_replica": 4}}')
+    args = ["plan", str(tmp_path), "--task", "base", "--ipu-config", str(ipu_config), "--seq-len", "16"]
+    code = cli.main(args + (["--inference"] if inference else []))
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "samples/s" in out.out
