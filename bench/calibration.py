@@ -594,6 +594,10 @@ HELD_OUT = [
         latency_s=1.6058893203735352,
         quote="batch latency: 1.6058893203735352s | per_sample: 0.0007841256447136402s | throughput: "
         "1275.3058221494546 samples/s",
+        note="a repeat on Poplar SDK 3.2.1 with matmul_proportion 0.1, the seq-512 point's SDK and proportion "
+        "(commit fa70b26e, cell 33: four calls, 1266.5-1274.2 samples/s, 'batch latency: 1.6077561378479004s' "
+        "for the median one) gave 1273.8: only the padded length, 514 against 512, separates the two MPNet "
+        "points",
     ),
     _embedding_call(
         "MPNet-base (all-mpnet-base-v2) embeddings seq 512, 1 IPU x 4 replicas",
@@ -610,8 +614,9 @@ HELD_OUT = [
             "the notebook's own MPNet modelling file (a fused query-key-value projection) prices as "
             "transformers' MPNet; Poplar SDK 3.2.1, where the seq-514 point ran SDK 3.3"
         ],  # fmt: skip
-        note="1.8x the seq-514 point's throughput on the same kind of system: the model does not explain the "
-        "difference (the sequence length's alignment, the SDK, the fused projection)",
+        note="1.8x the seq-514 point's throughput, which a repeat of that point on this SDK and proportion "
+        "confirms (see it): the padded length, 514 = 2 x 257 against 512, is the one difference, and the model, "
+        "which prices tokens and not their alignment on the IPU's tiles, puts the two 9 % apart",
     ),
     Point(
         name="BERT-Large SQuAD fine-tuning seq 384, 8 IPUs x 2 replicas",
