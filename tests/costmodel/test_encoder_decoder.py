@@ -73,3 +73,18 @@ def test_the_base_model_of_an_encoder_decoder_is_priced_with_decoder_inputs(tmp_
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "samples/s" in out.out
+
+
+def test_a_t5_encoder_alone_is_planned_from_its_configs_architectures(tmp_path, capsys):
+    """Sentence-T5 checkpoints are T5's encoder alone (`"architectures": ["T5EncoderModel"]`), as Optimum
+    Graphcore's text-embeddings notebook runs them: plan builds that class, with no decoder to price."""
+    config = tiny_t5_config(layers=4)
+    config.architectures = ["T5EncoderModel"]
+    config.save_pretrained(tmp_path)
+    assert resolve_model(str(tmp_path)).builder == "T5EncoderModel"
+    ipu_config = tmp_path / "ipu_config.json"
+    ipu_config.write_text('{"layers_per_ipu": [4], "ipus_per_replica": 1, "inference_device_iterations": 8}')
+    code = cli.main(["plan", str(tmp_path), "--ipu-config", str(ipu_config), "--seq-len", "16", "--inference"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "T5EncoderModel" in out.out and "decoder" not in out.out.lower()
