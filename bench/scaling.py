@@ -1,6 +1,6 @@
 """Scaling over processes: replicas and pipeline stages under torchrun, against one process.
 
-    python bench/scaling.py [--rounds 3] [--steps 4]
+    python bench/scaling.py [--rounds 3] [--steps 4] [--only replicas|pipeline] [--layers 6] [--ga 16]
 
 Two comparisons, each measured in the same run, rounds interleaved, medians reported:
 
@@ -9,10 +9,13 @@ Two comparisons, each measured in the same run, rounds interleaved, medians repo
   samples/s(2 processes) / (2 x samples/s(1 process)); target >= 0.8.
 - pipeline: a 2-IPU pipeline in one process (its stages run one after another) vs the same pipeline
   as two stage processes (stages work on different micro-batches at once), one thread each, GA 16.
-  Speed-up = samples/s(2 processes) / samples/s(1 process); target >= 1.4.
+  Speed-up = samples/s(2 processes) / samples/s(1 process); target >= 1.4 (issue 43: >= 1.8 on a
+  balanced pipeline). Each process's CPU time per step is printed too: a stage process's is its
+  stage's work, so their ratio is the stages' balance, and with the pipeline's fill and drain (GA + 1
+  slots of the busier stage for GA micro-batches) it bounds the speed-up any hand-over could reach.
 
-The model is a MiniLM-size BERT (6 layers, hidden 384) for question answering at sequence length
-128 on random tokens, trained in fp32 (the arithmetic is the same in every layout, so only the
+The model is a MiniLM-size BERT (6 layers by default, `--layers`; hidden 384) for question answering
+at sequence length 128 on random tokens, trained in fp32 (the arithmetic is the same in every layout, so only the
 layout's speed differs). Throughput counts the timed steps after one warm-up step and before the
 last: at the end of training (and before every save or evaluation) stage processes gather the whole
 model and its optimizer state on every rank, which is printed on its own.
@@ -69,14 +72,17 @@ def worker(spec_path: str) -> None:
                     "start_positions": self.start[i], "end_positions": self.start[i] + 2}  # fmt: skip
 
     class StepTimes(TrainerCallback):
+        """Wall clock and this process's CPU time at the end of every step."""
+
         def __init__(self):
-            self.times = []
+            self.times, self.cpu_times = [], []
 
         def on_step_end(self, args, state, control, **kwargs):
             self.times.append(time.perf_counter())
+            self.cpu_times.append(time.process_time())
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+    config = BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=spec["layers"], num_attention_heads=12,
                         intermediate_size=1536, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
     model = BertForQuestionAnswering(config)
     ipu_config = IPUConfig(**spec["ipu_config"])
@@ -90,26 +96,33 @@ def worker(spec_path: str) -> None:
     timer = StepTimes()
     trainer.add_callback(timer)
     trainer.train()
+    # The steps between the first (warm-up) and the last are timed. The last step ends training: stage
+    # processes then gather every stage's weights and optimizer state (as before a save), a one-off
+    # reported on its own as the last step's time beyond a typical step. Every process writes the CPU
+    # time its steps took: a stage process's is its stage's work, the rest of the wall time its waits.
+    cpu_steps = [b - a for a, b in zip(timer.cpu_times, timer.cpu_times[1:])][:-1]
+    Path(spec["out"], f"cpu-{args.process_index}.json").write_text(json.dumps(statistics.median(cpu_steps)))
     if args.process_index == 0:
-        # The steps between the first (warm-up) and the last are timed. The last step ends training:
-        # stage processes then gather every stage's weights and optimizer state (as before a save), a
-        # one-off reported on its own as the last step's time beyond a typical step.
         steps = [b - a for a, b in zip(timer.times, timer.times[1:])]
         typical = statistics.median(steps[:-1])
         Path(spec["out"], "result.json").write_text(json.dumps({
             "samples_per_second": combined * spec["steps"] / sum(steps[:-1]),
+            "step_seconds": typical,
             "gather_seconds": max(steps[-1] - typical, 0.0),
         }))  # fmt: skip
 
 
-def run(name: str, processes: int, ipu_config: dict, steps: int, micro_batch: int, folder: Path) -> dict:
-    """samples/s of one launch, and the seconds its end-of-training gather added."""
+def run(
+    name: str, processes: int, ipu_config: dict, steps: int, micro_batch: int, layers: int, folder: Path
+) -> dict:
+    """samples/s of one launch, its median step in wall clock, the seconds its end-of-training gather
+    added, and each process's median CPU seconds per step (`cpu`, by rank)."""
     out = folder / name
     out.mkdir(parents=True, exist_ok=True)
     spec = folder / f"{name}.json"
-    spec.write_text(
-        json.dumps({"out": str(out), "ipu_config": ipu_config, "steps": steps, "micro_batch": micro_batch})
-    )
+    spec.write_text(json.dumps(
+        {"out": str(out), "ipu_config": ipu_config, "steps": steps, "micro_batch": micro_batch, "layers": layers}
+    ))  # fmt: skip
     launcher = [sys.executable]
     if processes > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
@@ -122,7 +135,9 @@ def run(name: str, processes: int, ipu_config: dict, steps: int, micro_batch: in
         raise SystemExit(
             f"{name} failed ({'after' if finished else 'before'} training ended):\n{result.stderr[-3000:]}"
         )
-    return json.loads((out / "result.json").read_text())
+    result = json.loads((out / "result.json").read_text())
+    result["cpu"] = [json.loads((out / f"cpu-{rank}.json").read_text()) for rank in range(processes)]
+    return result
 
 
 def main() -> None:
@@ -132,9 +147,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run (after one warm-up step)")
     parser.add_argument("--only", choices=("replicas", "pipeline"), default=None)
+    parser.add_argument(
+        "--layers", type=int, default=6, help="encoder layers (even: the pipeline puts half on each IPU)"
+    )
+    parser.add_argument("--ga", type=int, default=16, help="gradient accumulation steps")
     options = parser.parse_args()
+    if options.layers < 2 or options.layers % 2:
+        parser.error(f"--layers {options.layers}: give an even number of layers, at least 2.")
 
-    ga = 16
+    ga, half = options.ga, options.layers // 2
     layouts = {
         "replicas": [
             ("1 process, 1 replica", 1, {"layers_per_ipu": [-1], "ipus_per_replica": 1, "replication_factor": 1,
@@ -143,18 +164,20 @@ def main() -> None:
                                             "gradient_accumulation_steps": ga}),
         ],
         "pipeline": [
-            ("1 process, 2-IPU pipeline", 1, {"layers_per_ipu": [3, 3], "ipus_per_replica": 2,
+            ("1 process, 2-IPU pipeline", 1, {"layers_per_ipu": [half, half], "ipus_per_replica": 2,
                                               "gradient_accumulation_steps": ga}),
-            ("2 stage processes", 2, {"layers_per_ipu": [3, 3], "ipus_per_replica": 2,
+            ("2 stage processes", 2, {"layers_per_ipu": [half, half], "ipus_per_replica": 2,
                                       "gradient_accumulation_steps": ga}),
         ],
     }  # fmt: skip
     if options.only:
         layouts = {options.only: layouts[options.only]}
-    print(f"CPU: {_cpu_name()}, {os.cpu_count()} cores; one thread per process; BERT 6x384 QA, seq 128, "
-          f"micro-batch 2, GA {ga}, fp32; {options.rounds} rounds of {options.steps} timed steps")  # fmt: skip
+    print(f"CPU: {_cpu_name()}, {os.cpu_count()} cores; one thread per process; BERT {options.layers}x384 QA, "
+          f"seq 128, micro-batch 2, GA {ga}, fp32; {options.rounds} rounds of {options.steps} timed steps")  # fmt: skip
     samples: dict[str, list[float]] = {}
     gathers: dict[str, list[float]] = {}
+    steps: dict[str, list[float]] = {}
+    cpus: dict[str, list[list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(options.rounds):
             for kind, runs in layouts.items():
@@ -165,10 +188,13 @@ def main() -> None:
                         ipu_config,
                         options.steps,
                         2,
+                        options.layers,
                         Path(tmp),
                     )
                     samples.setdefault(name, []).append(result["samples_per_second"])
                     gathers.setdefault(name, []).append(result["gather_seconds"])
+                    steps.setdefault(name, []).append(result["step_seconds"])
+                    cpus.setdefault(name, []).append(result["cpu"])
                     print(f"  round {round_index + 1}: {name}: {result['samples_per_second']:.2f} samples/s, "
                           f"last step +{result['gather_seconds']:.2f} s", flush=True)  # fmt: skip
     medians = {name: statistics.median(values) for name, values in samples.items()}
@@ -180,7 +206,22 @@ def main() -> None:
         print(f"replica scaling efficiency (target >= 0.8): {efficiency:.2f}")
     if "pipeline" in layouts:
         speedup = medians["2 stage processes"] / medians["1 process, 2-IPU pipeline"]
-        print(f"pipeline speed-up at GA {ga} (target >= 1.4): {speedup:.2f}x")
+        print(f"pipeline speed-up at GA {ga} (target >= 1.4; issue 43: >= 1.8 when balanced): {speedup:.2f}x")
+        _stage_balance(cpus, steps, ga)
+
+
+def _stage_balance(cpus: dict[str, list[list[float]]], steps: dict[str, list[float]], ga: int) -> None:
+    """Each stage process's work (its CPU time per step) against the one process doing both, and the
+    speed-up that balance allows: a 1F1B schedule of `ga` micro-batches over 2 stages takes ga + 1
+    slots of the busier stage's micro-batch, and the one process takes both stages' time."""
+    one = statistics.median(c[0] for c in cpus["1 process, 2-IPU pipeline"])
+    stages = [statistics.median(c[rank] for c in cpus["2 stage processes"]) for rank in range(2)]
+    wall = statistics.median(steps["2 stage processes"])
+    bound = one / (max(stages) * (ga + 1) / ga)
+    print(f"CPU s per step: 1 process {one:.3f}; stage 0 {stages[0]:.3f} ({stages[0] / one:.2f} of it), "
+          f"stage 1 {stages[1]:.3f} ({stages[1] / one:.2f})")  # fmt: skip
+    print(f"2 stage processes: {wall:.3f} s per step in wall clock, of which the busier stage worked "
+          f"{max(stages):.3f} s; the speed-up this balance allows with the pipeline's fill and drain: {bound:.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":
