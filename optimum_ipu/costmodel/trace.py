@@ -141,8 +141,8 @@ def sample_inputs_for(
     transcripts of a quarter as many tokens (12.5 a second; read speech runs at about 15 characters).
     Whisper gets the log-mel `input_features` of the one window its encoder accepts (30 s: twice
     `max_source_positions` frames, which its stride-2 convolution halves) and transcripts (`labels`) of
-    `seq_len` tokens (default 384). The base model of an encoder-decoder (no head, no labels) gets
-    `decoder_input_ids` of the labels' shape instead.
+    `seq_len` tokens (default 384). The base model of an encoder-decoder that cannot make its decoder
+    inputs (T5Model, WhisperModel: no labels to shift) gets `decoder_input_ids` of the labels' shape.
     """
     config = model.config
     accepted = set(inspect.signature(model.forward).parameters)
@@ -187,10 +187,26 @@ def sample_inputs_for(
                 inputs["labels"] = torch.empty(b, **long)
         elif len(token_shape) == 2:
             inputs["labels"] = torch.empty(token_shape, **long)
-    if "labels" not in inputs and "decoder_input_ids" in accepted and getattr(config, "is_encoder_decoder", False):
-        # The base model of an encoder-decoder (T5Model, WhisperModel): no labels to derive them from.
+    if _needs_decoder_inputs(config, accepted, inputs) and len(token_shape) == 2:
         inputs["decoder_input_ids"] = torch.empty(token_shape, **long)
     return inputs
+
+
+# Encoder-decoders whose models make their decoder inputs from `input_ids` when given none (shifted right):
+# on the IPU that happens on the device, so the trace gives them none to stream.
+_DECODER_INPUTS_FROM_INPUT_IDS = frozenset({"bart", "mbart", "plbart"})
+
+
+def _needs_decoder_inputs(config, accepted: set[str], inputs: dict[str, torch.Tensor]) -> bool:
+    """Whether the traced model needs `decoder_input_ids` given: an encoder-decoder's base model (T5Model,
+    MT5Model, WhisperModel), which has no labels to shift and, outside BART's family, makes none itself.
+    A head with labels or answer positions (`T5ForQuestionAnswering`) derives them as it runs."""
+    return (
+        getattr(config, "is_encoder_decoder", False)
+        and "decoder_input_ids" in accepted
+        and not {"labels", "start_positions"} & inputs.keys()
+        and getattr(config, "model_type", None) not in _DECODER_INPUTS_FROM_INPUT_IDS
+    )
 
 
 def _is_classifier(model: nn.Module) -> bool:

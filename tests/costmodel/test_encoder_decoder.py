@@ -88,3 +88,18 @@ def test_a_t5_encoder_alone_is_planned_from_its_configs_architectures(tmp_path, 
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "T5EncoderModel" in out.out and "decoder" not in out.out.lower()
+
+
+@pytest.mark.parametrize(
+    ("key", "task", "given"),
+    [("t5", "base", True), ("whisper", "base", True), ("bart", "base", False), ("t5", "question-answering", False),
+     ("t5", "translation", False)],
+)  # fmt: skip
+def test_decoder_inputs_are_streamed_only_to_a_model_that_cannot_make_them(tmp_path, key, task, given):
+    """BART's base model and the heads given labels or answer positions shift their decoder inputs out of
+    what they have, on the device: the host streams them only to T5's and Whisper's base models."""
+    from optimum_ipu.costmodel.trace import sample_inputs_for
+
+    CONFIGS[key][0]().save_pretrained(tmp_path)
+    model = build_meta_model(resolve_model(str(tmp_path), task))
+    assert ("decoder_input_ids" in sample_inputs_for(model, 2, seq_len=16)) is given
