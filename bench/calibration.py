@@ -599,8 +599,8 @@ HELD_OUT = [
         "1275.3058221494546 samples/s",
         note="a repeat on Poplar SDK 3.2.1 with matmul_proportion 0.1, the seq-512 point's SDK and proportion "
         "(commit fa70b26e, cell 33: four calls, 1266.5-1274.2 samples/s, 'batch latency: 1.6077561378479004s' "
-        "for the median one) gave 1273.8: only the padded length, 514 against 512, separates the two MPNet "
-        "points",
+        "for the median one) gave 1273.8: nothing else in the notebook's IPU config or modelling file separates "
+        "the two MPNet points but the padded length, 514 against 512",
     ),
     _embedding_call(
         "MPNet-base (all-mpnet-base-v2) embeddings seq 512, 1 IPU x 4 replicas",

@@ -15,8 +15,8 @@ Two comparisons, each measured in the same run, rounds interleaved, medians repo
   slots of the busier stage for GA micro-batches) it bounds the speed-up any hand-over could reach.
 
 The model is a MiniLM-size BERT (6 layers by default, `--layers`; hidden 384) for question answering
-at sequence length 128 on random tokens, trained in fp32 (the arithmetic is the same in every layout, so only the
-layout's speed differs). Throughput counts the timed steps after one warm-up step and before the
+at sequence length 128 on random tokens, trained in fp32 (the arithmetic is the same in every layout,
+so only the layout's speed differs). Throughput counts the timed steps after one warm-up step and before the
 last: at the end of training (and before every save or evaluation) stage processes gather the whole
 model and its optimizer state on every rank, which is printed on its own.
 """
@@ -221,7 +221,8 @@ def _stage_balance(cpus: dict[str, list[list[float]]], steps: dict[str, list[flo
     print(f"CPU s per step: 1 process {one:.3f}; stage 0 {stages[0]:.3f} ({stages[0] / one:.2f} of it), "
           f"stage 1 {stages[1]:.3f} ({stages[1] / one:.2f})")  # fmt: skip
     print(f"2 stage processes: {wall:.3f} s per step in wall clock, of which the busier stage worked "
-          f"{max(stages):.3f} s; the speed-up this balance allows with the pipeline's fill and drain: {bound:.2f}x")  # fmt: skip
+          f"{max(stages):.3f} s")  # fmt: skip
+    print(f"the speed-up this balance allows with the pipeline's fill and drain: {bound:.2f}x")
 
 
 if __name__ == "__main__":

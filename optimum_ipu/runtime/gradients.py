@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from optimum_ipu.runtime.kept_tensors import kept_tensor
+from optimum_ipu.runtime.rounding import chunk_views
 
 
 class GradientAccumulator:
@@ -63,7 +64,7 @@ class GradientAccumulator:
         self._out: dict[torch.Tensor, torch.Tensor] = {}
         self._counts: dict[torch.Tensor, int] = {}
         self._last: dict[torch.Tensor, int | None] = {}
-        self._scratch: torch.Tensor | None = None  # `_as_fp32`'s memory
+        self._scratch: torch.Tensor | None = None  # `_add_converted`'s memory (CPU)
 
     @contextlib.contextmanager
     def collecting(self, micro_batches: int) -> Iterator[None]:
@@ -108,9 +109,10 @@ class GradientAccumulator:
             self._counts[param] = 1
         elif not self.running_mean:
             buffer = self._buffers[param]
-            if grad.dtype != buffer.dtype and buffer.dtype == torch.float32:
-                grad = self._as_fp32(grad)  # not `add_` as it is: that converts into fresh memory each time
-            buffer.add_(grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
+            if grad.dtype != buffer.dtype and buffer.dtype == torch.float32 and grad.device.type == "cpu":
+                self._add_converted(buffer, grad)
+            else:
+                buffer.add_(grad)  # in the buffer's type: rounded to fp16 in an fp16 accumulator
         elif current is not None and self._last[param] == current:  # another part of this micro-batch
             self._buffers[param].add_(grad, alpha=1.0 / count)  # computed in fp32, rounded once
         else:  # PopART's running mean: acc + b * (g - acc) computed in fp32 by torch's lerp, rounded once
@@ -124,13 +126,24 @@ class GradientAccumulator:
         self._last[param] = current
         param.grad = None
 
-    def _as_fp32(self, grad: torch.Tensor) -> torch.Tensor:
-        """`grad`'s exact fp32 values, in scratch memory kept for the accumulator's life (one flat tensor,
-        as large as its largest gradient: the hooks run one at a time)."""
-        scratch = self._scratch
-        if scratch is None or scratch.numel() < grad.numel() or scratch.device != grad.device:
-            scratch = self._scratch = torch.empty(grad.numel(), dtype=torch.float32, device=grad.device)
-        return scratch[: grad.numel()].view(grad.shape).copy_(grad)
+    def _add_converted(self, buffer: torch.Tensor, grad: torch.Tensor) -> None:
+        """`buffer += grad` for an fp32 sum of an fp16 gradient on the CPU, the same values as `add_`.
+
+        Torch's `add_` of mixed types converts the whole gradient into a fresh fp32 tensor first, at every
+        micro-batch: weight-sized fresh memory, which is new pages from the kernel whenever the allocator has
+        just handed its heap back. Here the gradient goes through a chunk of scratch memory the accumulator
+        keeps (`chunk_views`' size, the hooks running one at a time), converted and added while in cache; a
+        gradient laid out unlike its buffer (a transposed weight's) goes through scratch of its own size.
+        """
+        if grad.is_contiguous() and buffer.is_contiguous():
+            chunks = list(zip(chunk_views(buffer), chunk_views(grad)))
+        else:
+            chunks = [(buffer, grad)]
+        largest = max(part.numel() for _, part in chunks)
+        if self._scratch is None or self._scratch.numel() < largest:
+            self._scratch = torch.empty(largest, dtype=torch.float32)
+        for total, part in chunks:
+            total.add_(self._scratch[: part.numel()].view(part.shape).copy_(part))
 
     def gradients(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
         """(parameter, fp32 gradient sum) for every parameter that received a gradient."""
