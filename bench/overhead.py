@@ -15,8 +15,8 @@ are interleaved over several rounds on the same machine:
 
 Each run's median step time (after a warm-up step) gives samples/s, in this process's CPU time (one
 torch thread, unless OMP_NUM_THREADS says otherwise: the work the step did, which other jobs on a
-shared machine inflate far less than its wall time; the load average is printed before and after). Two ratios are printed in CPU time, and the
-first again in wall-clock time (`wall vs p-ga`):
+shared machine inflate far less than its wall time; the load average is printed before and after).
+Two ratios are printed in CPU time, and the first again in wall-clock time (`wall vs p-ga`):
 `vs plain-ga` is the simulator's overhead over transformers doing the same micro-batches in fp32
 (an IPU run is micro-batched by definition, so this is the ratio the targets are about); `vs plain`
 also includes what micro-batching itself costs on this CPU (smaller matmuls, one embedding-gradient

@@ -139,7 +139,7 @@ class GradientAccumulator:
             chunks = list(zip(chunk_views(buffer), chunk_views(grad)))
         else:
             chunks = [(buffer, grad)]
-        largest = max(part.numel() for _, part in chunks)
+        largest = max((part.numel() for _, part in chunks), default=0)
         if self._scratch is None or self._scratch.numel() < largest:
             self._scratch = torch.empty(largest, dtype=torch.float32)
         for total, part in chunks:

@@ -97,6 +97,19 @@ def test_an_fp16_gradient_joins_an_fp32_sum_without_a_weight_sized_temporary():
     assert weight_sized == []
 
 
+def test_an_empty_fp16_weight_sums_to_an_empty_fp32_gradient():
+    """A weight of no elements (a zero-width layer) still has a gradient at every micro-batch: summing it
+    into the fp32 buffer is a no-op, not an error."""
+    empty = torch.nn.Parameter(torch.zeros(0, 4, dtype=torch.float16))
+    other = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
+    accumulator = GradientAccumulator([empty, other])
+    with accumulator.collecting(2):
+        for _ in range(2):
+            (empty.float().sum() + other.float().sum()).backward()
+    grads = {p.shape: g for p, g in accumulator.gradients()}
+    assert grads[empty.shape].shape == (0, 4) and grads[other.shape].tolist() == [2.0, 2.0, 2.0]
+
+
 def _update(accumulator, weights, scales):
     """One update: a micro-batch per scale, each the gradient `scale` on every weight; the sums handed out."""
     with accumulator.collecting(len(scales)):
