@@ -42,7 +42,7 @@ from optimum_ipu.pipelining.pipeline import untied_output_projection
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, pad_by_repeating
 from optimum_ipu.runtime.distributed import hold_process_groups
 from optimum_ipu.runtime.executor import InferenceExecutable
-from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
+from optimum_ipu.runtime.fp16_compute import held_fp32_copies, resolve_fp16_compute
 from optimum_ipu.training_args import IPUTrainingArguments, resolve_ipu_config
 from optimum_ipu.training_calls import TrainingCalls, ipu_optimizer
 
@@ -454,8 +454,12 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
         return _to_float32(loss), _trim(_to_float32(logits), size), _trim(_to_float32(labels), size)
 
     def evaluation_loop(self, *args, **kwargs):
+        """transformers' loop on the inference layout; the weights stay the same from one call to the next,
+        so with emulated fp16 each call reads fp32 copies of them made once for the loop."""
         try:
-            return super().evaluation_loop(*args, **kwargs)
+            self._use_mode("inference")
+            with held_fp32_copies(self.fp16_compute, self.model.parameters()):
+                return super().evaluation_loop(*args, **kwargs)
         finally:
             self._use_mode("training")
 

@@ -3,10 +3,12 @@ checkpoints that plain transformers loads, resume, and the errors users meet."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 
+import numpy as np
 import pytest
 import torch
 from fixtures import PatternQA, tiny_bert_config, tiny_tokenizer
@@ -404,6 +406,33 @@ def test_emulated_fp16_weights_copied_once_per_device_iteration_train_the_same_b
     assert once.state.global_step == per_op.state.global_step >= 2
     for (name, a), (_, b) in zip(once.model.named_parameters(), per_op.model.named_parameters()):
         assert a.dtype == torch.float16 and torch.equal(a, b), name
+
+
+def test_an_fp16_evaluation_copies_each_weight_once_for_the_loop_with_the_same_predictions(tmp_path, monkeypatch):
+    """Nothing changes the weights between an evaluation loop's calls: each call reads the fp32 copies made
+    for the loop (`held_fp32_copies`), and predicts what a copy made for each call predicts."""
+    from optimum_ipu import trainer as trainer_module
+    from optimum_ipu.runtime import fp16_compute
+
+    monkeypatch.setattr(fp16_compute, "CACHED_WEIGHT_ELEMENTS", 1)  # the tiny model's weights too
+    copies = []
+    copy = fp16_compute._storage_as_fp32
+    monkeypatch.setattr(fp16_compute, "_storage_as_fp32", lambda tensor: copies.append(tensor) or copy(tensor))
+
+    def predict(folder):
+        copies.clear()
+        trainer = IPUTrainer(tiny_qa(), two_ipu_config(inference_device_iterations=2),
+                             ipu_args(tmp_path / folder, fp16_compute="emulated"))  # fmt: skip
+        prediction = trainer.predict(PatternQA(13))  # 4 calls: 4, 4, 4 and 1 samples
+        return prediction, len(copies)
+
+    held, held_copies = predict("held")
+    monkeypatch.setattr(trainer_module, "held_fp32_copies", lambda mode, weights: contextlib.nullcontext())
+    each, each_copies = predict("per_call")
+    assert held_copies > 0 and each_copies == 4 * held_copies
+    for a, b in zip(held.predictions, each.predictions):
+        np.testing.assert_array_equal(a, b)
+    assert held.metrics["test_loss"] == each.metrics["test_loss"]
 
 
 def test_compile_only_returns_a_result_instead_of_exiting(tmp_path):

@@ -75,7 +75,7 @@ from optimum_ipu.pipelining.placement import PlacementError
 from optimum_ipu.poptorch import Error
 from optimum_ipu.runtime.batches import batch_size_of
 from optimum_ipu.runtime.executor import InferenceExecutable
-from optimum_ipu.runtime.fp16_compute import fp16_compute_context, resolve_fp16_compute
+from optimum_ipu.runtime.fp16_compute import fp16_compute_context, held_fp32_copies, resolve_fp16_compute
 
 __all__ = [
     "SUPPORTED_TASKS",
@@ -178,6 +178,12 @@ class IPUInference:
             self.pipelined.module, CallLayout(), micro_batch_size=size, fp16_compute=self.fp16_compute
         )
         return _to_host_float32(executable(inputs))
+
+    def holding(self):
+        """A block of host calls on unchanged weights (the inputs of one pipeline call): with emulated fp16
+        their fp32 copies are made once for the block (`held_fp32_copies`), on the layout the calls use."""
+        self._lay_out()
+        return held_fp32_copies(None if self.fp32 else self.fp16_compute, self.pipelined.module.parameters())
 
     def _lay_out(self) -> None:
         """The model in eval mode with this pipeline's layout, taken back if an IPUTrainer trained the

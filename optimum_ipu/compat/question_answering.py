@@ -36,6 +36,16 @@ class RunsOnIPU:
         """The pipeline's IPU config (a copy of the one given, in inference mode)."""
         return None if self.ipu is None else self.ipu.ipu_config
 
+    def __call__(self, *args, **kwargs):
+        """The pipeline's own call. Nothing changes the weights between its inputs, so with emulated fp16
+        every input's host call reads fp32 copies of them made once for the call (`IPUInference.holding`).
+        A dataset or generator input returns an iterator that runs after this returns: there each host
+        call makes its own copies."""
+        if self.ipu is None:
+            return super().__call__(*args, **kwargs)
+        with self.ipu.holding():
+            return super().__call__(*args, **kwargs)
+
 
 def _softmax(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     masked = np.where(allowed, logits, -np.inf)

@@ -90,9 +90,13 @@ def test_inputs_are_padded_to_128_tokens_by_default_as_in_optimum_graphcore(toke
     ipu = pipeline("text-classification", model=model(BertForSequenceClassification), tokenizer=tokenizer,
                    ipu_config=TWO_IPUS, fp16=False)  # fmt: skip
     shapes = []
-    run = ipu.ipu.__call__
-    ipu.ipu = type("Spy", (), {"__call__": lambda self, x: shapes.append(x["input_ids"].shape) or run(x),
-                               "input_device": torch.device("cpu")})()  # fmt: skip
+
+    class Spy(IPUInference):
+        def __call__(self, x):
+            shapes.append(x["input_ids"].shape)
+            return super().__call__(x)
+
+    ipu.ipu.__class__ = Spy
     ipu(SENTENCES)
     assert shapes == [(1, 128)] * 3
     ipu(" ".join(["paris"] * 300))  # a longer input is cut to 128
@@ -196,6 +200,27 @@ def test_fp16_pipelines_run_the_model_in_half_and_agree_with_fp32(tokenizer):
     expected = {r["token"]: r["score"] for r in plain("alice was born in [MASK] .", top_k=128)}
     for result in ipu("alice was born in [MASK] .", top_k=3):
         assert result["score"] == pytest.approx(expected[result["token"]], abs=2e-4)
+
+
+def test_an_fp16_pipeline_on_a_list_copies_each_weight_once_with_the_same_answers(tokenizer, monkeypatch):
+    """Nothing changes the weights between the inputs of one pipeline call: each input's host call reads fp32
+    copies made once for the call (`held_fp32_copies`); one input at a time, each call makes its own."""
+    from optimum_ipu.runtime import fp16_compute
+
+    monkeypatch.setattr(fp16_compute, "CACHED_WEIGHT_ELEMENTS", 1)  # the tiny model's weights too
+    copies = []
+    copy = fp16_compute._storage_as_fp32
+    monkeypatch.setattr(fp16_compute, "_storage_as_fp32", lambda tensor: copies.append(tensor) or copy(tensor))
+    ipu = pipeline("text-classification", model=model(BertForSequenceClassification, num_labels=3),
+                   tokenizer=tokenizer, ipu_config=TWO_IPUS)  # fmt: skip
+    ipu.ipu.__class__ = CountedIPU
+    one_by_one = [ipu(sentence) for sentence in SENTENCES]
+    per_input = len(copies) // len(SENTENCES)
+    copies.clear()
+    together = ipu(SENTENCES)
+    assert_from_ipu(ipu, 2 * len(SENTENCES))
+    assert per_input > 0 and len(copies) == per_input
+    assert together == [answers[0] for answers in one_by_one]
 
 
 def test_a_task_without_ipu_pipeline_names_those_with_one(tokenizer):

@@ -107,6 +107,38 @@ def test_a_weight_is_converted_once_per_block_and_again_after_an_in_place_change
     assert not torch.equal(before, after)
 
 
+def test_a_block_of_calls_on_held_weights_converts_each_weight_once():
+    """An evaluation loop or a pipeline's inputs: each call's context reads the copy made for the block."""
+    layer = torch.nn.Linear(512, 128).half()  # at CACHED_WEIGHT_ELEMENTS
+    inputs = [_half(4, 512, seed=s) for s in range(3)]
+    expected = [F.linear(x.float(), layer.weight.float(), layer.bias.float()).half() for x in inputs]
+    with _Conversions(layer.weight.numel()) as conversions:
+        with fp16_compute.held_fp32_copies("emulated", layer.parameters()):
+            block = fp16_compute._held()
+            for x, want in zip(inputs, expected):
+                with fp16_compute.fp16_compute_context("emulated", layer.parameters()):  # one host call
+                    assert torch.equal(layer(x), want)
+            with torch.no_grad():
+                layer.weight.mul_(0.5)  # written in place inside the block: copied again
+            with fp16_compute.fp16_compute_context("emulated", layer.parameters()):
+                after = layer(inputs[0])
+    assert conversions.count == 2
+    assert torch.equal(after, F.linear(inputs[0].float(), layer.weight.float(), layer.bias.float()).half())
+    assert fp16_compute._held() is None and block._fp32 == {}  # the block's copies are let go at its end
+
+
+def test_a_call_on_weights_the_block_does_not_hold_makes_its_own_copies():
+    held, other = torch.nn.Linear(512, 128).half(), torch.nn.Linear(512, 128).half()
+    x = _half(4, 512)
+    with _Conversions(other.weight.numel()) as conversions:
+        with fp16_compute.held_fp32_copies("emulated", held.parameters()):
+            for _ in range(2):
+                with fp16_compute.fp16_compute_context("emulated", [*held.parameters(), *other.parameters()]):
+                    out = other(x)
+    assert conversions.count == 2  # one per call: the block holds no copy of `other`
+    assert torch.equal(out, F.linear(x.float(), other.weight.float(), other.bias.float()).half())
+
+
 def test_a_declared_weight_below_the_size_threshold_is_copied_per_op():
     layer = torch.nn.Linear(64, 48).half()  # 3,072 weights: the copy costs less than the bookkeeping
     with _Conversions(layer.weight.numel()) as conversions, FP32Partials(layer.parameters()):
