@@ -21,6 +21,7 @@ clipping, logging, checkpointing and resuming; below those hooks the IPU semanti
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from typing import Any
@@ -108,6 +109,17 @@ def settings_without_effect(
             "(fp32 math, stochastic rounding), or LAMB with --lamb. Use --fp32 to train with --optim."
         )
     return messages
+
+
+def _after(first, function):
+    """`function`, calling `first()` before each call (the evaluation's copies let go before its metrics)."""
+
+    @functools.wraps(function)
+    def wrapped(*args, **kwargs):
+        first()
+        return function(*args, **kwargs)
+
+    return wrapped
 
 
 def _to_float32(value):
@@ -455,11 +467,14 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
 
     def evaluation_loop(self, *args, **kwargs):
         """transformers' loop on the inference layout; the weights stay the same from one call to the next,
-        so with emulated fp16 each call reads fp32 copies of them made once for the loop."""
+        so with emulated fp16 each call reads fp32 copies of them made once for the loop, let go before
+        the metrics are computed."""
         try:
             self._use_mode("inference")
-            with held_fp32_copies(self.fp16_compute, self.model.parameters()):
-                return super().evaluation_loop(*args, **kwargs)
+            with held_fp32_copies(self.fp16_compute, self.model.parameters()) as release:
+                metrics = self.compute_metrics
+                with overridden(self, compute_metrics=metrics and _after(release, metrics)):
+                    return super().evaluation_loop(*args, **kwargs)
         finally:
             self._use_mode("training")
 

@@ -419,15 +419,23 @@ def test_an_fp16_evaluation_copies_each_weight_once_for_the_loop_with_the_same_p
     copy = fp16_compute._storage_as_fp32
     monkeypatch.setattr(fp16_compute, "_storage_as_fp32", lambda tensor: copies.append(tensor) or copy(tensor))
 
+    def copies_held_at_the_metrics(prediction):  # the metrics may need the memory: the copies are gone
+        block = fp16_compute._held()
+        return {"copies_held": float(len(block._fp32)) if block is not None else -1.0}
+
     def predict(folder):
         copies.clear()
         trainer = IPUTrainer(tiny_qa(), two_ipu_config(inference_device_iterations=2),
-                             ipu_args(tmp_path / folder, fp16_compute="emulated"))  # fmt: skip
+                             ipu_args(tmp_path / folder, fp16_compute="emulated"),
+                             compute_metrics=copies_held_at_the_metrics)  # fmt: skip
         prediction = trainer.predict(PatternQA(13))  # 4 calls: 4, 4, 4 and 1 samples
         return prediction, len(copies)
 
     held, held_copies = predict("held")
-    monkeypatch.setattr(trainer_module, "held_fp32_copies", lambda mode, weights: contextlib.nullcontext())
+    assert held.metrics["test_copies_held"] == 0
+    monkeypatch.setattr(
+        trainer_module, "held_fp32_copies", lambda mode, weights: contextlib.nullcontext(lambda: None)
+    )
     each, each_copies = predict("per_call")
     assert held_copies > 0 and each_copies == 4 * held_copies
     for a, b in zip(held.predictions, each.predictions):

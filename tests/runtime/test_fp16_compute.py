@@ -139,6 +139,44 @@ def test_a_call_on_weights_the_block_does_not_hold_makes_its_own_copies():
     assert torch.equal(out, F.linear(x.float(), other.weight.float(), other.bias.float()).half())
 
 
+def test_a_weight_given_new_data_inside_a_block_is_read_from_a_copy_of_its_new_values():
+    """`p.data = new` keeps p's version counter: the block keeps the old storage alive, so the new data
+    never lands at its address and the weight is copied afresh (the reviewer's repro reused it 4 times in 20)."""
+    x = _half(4, 1024)
+    for _ in range(20):
+        layer = torch.nn.Linear(1024, 1024).half()
+        with fp16_compute.held_fp32_copies("emulated", layer.parameters()):
+            with fp16_compute.fp16_compute_context("emulated", layer.parameters()):
+                layer(x)
+            new = layer.weight.detach() * 0.5
+            layer.weight.data = torch.empty(0, dtype=torch.float16)
+            layer.weight.data = torch.empty_like(new).copy_(new)
+            del new
+            with fp16_compute.fp16_compute_context("emulated", layer.parameters()):
+                out = layer(x)
+        assert torch.equal(out, F.linear(x.float(), layer.weight.float(), layer.bias.float()).half())
+
+
+def test_a_block_lets_its_copies_go_on_release_and_on_an_error_and_restores_the_outer_block():
+    layer = torch.nn.Linear(512, 128).half()
+    with fp16_compute.held_fp32_copies("emulated", layer.parameters()) as release:
+        outer = fp16_compute._held()
+        with pytest.raises(RuntimeError, match="inside"):
+            with fp16_compute.held_fp32_copies("emulated", layer.parameters()):
+                inner = fp16_compute._held()
+                with fp16_compute.fp16_compute_context("emulated", layer.parameters()):
+                    layer(_half(4, 512))
+                assert inner._fp32 and inner._fp32 is outer._fp32  # a block within a block: one set of copies
+                raise RuntimeError("inside")
+        assert inner._fp32 == {} and fp16_compute._held() is outer
+        with fp16_compute.fp16_compute_context("emulated", layer.parameters()):
+            layer(_half(4, 512))
+        assert outer._fp32
+        release()  # before work that needs the memory (an evaluation's metrics)
+        assert outer._fp32 == {} and fp16_compute._held() is outer
+    assert fp16_compute._held() is None
+
+
 def test_a_declared_weight_below_the_size_threshold_is_copied_per_op():
     layer = torch.nn.Linear(64, 48).half()  # 3,072 weights: the copy costs less than the bookkeeping
     with _Conversions(layer.weight.numel()) as conversions, FP32Partials(layer.parameters()):
