@@ -33,7 +33,7 @@ the copy costs less than the bookkeeping. Around a block of host calls on weight
 between them (an evaluation loop, the inputs of one pipeline call), `held_fp32_copies` keeps the copies
 for the whole block, so each call reads them instead of copying every weight again: a text-classification
 pipeline at BERT-base's size on a list of 8 inputs of 128 tokens ran 1.25-1.3x faster for it
-(`bench/pipeline_speed.py`).
+(`bench/inference_blocks.py`).
 
 `enable_half_partials` (Optimum Graphcore's default True) asks the IPU to accumulate matmul partials
 in fp16. This backend does not emulate that: partial sums are fp32, which is at least as accurate,
