@@ -32,7 +32,7 @@ copied again. Declared weights of fewer than `CACHED_WEIGHT_ELEMENTS` elements a
 the copy costs less than the bookkeeping. Around a block of host calls on weights that do not change
 between them (an evaluation loop, the inputs of one pipeline call), `held_fp32_copies` keeps the copies
 for the whole block, so each call reads them instead of copying every weight again: a text-classification
-pipeline at BERT-base's size on a list of 8 inputs of 128 tokens ran 1.25-1.3x faster for it
+pipeline at BERT-base's size on a list of 8 inputs of 128 tokens ran 1.24-1.32x faster for it
 (`bench/inference_blocks.py`).
 
 `enable_half_partials` (Optimum Graphcore's default True) asks the IPU to accumulate matmul partials
