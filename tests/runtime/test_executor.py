@@ -250,6 +250,19 @@ def test_fp16_gradients_of_an_updates_micro_batches_are_summed_in_fp32():
     assert optimizer.seen[0].tolist() == [3075.0]
 
 
+def test_a_step_that_starts_taking_fp32_gradients_between_updates_is_handed_them():
+    """Whether a step takes `gradients=` is read from the step in place at each update (it is remembered
+    per step function, not per optimizer): a step wrapped or replaced on the instance is read again."""
+    m = _OneWeight(torch.float16)
+    optimizer = torch.optim.SGD(m.parameters(), lr=0.0)
+    exe = TrainingExecutable(m, cfg(), m.loss, optimizer, LossScaler(), ReplicaStreams(0, 1))
+    exe({"x": torch.full((1, 1), 3.0)})  # a torch step: fp32 working copies, no `gradients=`
+    seen = []
+    optimizer.step = lambda closure=None, gradients=None: seen.append({p: g.tolist() for p, g in gradients.items()})
+    exe({"x": torch.full((1, 1), 5.0)})
+    assert seen == [{m.w: [5.0]}]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_an_fp16_gradient_accumulator_rounds_each_addition_to_fp16(dtype):
     # Optimum Graphcore's fp16 training sums the micro-batch gradients in fp16: 3 x 1025 gives
