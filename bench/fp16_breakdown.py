@@ -17,7 +17,8 @@ set below), which another process on a shared machine disturbs far less than wal
 | fp32 copies | fp32 working copies of the fp16 weights for the torch optimizer |
 | update | the optimizer's own `step()` (AdamW) |
 | round back | the new values written to fp16: stochastic rounding draws and writes |
-| update in chunks | an fp16 weight's fp32 copy, AdamW update and rounding, chunk by chunk in the cache (CPU) |
+| update in chunks | an fp16 weight's fp32 copy, AdamW update and write-back, chunk by chunk in the cache (CPU) |
+| rounding draws | within those chunks, stochastic rounding: the generator's draws and the noise added and cut |
 | clear | gradients and buffers dropped |
 | rest | the step's CPU time less all of the above: Python, the loader, the Trainer's bookkeeping |
 
@@ -50,10 +51,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from overhead import ACCUMULATION, EFFECTIVE_BATCH, MICRO_BATCH, RandomData, cpu_description, minilm_qa, vit  # noqa: E402
 
 from optimum_ipu import IPUConfig, IPUTrainer, IPUTrainingArguments  # noqa: E402
-from optimum_ipu.runtime import executor, gradients, loss_scaling, optimizers  # noqa: E402
+from optimum_ipu.runtime import executor, gradients, loss_scaling, optimizers, rounding  # noqa: E402
 
 PHASES = ("forward", "backward", "accumulate", "weights for compute", "gradients out", "unscale + check", "clip",
-          "fp32 copies", "update", "round back", "update in chunks", "clear", "rest")  # fmt: skip
+          "fp32 copies", "update", "round back", "update in chunks", "rounding draws", "clear", "rest")  # fmt: skip
 
 
 class Clock:
@@ -161,6 +162,9 @@ def instrumented(clock: Clock, model_class):
     # An fp16 weight on the CPU: its copy, update and rounding chunk by chunk, in one phase.
     stack.enter_context(patched(optimizers, "update_in_chunks",
                                 clock.timed("update in chunks", optimizers.update_in_chunks)))  # fmt: skip
+    # Within them, stochastic rounding's share: the draws from the generator and the noise's add and cut.
+    noise = rounding._Noise
+    stack.enter_context(patched(noise, "round_", clock.timed("rounding draws", noise.round_)))
     return stack
 
 
