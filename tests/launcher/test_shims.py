@@ -255,6 +255,47 @@ def test_encode_plus_and_batch_encode_plus_are_the_tokenizers_own_call(tmp_path)
     assert not hasattr(type(tokenizer), "batch_encode_plus")  # removed again when the run ends
 
 
+class _TargetModeTokenizer(transformers.BertTokenizer):
+    """A tokenizer whose targets encode unlike its inputs, as Marian's (a target vocabulary) and mBART-50's
+    (target-language tokens) do: in target mode its first token is [SEP] instead of [CLS]."""
+
+    target_mode = False
+
+    def _switch_to_target_mode(self):
+        self.target_mode = True
+
+    def _switch_to_input_mode(self):
+        self.target_mode = False
+
+    def _encode_plus(self, *args, **kwargs):
+        encoding = super()._encode_plus(*args, **kwargs)
+        if self.target_mode:
+            ids = encoding["input_ids"]
+            for row in ids if ids and isinstance(ids[0], list) else [ids]:
+                row[0] = self.sep_token_id
+        return encoding
+
+
+def test_as_target_tokenizer_encodes_the_targets_as_text_target_does(tmp_path):
+    """summarization.ipynb, translation.ipynb and mt5_translation.ipynb tokenize their labels inside
+    `with tokenizer.as_target_tokenizer():`, which transformers v5 removed (AttributeError): v5 encodes
+    targets with `tokenizer(text_target=...)`, and the context gives the same ids, then input mode again."""
+    tiny_tokenizer(tmp_path / "tok")
+    tokenizer = _TargetModeTokenizer.from_pretrained(tmp_path / "tok")
+    targets, options = ["bob works at rome", "where is alice"], dict(max_length=10, padding="max_length", truncation=True)
+    expected = tokenizer(text_target=targets, **options)["input_ids"]
+    assert expected != tokenizer(targets, **options)["input_ids"]  # the fixture's targets do differ
+    with compatibility_shims():
+        with tokenizer.as_target_tokenizer():
+            labels = tokenizer(targets, **options)
+            one = tokenizer(targets[0], **options)
+        after = tokenizer(targets, **options)
+    assert labels["input_ids"] == expected
+    assert one["input_ids"] == expected[0]
+    assert after["input_ids"] == tokenizer(targets, **options)["input_ids"]  # input mode again on exit
+    assert not hasattr(type(tokenizer), "as_target_tokenizer")  # removed again when the run ends
+
+
 def test_truncation_strategy_and_pad_to_max_length_act_as_in_transformers_4(tmp_path):
     """The DeBERTa notebook calls `tokenizer.encode(premise, hypothesis, truncation_strategy="only_first")`:
     transformers v5 raises TypeError on it, and silently ignores `pad_to_max_length=True`. transformers 4

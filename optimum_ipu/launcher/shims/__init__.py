@@ -19,6 +19,7 @@ from optimum_ipu.launcher.shims.metrics_api import EVALUATE_LOAD, LOAD_METRIC
 from optimum_ipu.launcher.shims.stand_ins import IPYTHON_DISPLAY, NOTEBOOK_LOGIN, TORCHVISION
 from optimum_ipu.launcher.shims.trainer_api import RESUME_FROM_MODEL_FOLDER
 from optimum_ipu.launcher.shims.transformers_api import (
+    AS_TARGET_TOKENIZER,
     AUTO_FEATURE_EXTRACTOR,
     CONFIG_DEFAULTS,
     IS_OFFLINE_MODE,
@@ -39,6 +40,7 @@ SHIMS: tuple[Shim, ...] = (
     CONFIG_DEFAULTS,
     TOKENIZER_METHODS,
     TOKENIZER_OLD_KEYWORDS,
+    AS_TARGET_TOKENIZER,
     LOAD_DATASET,
     AUDIO_DECODING,
     LOAD_METRIC,

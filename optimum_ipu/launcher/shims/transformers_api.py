@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import inspect
 
 from optimum_ipu.launcher._report import note_once
 from optimum_ipu.launcher.shims._base import Shim, Skip
@@ -288,6 +290,48 @@ TOKENIZER_METHODS = Shim(
     "AttributeError)",
     by="the tokenizer's own call, `tokenizer(text, text_pair, **kwargs)`, with a batch of pairs split in two lists",
     install=_install_tokenizer_methods,
+)
+
+
+@contextlib.contextmanager
+def _as_target_tokenizer(self):
+    """transformers 4's `as_target_tokenizer()`: calls inside encode their texts as targets.
+
+    4 switched the tokenizer to its target mode (Marian's target vocabulary, mBART's target-language tokens; no
+    change for BERT, T5 or BART) and set the flag that keeps `__call__` from switching back. transformers 5 kept
+    the flag and the switches, and encodes targets with `tokenizer(text_target=...)`: the same ids.
+    """
+    note_once("as_target_tokenizer", "tokenizer.as_target_tokenizer() was removed in transformers v5: the calls "
+              "inside encode their texts as targets, as tokenizer(text_target=...) does.")  # fmt: skip
+    if hasattr(self, "_switch_to_target_mode"):
+        self._switch_to_target_mode()
+    self._in_target_context_manager = True
+    try:
+        yield
+    finally:
+        self._in_target_context_manager = False
+        if hasattr(self, "_switch_to_input_mode"):
+            self._switch_to_input_mode()
+
+
+def _install_as_target_tokenizer(patches: Patches) -> Skip | None:
+    base = _owner("transformers.tokenization_utils_base:PreTrainedTokenizerBase")
+    if base is None:
+        return Skip("transformers has no PreTrainedTokenizerBase where transformers 5 defines it", problem=True)
+    if hasattr(base, "as_target_tokenizer"):
+        return Skip("transformers still has as_target_tokenizer")
+    if "_in_target_context_manager" not in inspect.unwrap(base.__call__).__code__.co_names:
+        return Skip("this transformers' tokenizer call no longer reads the target-context flag", problem=True)
+    patches.set(base, "as_target_tokenizer", _as_target_tokenizer)
+    return None
+
+
+AS_TARGET_TOKENIZER = Shim(
+    name="as_target_tokenizer",
+    replaces="`with tokenizer.as_target_tokenizer(): labels = tokenizer(targets, ...)` (removed in transformers v5: "
+    "AttributeError)",
+    by="a context whose calls encode their texts as targets, the ids of `tokenizer(text_target=targets, ...)`",
+    install=_install_as_target_tokenizer,
 )
 
 
