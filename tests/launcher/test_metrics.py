@@ -258,6 +258,29 @@ def test_rouge_f_measures():
     assert partial["rouge1"] == [pytest.approx(0.8)] and partial["rouge2"] == [pytest.approx(2 / 3)]
 
 
+def test_rouge_through_load_metric_returns_datasets_2s_aggregate_scores():
+    """datasets 2's `load_metric("rouge")` returned rouge-score's own results, where evaluate's returns floats:
+    an `AggregateScore` (low, mid, high) per rouge type, or with `use_agregator=False` (its spelling) a list of
+    `Score`s. Optimum Graphcore's summarization notebook reads `value.mid.fmeasure`."""
+    pytest.importorskip("rouge_score")
+    import datasets
+    import evaluate
+
+    predictions, references = ["the cat sat", "the cat"], ["the cat sat", "the cat sat"]
+    with compatibility_shims():
+        old = datasets.load_metric("rouge")
+        aggregated = old.compute(predictions=predictions, references=references, use_stemmer=True)
+        each = old.compute(predictions=predictions, references=references, use_agregator=False)
+        new = evaluate.load("rouge").compute(predictions=predictions, references=references)
+    # rouge1 F of each pair, by hand: 1 and 2 * (1 * 2/3) / (1 + 2/3) = 0.8; their mean 0.9
+    assert aggregated["rouge1"].mid.fmeasure == pytest.approx(0.9)
+    assert aggregated["rouge1"].low.fmeasure <= 0.9 <= aggregated["rouge1"].high.fmeasure
+    assert sorted(aggregated) == ["rouge1", "rouge2", "rougeL", "rougeLsum"]
+    assert [score.fmeasure for score in each["rouge1"]] == [pytest.approx(1.0), pytest.approx(0.8)]
+    assert each["rouge1"][1].precision == 1.0 and each["rouge1"][1].recall == pytest.approx(2 / 3)
+    assert new["rouge1"] == pytest.approx(0.9)  # evaluate.load keeps evaluate's floats
+
+
 def test_sacrebleu_corpus_bleu_with_its_counts_and_brevity_penalty():
     pytest.importorskip("sacrebleu")
     # "the cat sat on the mat" vs "the cat sat on a mat": n-gram matches 5/6, 3/5, 2/4, 1/3, same lengths (bp 1),

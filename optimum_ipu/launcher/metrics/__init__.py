@@ -20,12 +20,17 @@ __all__ = ["SERVED_METRICS", "ServedMetric", "build_metric", "served_metric_name
 
 @dataclass(frozen=True)
 class ServedMetric:
-    """A metric the launcher serves: where its class lives and the package it needs, if any."""
+    """A metric the launcher serves: where its class lives and the package it needs, if any.
+
+    `datasets_target`: the class served to `datasets.load_metric` where datasets 2's metric of that name
+    returned something else than evaluate's (rouge: rouge-score's `AggregateScore`s, not floats).
+    """
 
     target: str
     requires: str | None = None
     install: str | None = None
     configs: tuple[str, ...] = ()
+    datasets_target: str | None = None
 
 
 _P = "optimum_ipu.launcher.metrics"
@@ -62,7 +67,8 @@ SERVED_METRICS: dict[str, ServedMetric] = {
     "squad_v2": ServedMetric(f"{_P}.squad:SquadV2"),
     "perplexity": ServedMetric(f"{_P}.language_modelling:Perplexity"),
     "rouge": ServedMetric(
-        f"{_P}.language_modelling:Rouge", requires="rouge_score", install="pip install rouge-score"
+        f"{_P}.language_modelling:Rouge", requires="rouge_score", install="pip install rouge-score",
+        datasets_target=f"{_P}.language_modelling:DatasetsRouge",
     ),
     "sacrebleu": ServedMetric(
         f"{_P}.translation:Sacrebleu", requires="sacrebleu", install="pip install sacrebleu"
@@ -86,8 +92,9 @@ def served_metric_name(path: str) -> str | None:
     return name if name in SERVED_METRICS else None
 
 
-def build_metric(name: str, config_name: str | None = None, **init_kwargs):
-    """The served metric `name` as an `evaluate.Metric` instance (`init_kwargs` as evaluate.load passes them).
+def build_metric(name: str, config_name: str | None = None, for_load_metric: bool = False, **init_kwargs):
+    """The served metric `name` as an `evaluate.Metric` instance (`init_kwargs` as evaluate.load passes them);
+    `for_load_metric`: as datasets 2's `load_metric` returned it (`ServedMetric.datasets_target`).
 
     Raises:
         LauncherError: the metric needs a package that is not installed (the message says how to install it).
@@ -97,6 +104,7 @@ def build_metric(name: str, config_name: str | None = None, **init_kwargs):
         raise LauncherError(
             f"metric {name!r} needs the {entry.requires} package, which is not installed: {entry.install}"
         )
-    module_name, _, class_name = entry.target.partition(":")
+    target = entry.datasets_target if for_load_metric and entry.datasets_target else entry.target
+    module_name, _, class_name = target.partition(":")
     metric_class = getattr(importlib.import_module(module_name), class_name)
     return metric_class(config_name=config_name, **init_kwargs)

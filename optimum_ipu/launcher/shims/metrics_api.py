@@ -31,9 +31,11 @@ def _serve(call: str, path: str, config_name: str | None, options: dict):
     name = served_metric_name(path) if _context.current().serve_metrics else None
     if name is None:
         return None
-    metric = build_metric(name, config_name, **{k: v for k, v in options.items() if v is not None})
+    legacy = call == "load_metric"  # datasets 2's metric, where its results differ from evaluate's
+    metric = build_metric(name, config_name, legacy, **{k: v for k, v in options.items() if v is not None})
+    hub = "datasets 2's metric" if legacy and SERVED_METRICS[name].datasets_target else "the Hub metric"
     note_once(f"metric:{name}", f"{_describe(call, path, config_name)}: served offline by optimum-ipu "
-              "(same result keys, scale and options as the Hub metric).")  # fmt: skip
+              f"(same result keys, scale and options as {hub}).")  # fmt: skip
     return metric
 
 
