@@ -269,6 +269,7 @@ def test_rouge_through_load_metric_returns_datasets_2s_aggregate_scores():
     predictions, references = ["the cat sat", "the cat"], ["the cat sat", "the cat sat"]
     with compatibility_shims():
         old = datasets.load_metric("rouge")
+        assert old.name == "rouge"
         aggregated = old.compute(predictions=predictions, references=references, use_stemmer=True)
         each = old.compute(predictions=predictions, references=references, use_agregator=False)
         new = evaluate.load("rouge").compute(predictions=predictions, references=references)

@@ -68,7 +68,7 @@ SERVED_METRICS: dict[str, ServedMetric] = {
     "perplexity": ServedMetric(f"{_P}.language_modelling:Perplexity"),
     "rouge": ServedMetric(
         f"{_P}.language_modelling:Rouge", requires="rouge_score", install="pip install rouge-score",
-        datasets_target=f"{_P}.language_modelling:DatasetsRouge",
+        datasets_target=f"{_P}.datasets_2:Rouge",
     ),
     "sacrebleu": ServedMetric(
         f"{_P}.translation:Sacrebleu", requires="sacrebleu", install="pip install sacrebleu"

@@ -131,28 +131,3 @@ class Rouge(evaluate.Metric):
         for score in scores:
             aggregator.add_scores(score)
         return {key: value.mid.fmeasure for key, value in aggregator.aggregate().items()}
-
-
-class DatasetsRouge(Rouge):
-    """`rouge` as datasets 2's `load_metric` served it: rouge-score's own results, not floats.
-
-    An `AggregateScore` per rouge type (`low`, `mid` and `high` `Score`s of precision, recall and F-measure from
-    rouge-score's bootstrap; evaluate's float is `mid.fmeasure`), or with `use_agregator=False` (datasets 2's
-    spelling) a list of `Score`s, one per prediction. Code written for it reads `result["rouge1"].mid.fmeasure`.
-    """
-
-    def _compute(self, predictions, references, rouge_types=None, use_agregator=True, use_stemmer=False):
-        from rouge_score import rouge_scorer, scoring
-
-        rouge_types = rouge_types or ["rouge1", "rouge2", "rougeL", "rougeLsum"]
-        scorer = rouge_scorer.RougeScorer(rouge_types=rouge_types, use_stemmer=use_stemmer)
-        scores = [
-            scorer.score_multi(r, p) if isinstance(r, list) else scorer.score(r, p)
-            for r, p in zip(references, predictions)
-        ]
-        if not use_agregator:
-            return {key: [score[key] for score in scores] for key in rouge_types}
-        aggregator = scoring.BootstrapAggregator()
-        for score in scores:
-            aggregator.add_scores(score)
-        return aggregator.aggregate()

@@ -1,0 +1,47 @@
+"""Metrics as datasets 2's `load_metric` returned them, where evaluate's of the same name return something else.
+
+`datasets.load_metric` (removed in datasets 3) ran the metric scripts of the datasets repository. Most of them
+became evaluate's metrics unchanged; `rouge` did not: datasets 2's returned rouge-score's own result objects,
+evaluate's returns floats. Code written for datasets 2 (Optimum Graphcore's summarization notebook) reads
+`result["rouge1"].mid.fmeasure`, so `load_metric("rouge")` under `optimum-ipu run` serves this one.
+"""
+
+from __future__ import annotations
+
+import datasets
+
+from optimum_ipu.launcher.metrics._info import metric_info
+from optimum_ipu.launcher.metrics.language_modelling import Rouge as _EvaluateRouge
+
+
+class Rouge(_EvaluateRouge):
+    """`rouge` as datasets 2 served it: an `AggregateScore` per rouge type (`low`, `mid` and `high` `Score`s of
+    precision, recall and F-measure from rouge-score's bootstrap; evaluate's float is `mid.fmeasure`), or with
+    `use_agregator=False` (datasets 2's spelling) a list of `Score`s, one per prediction (needs rouge-score)."""
+
+    def _info(self):
+        text = datasets.Value("string", id="sequence")
+        return metric_info(
+            self,
+            [datasets.Features({"predictions": text, "references": datasets.Sequence(text)}),
+             datasets.Features({"predictions": text, "references": text})],
+            "predictions, references; rouge_types=None, use_agregator=True, use_stemmer=False",
+            "{'rouge1', 'rouge2', 'rougeL', 'rougeLsum'}: rouge-score's AggregateScore each (lists of Score with "
+            "use_agregator=False)",
+        )  # fmt: skip
+
+    def _compute(self, predictions, references, rouge_types=None, use_agregator=True, use_stemmer=False):
+        from rouge_score import rouge_scorer, scoring
+
+        rouge_types = rouge_types or ["rouge1", "rouge2", "rougeL", "rougeLsum"]
+        scorer = rouge_scorer.RougeScorer(rouge_types=rouge_types, use_stemmer=use_stemmer)
+        scores = [
+            scorer.score_multi(r, p) if isinstance(r, list) else scorer.score(r, p)
+            for r, p in zip(references, predictions)
+        ]
+        if not use_agregator:
+            return {key: [score[key] for score in scores] for key in rouge_types}
+        aggregator = scoring.BootstrapAggregator()
+        for score in scores:
+            aggregator.add_scores(score)
+        return aggregator.aggregate()
