@@ -1,6 +1,7 @@
 """The compatibility shims: each replaces a removed API as documented, is noted once, and is removed afterwards."""
 
 import importlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -195,6 +196,22 @@ def snapshot() -> dict:
         "IPython": sys.modules.get("IPython"),
         "notebook_login": hub.__dict__.get("notebook_login"),
     }
+
+
+def test_graphcore_examples_utils_imports_when_it_is_not_installed(tmp_path, capsys):
+    """mt5_translation.ipynb and mt5_xnli.ipynb start with `from examples_utils import notebook_logging` and
+    `%load_ext gc_logger` (Graphcore's notebook usage logging, from its examples-utils package): without the
+    package the import stops the notebook. The stand-in logs nothing and says so once; `load_lib` is poprun's."""
+    assert importlib.util.find_spec("examples_utils") is None  # the package is not installed here
+    library = tmp_path / "custom_ops.cpp"
+    library.write_text("")
+    with compatibility_shims(notebook=True):
+        import examples_utils.notebook_logging  # noqa: F401
+        from examples_utils import load_lib, notebook_logging  # noqa: F401
+
+        assert load_lib(library) is None
+    assert "examples_utils" not in sys.modules and "examples_utils.notebook_logging" not in sys.modules
+    assert any("examples_utils.notebook_logging" in line for line in notes(capsys.readouterr().err))
 
 
 def test_every_patch_is_removed_when_the_run_ends():

@@ -16,7 +16,7 @@ from optimum_ipu.launcher.shims._patch import Patches
 from optimum_ipu.launcher.shims.audio_decoding import AUDIO_DECODING
 from optimum_ipu.launcher.shims.datasets_api import LOAD_DATASET
 from optimum_ipu.launcher.shims.metrics_api import EVALUATE_LOAD, LOAD_METRIC
-from optimum_ipu.launcher.shims.stand_ins import IPYTHON_DISPLAY, NOTEBOOK_LOGIN, TORCHVISION
+from optimum_ipu.launcher.shims.stand_ins import EXAMPLES_UTILS, IPYTHON_DISPLAY, NOTEBOOK_LOGIN, TORCHVISION
 from optimum_ipu.launcher.shims.trainer_api import RESUME_FROM_MODEL_FOLDER
 from optimum_ipu.launcher.shims.transformers_api import (
     AS_TARGET_TOKENIZER,
@@ -47,6 +47,7 @@ SHIMS: tuple[Shim, ...] = (
     EVALUATE_LOAD,
     RESUME_FROM_MODEL_FOLDER,
     TORCHVISION,
+    EXAMPLES_UTILS,
     IPYTHON_DISPLAY,
     NOTEBOOK_LOGIN,
 )

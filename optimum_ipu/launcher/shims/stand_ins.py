@@ -1,6 +1,8 @@
 """Stand-ins for packages and interactive helpers a script or notebook expects but this environment lacks.
 
 - `torchvision.transforms` when torchvision is not installed (image examples and notebook).
+- Graphcore's `examples_utils` when it is not installed: `notebook_logging` (notebooks' usage logging) and
+  `load_lib`.
 - In notebooks only: `IPython.display` (`display`, `HTML`, `Markdown`, `Audio`, `clear_output`) and
   `IPython.get_ipython()` (None, as outside an IPython shell) when IPython is not installed, printing as text; and `huggingface_hub.notebook_login()`, which would wait for a login widget.
 """
@@ -16,7 +18,7 @@ from optimum_ipu.launcher._report import LauncherError, note_once
 from optimum_ipu.launcher.shims._base import Shim, Skip
 from optimum_ipu.launcher.shims._patch import Patches
 
-__all__ = ["IPYTHON_DISPLAY", "NOTEBOOK_LOGIN", "TORCHVISION"]
+__all__ = ["EXAMPLES_UTILS", "IPYTHON_DISPLAY", "NOTEBOOK_LOGIN", "TORCHVISION"]
 
 
 def _install_torchvision(patches: Patches) -> Skip | None:
@@ -52,6 +54,48 @@ TORCHVISION = Shim(
     "RandomHorizontalFlip on PIL images, with torchvision's output sizes, crop boxes and random draws (torch's "
     "generator, same order); anything else in torchvision stops with a line saying to install it",
     install=_install_torchvision,
+)
+
+
+def _install_examples_utils(patches: Patches) -> Skip | None:
+    if importlib.util.find_spec("examples_utils") is not None:
+        return Skip("Graphcore's examples_utils is installed")
+    from optimum_ipu.sdk.examples_utils import load_lib
+
+    package = types.ModuleType(
+        "examples_utils", "optimum-ipu's stand-in for Graphcore's examples_utils: load_lib and notebook_logging."
+    )
+    package.__path__ = []
+    package.load_lib = load_lib
+    logging_module = types.ModuleType(
+        "examples_utils.notebook_logging",
+        "optimum-ipu's stand-in for Graphcore's notebook usage logging (the gc_logger IPython extension): nothing "
+        "is logged.",
+    )
+
+    def package_getattr(name: str):
+        if name == "notebook_logging":
+            note_once("examples_utils.notebook_logging", "examples_utils is not installed: "
+                      "examples_utils.notebook_logging is optimum-ipu's stand-in, and Graphcore's notebook usage "
+                      "logging (%load_ext gc_logger) records nothing.")  # fmt: skip
+            return logging_module
+        raise AttributeError(f"module 'examples_utils' has no attribute {name!r} (optimum-ipu's stand-in for "
+                             "Graphcore's examples_utils has load_lib and notebook_logging; pip install "
+                             "examples-utils for the rest)")  # fmt: skip
+
+    package.__getattr__ = package_getattr
+    patches.set_item(sys.modules, "examples_utils", package)
+    patches.set_item(sys.modules, "examples_utils.notebook_logging", logging_module)
+    return None
+
+
+EXAMPLES_UTILS = Shim(
+    name="examples_utils",
+    replaces="`from examples_utils import notebook_logging` (with `%load_ext gc_logger`) and "
+    "`examples_utils.load_lib(...)`, when Graphcore's examples-utils package is not installed",
+    by="optimum-ipu's stand-in: `notebook_logging` logs nothing (Graphcore's notebook usage logging), `load_lib` "
+    "checks the custom-op source exists and loads nothing (the ops run by name through `poptorch.custom_op`)",
+    install=_install_examples_utils,
 )
 
 
