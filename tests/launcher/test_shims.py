@@ -313,6 +313,22 @@ def test_as_target_tokenizer_encodes_the_targets_as_text_target_does(tmp_path):
     assert not hasattr(type(tokenizer), "as_target_tokenizer")  # removed again when the run ends
 
 
+def test_encode_plus_of_one_tuple_of_two_texts_encodes_them_as_a_pair(tmp_path):
+    """introduction_to_optimum_graphcore.ipynb calls `tokenizer.encode_plus((question, answer_text))`: transformers
+    4's fast tokenizers read one (text, text_pair) tuple as a pair (their batch encoder's rule for each input),
+    where transformers 5's call reads a tuple of texts as a batch of two."""
+    tokenizer = tiny_tokenizer(tmp_path / "tok")
+    question, context = "where is alice", "alice lives in paris"
+    with compatibility_shims():
+        pair = tokenizer.encode_plus((question, context))
+        listed = tokenizer.encode_plus([question, context], max_length=12, padding="max_length")
+        words = tokenizer.encode_plus(["alice", "lives"], is_split_into_words=True)
+    assert pair["input_ids"] == tokenizer(question, context)["input_ids"]
+    assert pair["token_type_ids"] == tokenizer(question, context)["token_type_ids"]
+    assert listed["input_ids"] == tokenizer(question, context, max_length=12, padding="max_length")["input_ids"]
+    assert words["input_ids"] == tokenizer(["alice", "lives"], is_split_into_words=True)["input_ids"]
+
+
 def test_truncation_strategy_and_pad_to_max_length_act_as_in_transformers_4(tmp_path):
     """The DeBERTa notebook calls `tokenizer.encode(premise, hypothesis, truncation_strategy="only_first")`:
     transformers v5 raises TypeError on it, and silently ignores `pad_to_max_length=True`. transformers 4

@@ -261,7 +261,17 @@ def _pairs(batch: list) -> tuple[list, list | None]:
 
 
 def _encode_plus(self, text, text_pair=None, **kwargs):
-    """transformers 4's `encode_plus`: one text (or pair), encoded as `tokenizer(text, text_pair)` does."""
+    """transformers 4's `encode_plus`: one text (or pair), encoded as `tokenizer(text, text_pair)` does.
+
+    One tuple or list of two texts without `text_pair` is a pair, as transformers 4's fast tokenizers read it
+    (each input of their batch encoder is a text or a (text, text_pair)); transformers 5's call would read
+    it as a batch of two texts. Words split beforehand (`is_split_into_words=True`) stay one input.
+    """
+    if (
+        text_pair is None and isinstance(text, (tuple, list)) and len(text) == 2
+        and all(isinstance(part, str) for part in text) and not kwargs.get("is_split_into_words")
+    ):  # fmt: skip
+        text, text_pair = text
     return self(text, text_pair, **kwargs)
 
 
