@@ -8,6 +8,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+import torch
 import transformers
 from fixtures import (
     tiny_bert_config,
@@ -327,6 +328,28 @@ def test_encode_plus_of_one_tuple_of_two_texts_encodes_them_as_a_pair(tmp_path):
     assert pair["token_type_ids"] == tokenizer(question, context)["token_type_ids"]
     assert listed["input_ids"] == tokenizer(question, context, max_length=12, padding="max_length")["input_ids"]
     assert words["input_ids"] == tokenizer(["alice", "lives"], is_split_into_words=True)["input_ids"]
+
+
+def test_as_target_processor_sends_calls_and_padding_to_the_tokenizer(tmp_path):
+    """The wav2vec2 fine-tuning notebook encodes and pads its transcripts inside `with
+    processor.as_target_processor():`, which transformers v5 removed. In transformers 4 the processor's call and
+    `pad` went to its tokenizer there; v5's call would send a positional text to the feature extractor."""
+    from transformers import Wav2Vec2CTCTokenizer, Wav2Vec2FeatureExtractor, Wav2Vec2Processor
+
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps({"[PAD]": 0, "[UNK]": 1, "|": 2, "a": 3, "b": 4, "c": 5}))
+    tokenizer = Wav2Vec2CTCTokenizer(str(vocab), unk_token="[UNK]", pad_token="[PAD]", word_delimiter_token="|")
+    processor = Wav2Vec2Processor(feature_extractor=Wav2Vec2FeatureExtractor(), tokenizer=tokenizer)
+    texts = ["abc", "cab ba"]
+    features = [{"input_ids": ids} for ids in tokenizer(texts)["input_ids"]]
+    with compatibility_shims():
+        with processor.as_target_processor():
+            labels = processor(texts).input_ids
+            padded = processor.pad(features, padding=True, return_tensors="pt")
+        assert type(processor) is Wav2Vec2Processor  # the processor is itself again on exit
+    assert labels == tokenizer(texts).input_ids
+    assert torch.equal(padded["input_ids"], tokenizer.pad(features, padding=True, return_tensors="pt")["input_ids"])
+    assert not hasattr(Wav2Vec2Processor, "as_target_processor")  # removed again when the run ends
 
 
 def test_truncation_strategy_and_pad_to_max_length_act_as_in_transformers_4(tmp_path):

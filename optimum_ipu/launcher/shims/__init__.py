@@ -19,6 +19,7 @@ from optimum_ipu.launcher.shims.metrics_api import EVALUATE_LOAD, LOAD_METRIC
 from optimum_ipu.launcher.shims.stand_ins import EXAMPLES_UTILS, IPYTHON_DISPLAY, NOTEBOOK_LOGIN, TORCHVISION
 from optimum_ipu.launcher.shims.trainer_api import RESUME_FROM_MODEL_FOLDER
 from optimum_ipu.launcher.shims.transformers_api import (
+    AS_TARGET_PROCESSOR,
     AS_TARGET_TOKENIZER,
     AUTO_FEATURE_EXTRACTOR,
     CONFIG_DEFAULTS,
@@ -41,6 +42,7 @@ SHIMS: tuple[Shim, ...] = (
     TOKENIZER_METHODS,
     TOKENIZER_OLD_KEYWORDS,
     AS_TARGET_TOKENIZER,
+    AS_TARGET_PROCESSOR,
     LOAD_DATASET,
     AUDIO_DECODING,
     LOAD_METRIC,

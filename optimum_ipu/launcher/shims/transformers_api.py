@@ -18,7 +18,7 @@ import functools
 import importlib
 import inspect
 
-from optimum_ipu.launcher._report import note_once
+from optimum_ipu.launcher._report import LauncherError, note_once
 from optimum_ipu.launcher.shims._base import Shim, Skip
 from optimum_ipu.launcher.shims._patch import Patches, wrap_classmethod
 
@@ -342,6 +342,64 @@ AS_TARGET_TOKENIZER = Shim(
     "AttributeError)",
     by="a context whose calls encode their texts as targets, the ids of `tokenizer(text_target=targets, ...)`",
     install=_install_as_target_tokenizer,
+)
+
+
+_TARGET_CLASSES: dict[type, type] = {}
+
+
+def _target_class(processor_class: type) -> type:
+    """`processor_class` with transformers 4's target mode: its call and `pad` are its tokenizer's."""
+    if processor_class not in _TARGET_CLASSES:
+
+        def call(self, *args, **kwargs):
+            return self.tokenizer(*args, **kwargs)
+
+        def pad(self, *args, **kwargs):
+            return self.tokenizer.pad(*args, **kwargs)
+
+        _TARGET_CLASSES[processor_class] = type(
+            processor_class.__name__, (processor_class,),
+            {"__call__": call, "pad": pad, "__module__": processor_class.__module__,
+             "__qualname__": processor_class.__qualname__},
+        )  # fmt: skip
+    return _TARGET_CLASSES[processor_class]
+
+
+@contextlib.contextmanager
+def _as_target_processor(self):
+    """transformers 4's `as_target_processor()`: inside, the processor's call and `pad` are its tokenizer's (4
+    switched `current_processor` to the tokenizer, which its call and `pad` then used). The processor is an
+    instance of a subclass with those two methods for the context, and of its own class again after it."""
+    if getattr(self, "tokenizer", None) is None:
+        raise LauncherError(f"{type(self).__name__}.as_target_processor(): transformers 4's target mode sends the "
+                            "processor's calls to its tokenizer, and this processor has none.")  # fmt: skip
+    note_once("as_target_processor", "processor.as_target_processor() was removed in transformers v5: the "
+              "processor's calls and pad() inside go to its tokenizer, as in transformers 4.")  # fmt: skip
+    own = type(self)
+    self.__class__ = _target_class(own)
+    try:
+        yield
+    finally:
+        self.__class__ = own
+
+
+def _install_as_target_processor(patches: Patches) -> Skip | None:
+    mixin = _owner("transformers.processing_utils:ProcessorMixin")
+    if mixin is None:
+        return Skip("transformers has no ProcessorMixin where transformers 5 defines it", problem=True)
+    if hasattr(mixin, "as_target_processor"):
+        return Skip("transformers still has as_target_processor")
+    patches.set(mixin, "as_target_processor", _as_target_processor)
+    return None
+
+
+AS_TARGET_PROCESSOR = Shim(
+    name="as_target_processor",
+    replaces="`with processor.as_target_processor(): labels = processor(texts).input_ids` and `processor.pad(...)` "
+    "inside it (removed in transformers v5: AttributeError)",
+    by="a context in which the processor's call and `pad` are its tokenizer's, as in transformers 4",
+    install=_install_as_target_processor,
 )
 
 
