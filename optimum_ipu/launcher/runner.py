@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from optimum_ipu.launcher import _context
-from optimum_ipu.launcher._report import LauncherError, reset_notes
+from optimum_ipu.launcher._report import LauncherError, run_notes
 from optimum_ipu.launcher.shims import compatibility_shims
 
 __all__ = ["exit_code", "print_user_traceback", "program_environment", "run_script"]
@@ -29,15 +29,14 @@ def program_environment(context: _context.RunContext, argv: list[str]) -> Iterat
     """`sys.argv`, `sys.path` and the launcher's context for one program; all put back afterwards."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     previous = _context.set_current(context)
-    reset_notes()
     sys.argv = argv
     sys.path.insert(0, str(context.path.parent))
     try:
-        yield
+        with run_notes():
+            yield
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         _context.set_current(previous)
-        reset_notes()
 
 
 def exit_code(exit_: SystemExit) -> int:

@@ -66,3 +66,26 @@ def test_a_syntax_error_in_the_script_is_shown_as_python_shows_it_without_the_la
         "SyntaxError: '(' was never closed"
     )
     assert "Traceback" not in err and "runpy" not in err and "optimum_ipu" not in err
+
+
+def test_a_note_said_in_data_loader_workers_is_printed_once_per_run(tmp_path, capfd):
+    """A shim used in a DataLoader's worker processes (a collator's `as_target_processor()`, an audio column's
+    decoding) is noted once for the run, not once per worker: the workers are the run's processes too."""
+    script = tmp_path / "workers.py"
+    script.write_text(
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "from transformers.utils import send_example_telemetry\n"
+        "class Items(Dataset):\n"
+        "    def __len__(self):\n"
+        "        return 6\n"
+        "    def __getitem__(self, i):\n"
+        "        send_example_telemetry('run_x', None)\n"
+        "        return i\n"
+        "for _ in DataLoader(Items(), num_workers=3, multiprocessing_context='fork'):\n"
+        "    pass\n"
+        "send_example_telemetry('run_x', None)\n"
+    )
+    assert run_script(script, []) == 0
+    assert run_script(script, []) == 0  # a second run says it again, once
+    said = [line for line in capfd.readouterr().err.splitlines() if "send_example_telemetry" in line]
+    assert len(said) == 2, said
