@@ -8,10 +8,9 @@ evaluate's returns floats. Code written for datasets 2 (Optimum Graphcore's summ
 
 from __future__ import annotations
 
-import datasets
-
 from optimum_ipu.launcher.metrics._info import metric_info
 from optimum_ipu.launcher.metrics.language_modelling import Rouge as _EvaluateRouge
+from optimum_ipu.launcher.metrics.language_modelling import rouge_aggregate, rouge_features, rouge_scores
 
 
 class Rouge(_EvaluateRouge):
@@ -20,28 +19,14 @@ class Rouge(_EvaluateRouge):
     `use_agregator=False` (datasets 2's spelling) a list of `Score`s, one per prediction (needs rouge-score)."""
 
     def _info(self):
-        text = datasets.Value("string", id="sequence")
         return metric_info(
-            self,
-            [datasets.Features({"predictions": text, "references": datasets.Sequence(text)}),
-             datasets.Features({"predictions": text, "references": text})],
-            "predictions, references; rouge_types=None, use_agregator=True, use_stemmer=False",
+            self, rouge_features(), "predictions, references; rouge_types=None, use_agregator=True, use_stemmer=False",
             "{'rouge1', 'rouge2', 'rougeL', 'rougeLsum'}: rouge-score's AggregateScore each (lists of Score with "
             "use_agregator=False)",
         )  # fmt: skip
 
     def _compute(self, predictions, references, rouge_types=None, use_agregator=True, use_stemmer=False):
-        from rouge_score import rouge_scorer, scoring
-
-        rouge_types = rouge_types or ["rouge1", "rouge2", "rougeL", "rougeLsum"]
-        scorer = rouge_scorer.RougeScorer(rouge_types=rouge_types, use_stemmer=use_stemmer)
-        scores = [
-            scorer.score_multi(r, p) if isinstance(r, list) else scorer.score(r, p)
-            for r, p in zip(references, predictions)
-        ]
+        scores = rouge_scores(predictions, references, rouge_types, use_stemmer)
         if not use_agregator:
-            return {key: [score[key] for score in scores] for key in rouge_types}
-        aggregator = scoring.BootstrapAggregator()
-        for score in scores:
-            aggregator.add_scores(score)
-        return aggregator.aggregate()
+            return {key: [score[key] for score in scores] for key in scores[0]}
+        return rouge_aggregate(scores)

@@ -100,34 +100,48 @@ class _CallableTokenizer:
         return self.function(text)
 
 
+def rouge_features() -> list[datasets.Features]:
+    """The Hub rouge's inputs: one reference per prediction, or a list of them."""
+    text = datasets.Value("string", id="sequence")
+    return [datasets.Features({"predictions": text, "references": datasets.Sequence(text)}),
+            datasets.Features({"predictions": text, "references": text})]  # fmt: skip
+
+
+def rouge_scores(predictions, references, rouge_types=None, use_stemmer=False, tokenizer=None) -> list[dict]:
+    """rouge-score's `Score`s (precision, recall, F-measure) of each prediction, by rouge type; a list of references
+    per prediction is scored against the best of them (`score_multi`)."""
+    from rouge_score import rouge_scorer
+
+    rouge_types = rouge_types or ["rouge1", "rouge2", "rougeL", "rougeLsum"]
+    scorer = rouge_scorer.RougeScorer(rouge_types=rouge_types, use_stemmer=use_stemmer,
+                                      tokenizer=_CallableTokenizer(tokenizer) if tokenizer else None)  # fmt: skip
+    several = isinstance(references[0], list)
+    return [scorer.score_multi(r, p) if several else scorer.score(r, p) for r, p in zip(references, predictions)]
+
+
+def rouge_aggregate(scores: list[dict]) -> dict:
+    """rouge-score's bootstrap `AggregateScore` (low, mid, high) of each rouge type over `scores`."""
+    from rouge_score import scoring
+
+    aggregator = scoring.BootstrapAggregator()
+    for score in scores:
+        aggregator.add_scores(score)
+    return aggregator.aggregate()
+
+
 class Rouge(evaluate.Metric):
     """`rouge`: ROUGE F-measures of predictions against one or several references (needs rouge-score)."""
 
     def _info(self):
-        text = datasets.Value("string", id="sequence")
         return metric_info(
-            self,
-            [datasets.Features({"predictions": text, "references": datasets.Sequence(text)}),
-             datasets.Features({"predictions": text, "references": text})],
+            self, rouge_features(),
             "predictions, references; rouge_types=None, use_aggregator=True, use_stemmer=False, tokenizer=None",
             "{'rouge1', 'rouge2', 'rougeL', 'rougeLsum'}: float each (lists with use_aggregator=False)",
         )  # fmt: skip
 
     def _compute(self, predictions, references, rouge_types=None, use_aggregator=True, use_stemmer=False,
                  tokenizer=None):  # fmt: skip
-        from rouge_score import rouge_scorer, scoring
-
-        rouge_types = rouge_types or ["rouge1", "rouge2", "rougeL", "rougeLsum"]
-        scorer = rouge_scorer.RougeScorer(rouge_types=rouge_types, use_stemmer=use_stemmer,
-                                          tokenizer=_CallableTokenizer(tokenizer) if tokenizer else None)  # fmt: skip
-        several = isinstance(references[0], list)
-        scores = [
-            scorer.score_multi(r, p) if several else scorer.score(r, p)
-            for r, p in zip(references, predictions)
-        ]
+        scores = rouge_scores(predictions, references, rouge_types, use_stemmer, tokenizer)
         if not use_aggregator:
             return {key: [score[key].fmeasure for score in scores] for key in scores[0]}
-        aggregator = scoring.BootstrapAggregator()
-        for score in scores:
-            aggregator.add_scores(score)
-        return {key: value.mid.fmeasure for key, value in aggregator.aggregate().items()}
+        return {key: value.mid.fmeasure for key, value in rouge_aggregate(scores).items()}
