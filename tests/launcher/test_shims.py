@@ -215,6 +215,17 @@ def test_graphcore_examples_utils_imports_when_it_is_not_installed(tmp_path, cap
     assert any("examples_utils.notebook_logging" in line for line in notes(capsys.readouterr().err))
 
 
+def test_shims_nest_and_a_stand_in_module_answers_find_spec():
+    """A run inside a run (a script that calls `run_script`, or `compatibility_shims()` entered twice) asks
+    `importlib.util.find_spec` of modules the outer run stands in for: each has a spec, as imported modules do."""
+    with compatibility_shims():
+        assert importlib.util.find_spec("examples_utils") is not None
+        with compatibility_shims():
+            import examples_utils  # noqa: F401
+        assert importlib.util.find_spec("examples_utils.notebook_logging") is not None
+    assert importlib.util.find_spec("examples_utils") is None
+
+
 def test_every_patch_is_removed_when_the_run_ends():
     before = snapshot()
     with compatibility_shims(notebook=True) as status:

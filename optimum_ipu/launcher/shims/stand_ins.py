@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import sys
 import types
+from importlib.machinery import ModuleSpec
 
 from optimum_ipu.launcher._report import LauncherError, note_once
 from optimum_ipu.launcher.shims._base import Shim, Skip
@@ -66,12 +67,14 @@ def _install_examples_utils(patches: Patches) -> Skip | None:
         "examples_utils", "optimum-ipu's stand-in for Graphcore's examples_utils: load_lib and notebook_logging."
     )
     package.__path__ = []
+    package.__spec__ = ModuleSpec("examples_utils", None, is_package=True)  # find_spec answers, as for a module
     package.load_lib = load_lib
     logging_module = types.ModuleType(
         "examples_utils.notebook_logging",
         "optimum-ipu's stand-in for Graphcore's notebook usage logging (the gc_logger IPython extension): nothing "
         "is logged.",
     )
+    logging_module.__spec__ = ModuleSpec("examples_utils.notebook_logging", None)
 
     def package_getattr(name: str):
         if name == "notebook_logging":
