@@ -18,7 +18,7 @@ set below), which another process on a shared machine disturbs far less than wal
 | update | the optimizer's own `step()` (AdamW) |
 | round back | the new values written to fp16: stochastic rounding draws and writes |
 | update in chunks | an fp16 weight's fp32 copy, AdamW update and write-back, chunk by chunk in the cache (CPU) |
-| rounding draws | within those chunks, stochastic rounding: the generator's draws and the noise added and cut |
+| rounding draws | stochastic rounding's draws and the noise added and cut, in those chunks and in round back |
 | clear | gradients and buffers dropped |
 | rest | the step's CPU time less all of the above: Python, the loader, the Trainer's bookkeeping |
 

@@ -363,6 +363,29 @@ def test_as_target_processor_sends_calls_and_padding_to_the_tokenizer(tmp_path):
     assert not hasattr(Wav2Vec2Processor, "as_target_processor")  # removed again when the run ends
 
 
+def test_a_processor_in_target_mode_pickles_and_leaves_nothing_behind_the_run(tmp_path):
+    """transformers 4's target mode was an attribute of the processor: a processor pickled inside the context
+    (torch.save, spawned workers) pickled, in target mode; after the run its class is transformers' own again."""
+    import pickle
+
+    from transformers import Wav2Vec2CTCTokenizer, Wav2Vec2FeatureExtractor, Wav2Vec2Processor
+
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps({"[PAD]": 0, "[UNK]": 1, "|": 2, "a": 3, "b": 4, "c": 5}))
+    tokenizer = Wav2Vec2CTCTokenizer(str(vocab), unk_token="[UNK]", pad_token="[PAD]", word_delimiter_token="|")
+    processor = Wav2Vec2Processor(feature_extractor=Wav2Vec2FeatureExtractor(), tokenizer=tokenizer)
+    own_call = Wav2Vec2Processor.__dict__["__call__"]
+    with compatibility_shims():
+        with processor.as_target_processor():
+            with processor.as_target_processor():  # nested, as transformers 4 allowed
+                pass
+            copy = pickle.loads(pickle.dumps(processor))
+            assert copy(["abc"]).input_ids == tokenizer(["abc"]).input_ids
+            assert processor(["cab"]).input_ids == tokenizer(["cab"]).input_ids  # still inside the outer one
+        assert processor(text=["abc"]).input_ids == tokenizer(["abc"]).input_ids  # out of target mode
+    assert Wav2Vec2Processor.__dict__["__call__"] is own_call and "pad" in Wav2Vec2Processor.__dict__
+
+
 def test_truncation_strategy_and_pad_to_max_length_act_as_in_transformers_4(tmp_path):
     """The DeBERTa notebook calls `tokenizer.encode(premise, hypothesis, truncation_strategy="only_first")`:
     transformers v5 raises TypeError on it, and silently ignores `pad_to_max_length=True`. transformers 4

@@ -34,7 +34,7 @@ def _serve(call: str, path: str, config_name: str | None, options: dict):
     legacy = call == "load_metric"  # datasets 2's metric, where its results differ from evaluate's
     metric = build_metric(name, config_name, legacy, **{k: v for k, v in options.items() if v is not None})
     hub = "datasets 2's metric" if legacy and SERVED_METRICS[name].datasets_target else "the Hub metric"
-    note_once(f"metric:{name}", f"{_describe(call, path, config_name)}: served offline by optimum-ipu "
+    note_once(f"metric:{name}:{legacy}", f"{_describe(call, path, config_name)}: served offline by optimum-ipu "
               f"(same result keys, scale and options as {hub}).")  # fmt: skip
     return metric
 

@@ -345,43 +345,48 @@ AS_TARGET_TOKENIZER = Shim(
 )
 
 
-_TARGET_CLASSES: dict[type, type] = {}
+# transformers 4's target mode was an attribute of the processor (so it pickled with it); this is its depth.
+_TARGET_DEPTH = "_optimum_ipu_target_depth"
+_ROUTED = "_optimum_ipu_routes_targets"
 
 
-def _target_class(processor_class: type) -> type:
-    """`processor_class` with transformers 4's target mode: its call and `pad` are its tokenizer's."""
-    if processor_class not in _TARGET_CLASSES:
+def _route_to_tokenizer(processor_class: type, patches: Patches) -> None:
+    """For the rest of the run, `processor_class`'s call and `pad` go to the processor's tokenizer whenever the
+    processor is in target mode (once per class; the run's end puts the class back as it was)."""
+    if processor_class.__dict__.get(_ROUTED):
+        return
+    for name in ("__call__", "pad"):
+        original = getattr(processor_class, name, None)
 
-        def call(self, *args, **kwargs):
-            return self.tokenizer(*args, **kwargs)
+        def routed(self, *args, __name=name, __original=original, **kwargs):
+            if self.__dict__.get(_TARGET_DEPTH):
+                return self.tokenizer(*args, **kwargs) if __name == "__call__" else self.tokenizer.pad(*args, **kwargs)
+            if __original is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {__name!r}")
+            return __original(self, *args, **kwargs)
 
-        def pad(self, *args, **kwargs):
-            return self.tokenizer.pad(*args, **kwargs)
-
-        _TARGET_CLASSES[processor_class] = type(
-            processor_class.__name__, (processor_class,),
-            {"__call__": call, "pad": pad, "__module__": processor_class.__module__,
-             "__qualname__": processor_class.__qualname__},
-        )  # fmt: skip
-    return _TARGET_CLASSES[processor_class]
+        patches.set(processor_class, name, functools.wraps(original)(routed) if original else routed)
+    patches.set(processor_class, _ROUTED, True)
 
 
-@contextlib.contextmanager
-def _as_target_processor(self):
+def _target_mode(processor, patches: Patches):
     """transformers 4's `as_target_processor()`: inside, the processor's call and `pad` are its tokenizer's (4
-    switched `current_processor` to the tokenizer, which its call and `pad` then used). The processor is an
-    instance of a subclass with those two methods for the context, and of its own class again after it."""
-    if getattr(self, "tokenizer", None) is None:
-        raise LauncherError(f"{type(self).__name__}.as_target_processor(): transformers 4's target mode sends the "
-                            "processor's calls to its tokenizer, and this processor has none.")  # fmt: skip
+    switched `current_processor` to the tokenizer, which its call and `pad` then used). Contexts nest."""
+    if getattr(processor, "tokenizer", None) is None:
+        raise LauncherError(f"{type(processor).__name__}.as_target_processor(): transformers 4's target mode sends "
+                            "the processor's calls to its tokenizer, and this processor has none.")  # fmt: skip
     note_once("as_target_processor", "processor.as_target_processor() was removed in transformers v5: the "
               "processor's calls and pad() inside go to its tokenizer, as in transformers 4.")  # fmt: skip
-    own = type(self)
-    self.__class__ = _target_class(own)
+    _route_to_tokenizer(type(processor), patches)
+    processor.__dict__[_TARGET_DEPTH] = processor.__dict__.get(_TARGET_DEPTH, 0) + 1
     try:
         yield
     finally:
-        self.__class__ = own
+        depth = processor.__dict__.get(_TARGET_DEPTH, 1) - 1
+        if depth > 0:
+            processor.__dict__[_TARGET_DEPTH] = depth
+        else:
+            processor.__dict__.pop(_TARGET_DEPTH, None)
 
 
 def _install_as_target_processor(patches: Patches) -> Skip | None:
@@ -390,7 +395,12 @@ def _install_as_target_processor(patches: Patches) -> Skip | None:
         return Skip("transformers has no ProcessorMixin where transformers 5 defines it", problem=True)
     if hasattr(mixin, "as_target_processor"):
         return Skip("transformers still has as_target_processor")
-    patches.set(mixin, "as_target_processor", _as_target_processor)
+
+    @contextlib.contextmanager
+    def as_target_processor(self):
+        yield from _target_mode(self, patches)
+
+    patches.set(mixin, "as_target_processor", as_target_processor)
     return None
 
 
