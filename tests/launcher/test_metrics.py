@@ -30,6 +30,26 @@ def test_served_through_evaluate_load_with_the_hub_name():
     assert metric.compute(predictions=[0, 1, 1, 0], references=[0, 1, 0, 0]) == {"accuracy": 0.75}
 
 
+def test_a_local_folder_is_the_users_metric_only_with_its_script_in_it(tmp_path, monkeypatch):
+    """evaluate loads `path` as a local metric only where `path/NAME.py` (or the script itself) exists, and goes to
+    the Hub otherwise: a data folder named `squad` beside the notebook (its `load_dataset("squad")`) does not hide
+    the metric `squad`, which is served offline; a folder with its own script stays the user's."""
+    import evaluate
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "squad").mkdir()
+    (tmp_path / "squad" / "train.jsonl").write_text("{}\n")
+    (tmp_path / "accuracy").mkdir()
+    (tmp_path / "accuracy" / "accuracy.py").write_text("raise RuntimeError('the user script ran')\n")
+    with compatibility_shims():
+        squad = evaluate.load("squad")
+        with pytest.raises(RuntimeError, match="the user script ran"):
+            evaluate.load("accuracy")
+    assert squad.compute(predictions=[{"id": "1", "prediction_text": "a b"}],
+                         references=[{"id": "1", "answers": {"text": ["a b"], "answer_start": [0]}}]) == {
+        "exact_match": 100.0, "f1": 100.0}  # fmt: skip
+
+
 def test_accuracy():
     assert compute("accuracy", predictions=[0, 1, 1, 0], references=[0, 1, 0, 0]) == {"accuracy": 0.75}
     assert compute("accuracy", predictions=[0, 1, 1, 0], references=[0, 1, 0, 0], normalize=False) == {

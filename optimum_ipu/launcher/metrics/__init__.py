@@ -81,12 +81,15 @@ SERVED_METRICS: dict[str, ServedMetric] = {
 def served_metric_name(path: str) -> str | None:
     """The served metric that `evaluate.load(path)` asks for, or None (another metric, or a local script).
 
-    Hub spellings `evaluate-metric/accuracy` and `accuracy` are the same metric; a path that exists
-    locally is the user's own module and is left to evaluate.
+    Hub spellings `evaluate-metric/accuracy` and `accuracy` are the same metric. A local metric script is the
+    user's own module and is left to evaluate, as evaluate finds one: `path` itself, a `.py` file, or
+    `path/NAME.py` in a folder named NAME. A folder without that script (a data set named `squad` beside
+    the notebook) is not a metric to evaluate either, which goes to the Hub for it, and is served here.
     """
     import os
 
-    if os.path.exists(path):
+    script = path if path.endswith(".py") else os.path.join(path, os.path.basename(os.path.normpath(path)) + ".py")
+    if os.path.isfile(script):
         return None
     name = path.removeprefix("evaluate-metric/")
     return name if name in SERVED_METRICS else None
