@@ -49,6 +49,9 @@ BRIDGES: dict[tuple[str, str], str] = {
     ("optimum_ipu/configuration/ipu_config.py", "poptorch"): (
         "IPUConfig.to_options(): Optimum Graphcore's API builds a poptorch.Options from a config"
     ),
+    ("optimum_ipu/launcher/shims/stand_ins.py", "sdk"): (
+        "the examples_utils stand-in of `optimum-ipu run` serves the SDK's one load_lib, as poprun's does"
+    ),
 }
 
 
