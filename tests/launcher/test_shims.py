@@ -402,3 +402,16 @@ def test_truncation_strategy_and_pad_to_max_length_act_as_in_transformers_4(tmp_
     assert padded == tokenizer("alice lives in paris", padding="max_length", max_length=12)["input_ids"]
     assert len(padded) == 12
     assert untouched == tokenizer(premise, hypothesis)["input_ids"]
+
+
+def test_as_target_processor_on_a_processor_without_a_tokenizer_says_so():
+    """Target mode sends calls to the tokenizer; a processor without one gets one line naming that, not a
+    silent call of its feature extractor."""
+    from transformers import Wav2Vec2Processor
+
+    bare = object.__new__(Wav2Vec2Processor)  # no tokenizer attached
+    with compatibility_shims():
+        with pytest.raises(LauncherError, match="this processor has none"):
+            with bare.as_target_processor():
+                pass
+    assert "__call__" in Wav2Vec2Processor.__dict__ and "_optimum_ipu_routes_targets" not in Wav2Vec2Processor.__dict__
