@@ -19,6 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "optimum_ipu"
 LAYERS: dict[str, int] = {
     "_quoting": 0,
     "_once": 0,
+    "_cache_folder": 0,
     "call_layout": 0,
     "overrides": 0,
     "configuration": 1,

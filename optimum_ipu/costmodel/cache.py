@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
+from optimum_ipu._cache_folder import cache_root
 from optimum_ipu.costmodel.profile import ModelProfile
 
 PROFILE_FORMAT = 1
@@ -29,11 +30,7 @@ _TRACER_SOURCES = ("trace.py", "profile.py", "presets.py")  # presets.py builds 
 
 def cache_dir() -> Path:
     """Folder holding cached profiles (not created until something is stored)."""
-    root = os.environ.get("OPTIMUM_IPU_CACHE")
-    if root:
-        return Path(root) / "profiles"
-    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(xdg) / "optimum-ipu" / "profiles"
+    return cache_root() / "profiles"
 
 
 def _version(package: str) -> str:
