@@ -22,6 +22,9 @@ set below), which another process on a shared machine disturbs far less than wal
 | clear | gradients and buffers dropped |
 | rest | the step's CPU time less all of the above: Python, the loader, the Trainer's bookkeeping |
 
+A fourth run, `fp16-torch-sr`, is the fp16 step with `OPTIMUM_IPU_COMPILED_ROUNDING=off`: stochastic rounding
+on torch's generator calls instead of the compiled kernel (the same bits), the code before that kernel.
+
     OMP_NUM_THREADS=1 python bench/fp16_breakdown.py [--steps 6] [--rounds 3] [--only minilm|vit|bert-base]
 
 Medians per phase over the timed steps of all rounds (the first step of each run is a warm-up). The
@@ -169,6 +172,13 @@ def instrumented(clock: Clock, model_class):
 
 
 def run(kind: str, make_model, data, steps: int, clock: Clock) -> None:
+    if kind == "fp16-torch-sr":  # the fp16 step with stochastic rounding on torch's calls, not the compiled kernel
+        os.environ["OPTIMUM_IPU_COMPILED_ROUNDING"] = "off"
+        try:
+            run("ipu-fp16", make_model, data, steps, clock)
+        finally:
+            del os.environ["OPTIMUM_IPU_COMPILED_ROUNDING"]
+        return
     torch.manual_seed(0)
     common = dict(output_dir=tempfile.mkdtemp(), max_steps=steps + 1, save_strategy="no", report_to="none", disable_tqdm=True,
                   learning_rate=1e-4, logging_steps=1000, use_cpu=True, dataloader_num_workers=0, seed=0)  # fmt: skip
@@ -205,7 +215,7 @@ def main() -> None:
           "per step, medians")  # fmt: skip
     if os.path.exists("/proc/loadavg"):
         print("load average at start:", open("/proc/loadavg").read().split()[:3])
-    kinds = ("plain-ga", "ipu-fp32", "ipu-fp16")
+    kinds = ("plain-ga", "ipu-fp32", "ipu-fp16", "fp16-torch-sr")
     models = {"minilm": minilm_qa(args.seq_len), "vit": vit(), "bert-base": minilm_qa(args.seq_len, base=True)}
     for key, (name, make_model, item) in models.items():
         if (args.only and key != args.only) or (not args.only and key == "bert-base"):
@@ -216,16 +226,17 @@ def main() -> None:
             for kind in kinds:
                 run(kind, make_model, data, args.steps, clocks[kind])
         print(f"\n{name}")
-        print(f"{'phase':<20}" + "".join(f"{kind:>12}" for kind in kinds) + f"{'fp16 - fp32':>13}")
+        print(f"{'phase':<20}" + "".join(f"{kind:>14}" for kind in kinds) + f"{'fp16 - fp32':>13}")
         medians = {kind: {p: statistics.median(s.get(p, 0.0) for s in clocks[kind].steps) * 1e3
                           for p in (*PHASES, "total", "page faults", "kernel time")} for kind in kinds}  # fmt: skip
         for phase in (*PHASES, "total"):
             row = [medians[kind][phase] for kind in kinds]
-            print(f"{phase:<20}" + "".join(f"{v:>12.1f}" for v in row) + f"{row[2] - row[1]:>+13.1f}")
-        print(f"{'  of which kernel':<20}" + "".join(f"{medians[kind]['kernel time']:>12.1f}" for kind in kinds))
-        print(f"{'page faults':<20}" + "".join(f"{medians[kind]['page faults']:>12,.0f}" for kind in kinds))
-        fp32, fp16, plain = (medians[k]["total"] for k in ("ipu-fp32", "ipu-fp16", "plain-ga"))
-        print(f"ratio to plain-ga (samples/s, CPU time): ipu-fp32 {plain / fp32:.2f}, ipu-fp16 {plain / fp16:.2f}")
+            print(f"{phase:<20}" + "".join(f"{v:>14.1f}" for v in row) + f"{row[2] - row[1]:>+13.1f}")
+        print(f"{'  of which kernel':<20}" + "".join(f"{medians[kind]['kernel time']:>14.1f}" for kind in kinds))
+        print(f"{'page faults':<20}" + "".join(f"{medians[kind]['page faults']:>14,.0f}" for kind in kinds))
+        fp32, fp16, torch_sr, plain = (medians[k]["total"] for k in ("ipu-fp32", "ipu-fp16", "fp16-torch-sr", "plain-ga"))
+        print(f"ratio to plain-ga (samples/s, CPU time): ipu-fp32 {plain / fp32:.2f}, ipu-fp16 {plain / fp16:.2f}, "
+              f"fp16 with stochastic rounding on torch's calls {plain / torch_sr:.2f}")
 
 
 if __name__ == "__main__":

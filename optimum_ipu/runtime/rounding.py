@@ -8,9 +8,17 @@ proportional to the distance, so small updates survive on average instead of bei
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
 
 import torch
+
+from optimum_ipu._once import warn_once
+from optimum_ipu.runtime import rounding_kernel
+from optimum_ipu.runtime.rounding_kernel import RoundChunk
+
+logger = logging.getLogger(__name__)
 
 # fp32 has 23 explicit mantissa bits, fp16 has 10: 13 bits are dropped when rounding to half.
 _DROPPED_BITS = 13
@@ -18,6 +26,8 @@ _DROPPED_MASK = (1 << _DROPPED_BITS) - 1
 # Elements rounded per pass on the CPU (even, so each chunk starts on a whole draw): 512 KB of fp32
 # plus its noise stays within a core's L2 cache on current x86 CPUs.
 _CHUNK = 1 << 17
+_checked: dict[str, RoundChunk | None] = {}
+_checked_lock = threading.Lock()
 
 
 def stochastic_round_to_half(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -68,14 +78,19 @@ class _Noise:
     """Scratch for the random low bits of the largest of `parts` (`chunk_views`), reused chunk after chunk.
 
     One 31-bit draw gives two 16-bit halves, 13 bits of each the noise of one element (half the
-    generator calls). On the CPU the noise is widened to 32 bits before the add: torch's int32 += int16
-    add converts element by element there, several times slower than the copy and the add apart; an
-    accelerator adds it as it is (the same bits, without a buffer of 4 bytes per weight).
+    generator calls). On the CPU the compiled kernel (`compiled_rounding`) does the draws, the add and
+    the cut in one pass, with the same bits; without it, torch ops do them, and the noise is widened to
+    32 bits before the add: torch's int32 += int16 add converts element by element there, several times
+    slower than the copy and the add apart; an accelerator adds it as it is (the same bits, without a
+    buffer of 4 bytes per weight).
     """
 
-    def __init__(self, parts: tuple[torch.Tensor, ...]):
+    def __init__(self, parts: tuple[torch.Tensor, ...], compiled: bool = True):
         size = parts[0].numel() if parts else 0
         device = parts[0].device if parts else torch.device("cpu")
+        self.kernel = compiled_rounding() if compiled and device.type == "cpu" and size else None
+        if self.kernel is not None:
+            return
         self.size = size
         self.words = torch.empty((size + 1) // 2, dtype=torch.int32, device=device)
         self.halves = self.words.view(torch.int16)[:size]
@@ -83,6 +98,9 @@ class _Noise:
 
     def round_(self, part: torch.Tensor, generator: torch.Generator | None) -> None:
         """Stochastically round the contiguous fp32 chunk `part` to fp16 values, in place."""
+        if self.kernel is not None:
+            self.kernel(part, torch.default_generator if generator is None else generator)
+            return
         size = part.numel()
         if size == self.size:  # every chunk but a weight's last: the scratch as it is
             words, halves, noise = self.words, self.halves, self.wide
@@ -95,6 +113,45 @@ class _Noise:
         bits = part.view(torch.int32)
         bits.add_(noise)
         bits.bitwise_and_(~_DROPPED_MASK)
+
+
+def compiled_rounding() -> RoundChunk | None:
+    """The compiled kernel (`rounding_kernel.py`) once it has given torch's bits here, else None.
+
+    Checked once per process, against `_Noise`'s torch ops on the same values and generator state: chunks
+    of odd and even sizes, across several of the generator's 624-word refills, starting mid-stream. A
+    kernel that differs in one bit or in the generator state it leaves is not used, and that is said once.
+    """
+    if not rounding_kernel.wanted():
+        return None
+    with _checked_lock:
+        if "kernel" not in _checked:
+            kernel = rounding_kernel.load_rounding_kernel()
+            if kernel is not None and not _gives_torch_bits(kernel):
+                warn_once(
+                    logger,
+                    "The compiled stochastic-rounding kernel did not give torch %s's bits on this machine, so "
+                    "rounding runs on torch's generator calls (the same values, slower). Please report this.",
+                    torch.__version__, key="compiled rounding differs",
+                )  # fmt: skip
+                kernel = None
+            _checked["kernel"] = kernel
+        return _checked["kernel"]
+
+
+def _gives_torch_bits(kernel: RoundChunk) -> bool:
+    values = torch.randn(4099, generator=torch.Generator().manual_seed(11)) * 3
+    values[:4] = torch.tensor([float("inf"), -float("inf"), 0.0, -1e-30])
+    ours, theirs = torch.Generator().manual_seed(2026), torch.Generator().manual_seed(2026)
+    for generator in (ours, theirs):
+        torch.empty(5, dtype=torch.int32).random_(generator=generator)  # mid-stream, not at a refill
+    expected, got = values.clone(), values.clone()
+    for size in (1, 2, 3, 1249, 4099):
+        _Noise((expected[:size],), compiled=False).round_(expected[:size], theirs)
+        kernel(got[:size], ours)
+    return torch.equal(expected.view(torch.int32), got.view(torch.int32)) and torch.equal(
+        ours.get_state(), theirs.get_state()
+    )
 
 
 def update_in_chunks(
