@@ -173,11 +173,15 @@ def instrumented(clock: Clock, model_class):
 
 def run(kind: str, make_model, data, steps: int, clock: Clock) -> None:
     if kind == "fp16-torch-sr":  # the fp16 step with stochastic rounding on torch's calls, not the compiled kernel
+        before = os.environ.get("OPTIMUM_IPU_COMPILED_ROUNDING")
         os.environ["OPTIMUM_IPU_COMPILED_ROUNDING"] = "off"
         try:
             run("ipu-fp16", make_model, data, steps, clock)
         finally:
-            del os.environ["OPTIMUM_IPU_COMPILED_ROUNDING"]
+            if before is None:
+                del os.environ["OPTIMUM_IPU_COMPILED_ROUNDING"]
+            else:
+                os.environ["OPTIMUM_IPU_COMPILED_ROUNDING"] = before
         return
     torch.manual_seed(0)
     common = dict(output_dir=tempfile.mkdtemp(), max_steps=steps + 1, save_strategy="no", report_to="none", disable_tqdm=True,

@@ -7,8 +7,9 @@
  * added (modulo 2^32, as torch's int32 add) and its 13 low bits cut; an odd chunk's last word feeds one
  * element. The generator's state comes in and goes out as the bytes of torch's `Generator.get_state()`.
  *
- * `rounding_kernel.py` compiles this file on first use and checks it against torch's own draws
- * before using it; if torch ever lays its state out otherwise, that check fails and torch's calls stay.
+ * `rounding_kernel.py` compiles this file on first use and `rounding.py` checks it against torch's own
+ * draws before using it; if torch ever lays its state out otherwise, the size check below refuses it,
+ * that check fails and torch's calls stay.
  */
 #include <stdint.h>
 #include <string.h>
@@ -57,7 +58,8 @@ int optimum_ipu_round_chunk(uint32_t *bits, int64_t n, unsigned char *state, int
     if (state_bytes != STATE_BYTES) return -1;
     memcpy(&left, state + LEFT_AT, sizeof left);
     memcpy(&next, state + NEXT_AT, sizeof next);
-    if (left < 1 || left > STATE_N || next > STATE_N) return -2;
+    /* left - 1 words are read from state[next] on: never past the end (torch's own engine does not check) */
+    if (left < 1 || left > STATE_N || next > STATE_N || next + (uint64_t)left > STATE_N + 1) return -2;
     memcpy(wide, state + WORDS_AT, sizeof wide);
     for (int i = 0; i < STATE_N; i++) s[i] = (uint32_t)wide[i];
 

@@ -22,7 +22,9 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -40,9 +42,9 @@ ENVIRONMENT = "OPTIMUM_IPU_COMPILED_ROUNDING"
 _SOURCE = Path(__file__).with_name("rounding_kernel.c")
 _FLAG_SETS = (["-O3", "-march=native"], ["-O3"])  # this CPU's vector units where the compiler knows it
 _lock = threading.Lock()
-_loaded: dict[str, Callable[[torch.Tensor, torch.Generator], None] | None] = {}
+_loaded: dict[str, Callable[[torch.Tensor, torch.Generator], bool] | None] = {}
 
-RoundChunk = Callable[[torch.Tensor, torch.Generator], None]
+RoundChunk = Callable[[torch.Tensor, torch.Generator], bool]
 
 
 def wanted() -> bool:
@@ -60,7 +62,9 @@ def load_rounding_kernel() -> RoundChunk | None:
     """The compiled `round_chunk(part, generator)`, built once per process; None when it cannot be built.
 
     `part` is a contiguous fp32 CPU tensor, rounded in place (its 13 low bits cut after the noise);
-    `generator` a CPU `torch.Generator`, advanced as the torch calls would advance it.
+    `generator` a CPU `torch.Generator`, advanced as the torch calls would advance it. It returns False,
+    having changed nothing, for a generator state it does not read. It holds no lock on the generator
+    between reading and writing its state: give it a generator no other thread draws from.
     """
     with _lock:
         if "kernel" not in _loaded:
@@ -69,16 +73,19 @@ def load_rounding_kernel() -> RoundChunk | None:
 
 
 def _build() -> RoundChunk | None:
-    compiler = os.environ.get("CC") or next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
-    if compiler is None:
+    compiler = shlex.split(os.environ.get("CC", "")) or [
+        next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), "")
+    ]
+    if not compiler[0]:
         _fall_back("no C compiler (cc, gcc or clang) was found; set CC to one")
         return None
     errors = []
     for flags in _FLAG_SETS:
         try:
             return _bind(ctypes.CDLL(str(_compiled(compiler, flags))))
-        except (OSError, subprocess.SubprocessError) as error:
-            errors.append(f"{' '.join([Path(compiler).name, *flags])}: {str(error).strip().splitlines()[-1:]}")
+        except Exception as error:  # noqa: BLE001 (a compiler, a folder or a home that fails: torch's calls)
+            errors.append(f"{' '.join([Path(compiler[0]).name, *compiler[1:], *flags])}: "
+                          f"{(str(error).strip().splitlines() or [type(error).__name__])[-1]}")  # fmt: skip
     _fall_back(f"compiling {_SOURCE.name} failed ({'; '.join(errors)})")
     return None
 
@@ -102,12 +109,12 @@ def _cpu() -> str:
     return "\n".join([platform.machine(), platform.processor(), *picked])
 
 
-def _compiled(compiler: str, flags: list[str]) -> Path:
+def _compiled(compiler: list[str], flags: list[str]) -> Path:
     """The shared library for `flags`, compiled now unless the cache has it (written whole, then renamed)."""
     source = _SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(flags).encode(), _cpu().encode()]))
+    key = hashlib.sha256(b"\0".join([source, " ".join(compiler).encode(), " ".join(flags).encode(), _cpu().encode()]))
     name = f"rounding-{key.hexdigest()[:24]}.so"
-    for folder in (cache_root() / "kernels", Path(tempfile.gettempdir()) / f"optimum-ipu-kernels-{getattr(os, 'getuid', lambda: 'user')()}"):
+    for folder in _folders():
         target = folder / name
         if target.is_file():
             return target
@@ -119,7 +126,7 @@ def _compiled(compiler: str, flags: list[str]) -> Path:
         os.close(handle)
         try:
             subprocess.run(
-                [compiler, *flags, "-fPIC", "-shared", "-o", partial, str(_SOURCE)],
+                [*compiler, *flags, "-fPIC", "-shared", "-o", partial, str(_SOURCE)],
                 check=True, capture_output=True, text=True, timeout=120,
             )  # fmt: skip
             os.replace(partial, target)  # another process compiling the same file replaces it with the same
@@ -132,19 +139,35 @@ def _compiled(compiler: str, flags: list[str]) -> Path:
     raise OSError("no writable folder for the compiled file (the cache folder and the temporary folder)")
 
 
+def _folders():
+    """Where a compiled file may be kept: the cache folder, else a folder of this user's in the temporary
+    folder, used only if no one else can write to it (a library loaded from there runs its code here)."""
+    try:
+        yield cache_root() / "kernels"
+    except (RuntimeError, KeyError, OSError):  # no home folder to find (Path.home() on a user without one)
+        pass
+    private = Path(tempfile.gettempdir()) / f"optimum-ipu-kernels-{getattr(os, 'getuid', lambda: 'user')()}"
+    try:
+        private.mkdir(mode=0o700, exist_ok=True)
+        status = private.lstat()
+    except OSError:
+        return
+    owned = not hasattr(os, "getuid") or status.st_uid == os.getuid()
+    if stat.S_ISDIR(status.st_mode) and owned and not status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        yield private
+
+
 def _bind(library: ctypes.CDLL) -> RoundChunk:
     function = library.optimum_ipu_round_chunk
     function.restype = ctypes.c_int
     function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
 
-    def round_chunk(part: torch.Tensor, generator: torch.Generator) -> None:
+    def round_chunk(part: torch.Tensor, generator: torch.Generator) -> bool:
+        """Round `part` in place and advance `generator`; False (nothing changed) for a state it does not read."""
         state = generator.get_state()
-        status = function(part.data_ptr(), part.numel(), state.data_ptr(), state.numel())
-        if status != 0:
-            raise RuntimeError(
-                f"The compiled stochastic rounding could not read this generator's state ({state.numel()} bytes, "
-                f"code {status}); set {ENVIRONMENT}=off to round with torch's calls."
-            )
+        if function(part.data_ptr(), part.numel(), state.data_ptr(), state.numel()) != 0:
+            return False
         generator.set_state(state)
+        return True
 
     return round_chunk
