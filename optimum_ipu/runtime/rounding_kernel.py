@@ -73,9 +73,13 @@ def load_rounding_kernel() -> RoundChunk | None:
 
 
 def _build() -> RoundChunk | None:
-    compiler = shlex.split(os.environ.get("CC", "")) or [
-        next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), "")
-    ]
+    try:
+        compiler = shlex.split(os.environ.get("CC", "")) or [
+            next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), "")
+        ]
+    except ValueError as error:  # CC with an unclosed quote
+        _fall_back(f"CC={os.environ['CC']!r} cannot be read as a command ({error})")
+        return None
     if not compiler[0]:
         _fall_back("no C compiler (cc, gcc or clang) was found; set CC to one")
         return None
@@ -116,9 +120,9 @@ def _compiled(compiler: list[str], flags: list[str]) -> Path:
     name = f"rounding-{key.hexdigest()[:24]}.so"
     for folder in _folders():
         target = folder / name
-        if target.is_file():
-            return target
         try:
+            if target.is_file():
+                return target
             folder.mkdir(parents=True, exist_ok=True)
             handle, partial = tempfile.mkstemp(dir=folder, suffix=".so.partial")
         except OSError:

@@ -90,13 +90,16 @@ def test_a_call_that_starts_on_a_spent_refill_twists_first_as_torch_does(fresh_k
 def test_rounding_without_an_optimizers_generator_or_on_a_strided_chunk_takes_torchs_calls(fresh_kernel):
     """The kernel reads and writes the generator's state without its lock, so it serves only an optimizer's
     own generator, never the default one; and only contiguous fp32 chunks (it reads `numel` values on)."""
+    calls = []
+    kernel = rounding_kernel.load_rounding_kernel()
+    rounding._checked["kernel"] = lambda part, generator: calls.append(part.numel()) or kernel(part, generator)
     value = torch.randn(1001)
     torch.manual_seed(12)
     expected = _by_hand(value.clone(), torch.default_generator)
     torch.manual_seed(12)
     part = value.clone()
     _Noise((part,)).round_(part, None)
-    assert torch.equal(part.view(torch.int32), expected.view(torch.int32))
+    assert torch.equal(part.view(torch.int32), expected.view(torch.int32)) and calls == []
     whole = torch.randn(2002)
     strided, reference = whole.clone()[::2], whole.clone()[::2].contiguous()
     assert not strided.is_contiguous()
@@ -113,21 +116,44 @@ def test_a_generator_state_the_kernel_refuses_is_rounded_by_torch_and_said_once(
     refusing.set_state(state)
     kernel = rounding_kernel.load_rounding_kernel()
     assert not kernel(torch.zeros(4), refusing) and torch.equal(refusing.get_state(), state)
+    # In use: a kernel that refuses every state, over a weight of several chunks, twice.
+    rounding._checked["kernel"] = lambda part, generator: False
+    value = torch.randn(2 * 2**17 + 3, generator=torch.Generator().manual_seed(6))
     with caplog.at_level(logging.WARNING):
-        for _ in range(2):
-            part = torch.full((4,), 1.0001)
-            _Noise((part,)).round_(part, refusing)
-            assert set(part.tolist()) <= {1.0, 1.0009765625}
+        for seed in (1, 2):
+            expected = _by_hand(value.clone(), torch.Generator().manual_seed(seed))
+            param = torch.zeros(value.shape, dtype=torch.float16)
+            write_back(param, value.clone(), stochastic_rounding=True, generator=torch.Generator().manual_seed(seed))
+            assert torch.equal(param.view(torch.int16), expected.half().view(torch.int16))
     assert sum("does not read this generator's state" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_a_setting_other_than_auto_or_off_is_refused_with_both_named(monkeypatch):
-    monkeypatch.setenv("OPTIMUM_IPU_COMPILED_ROUNDING", "yes")
-    with pytest.raises(ValueError, match="OPTIMUM_IPU_COMPILED_ROUNDING='yes'.*'auto'.*'off'"):
-        compiled_rounding()
+def test_a_kernel_that_raises_or_errs_on_a_spent_refill_is_not_used(fresh_kernel, caplog):
+    kernel = rounding_kernel.load_rounding_kernel()
+
+    def raising(part, generator):
+        raise OSError("segfault stand-in")
+
+    def wrong_after_a_spent_refill(part, generator):
+        spent = int(generator.get_state()[16:24].view(torch.int64)) == 624
+        done = kernel(part, generator)
+        if spent:
+            part.view(torch.int32)[0] ^= 1 << 13
+        return done
+
+    for bad in (raising, wrong_after_a_spent_refill):
+        rounding._checked.clear()
+        with caplog.at_level(logging.WARNING):
+            original = rounding_kernel.load_rounding_kernel
+            rounding_kernel.load_rounding_kernel = lambda bad=bad: bad
+            try:
+                assert compiled_rounding() is None, bad.__name__
+            finally:
+                rounding_kernel.load_rounding_kernel = original
+        _once.forget()
 
 
-@pytest.mark.parametrize("compiler", ["no-such-compiler", "no-such-launcher gcc"])
+@pytest.mark.parametrize("compiler", ["no-such-compiler", "no-such-launcher gcc", 'gcc "-DUNCLOSED'])
 def test_without_a_compiler_rounding_keeps_its_bits_and_says_so_once(fresh_kernel, monkeypatch, caplog, compiler):
     monkeypatch.setenv("CC", str(fresh_kernel / compiler))
     value = torch.randn(3001)
@@ -140,7 +166,8 @@ def test_without_a_compiler_rounding_keeps_its_bits_and_says_so_once(fresh_kerne
             _Noise((part,)).round_(part, torch.Generator().manual_seed(2))
             assert torch.equal(part.view(torch.int32), expected.view(torch.int32))
     said = [r.getMessage() for r in caplog.records if "without its compiled kernel" in r.getMessage()]
-    assert len(said) == 1 and "compiling rounding_kernel.c failed" in said[0] and "=off" in said[0]
+    why = "cannot be read as a command" if '"' in compiler else "compiling rounding_kernel.c failed"
+    assert len(said) == 1 and why in said[0] and "=off" in said[0]
 
 
 def test_a_kernel_that_differs_from_torch_is_not_used_and_said(fresh_kernel, monkeypatch, caplog):
@@ -193,3 +220,19 @@ def test_a_temporary_folder_others_can_write_to_is_not_loaded_from(fresh_kernel,
     assert [folder.name for folder in rounding_kernel._folders()] == ["kernels"]
     (shared / f"optimum-ipu-kernels-{os.getuid()}").chmod(0o700)
     assert [folder.name for folder in rounding_kernel._folders()] == ["kernels", f"optimum-ipu-kernels-{os.getuid()}"]
+
+
+def test_a_temporary_folder_of_another_owner_or_not_a_folder_is_not_used(fresh_kernel, monkeypatch, tmp_path):
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    monkeypatch.setattr(rounding_kernel.tempfile, "gettempdir", lambda: str(shared))
+    private = shared / f"optimum-ipu-kernels-{os.getuid()}"
+    private.write_text("not a folder")
+    assert [folder.name for folder in rounding_kernel._folders()] == ["kernels"]
+    private.unlink()
+    private.mkdir(mode=0o700)
+    monkeypatch.setattr(rounding_kernel.os, "getuid", lambda: os.stat(private).st_uid + 1)
+    monkeypatch.setattr(rounding_kernel.tempfile, "gettempdir", lambda: str(shared))
+    (shared / f"optimum-ipu-kernels-{os.stat(private).st_uid + 1}").mkdir(mode=0o700)
+    os.chown(shared / f"optimum-ipu-kernels-{os.stat(private).st_uid + 1}", os.stat(private).st_uid, -1)
+    assert [folder.name for folder in rounding_kernel._folders()] == ["kernels"]
