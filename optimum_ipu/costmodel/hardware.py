@@ -207,11 +207,11 @@ class Calibration:
 # point in `bench/calibration.py`, with the measured span of the host write as a prior; its
 # leave-one-out errors are in the README).
 CALIBRATION = Calibration(
-    matmul_efficiency=0.732,
-    cycles_per_operation=14_260,
-    host_call_overhead_s=0.00882,
-    weight_upload_bandwidth=0.456e9,
-    host_output_bandwidth=7.48e9,
+    matmul_efficiency=0.736,
+    cycles_per_operation=14_160,
+    host_call_overhead_s=0.00888,
+    weight_upload_bandwidth=0.459e9,
+    host_output_bandwidth=7.47e9,
 )
 
 
