@@ -611,3 +611,13 @@ class LinearRegression(torch.nn.Module):
     def forward(self, x, y):
         out = self.linear(x)
         return out, torch.nn.functional.mse_loss(out.float(), y.float())
+
+
+def stochastically_rounded_by_hand(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The IPU's stochastic rounding written out on torch's generator, the reference the runtime's rounding
+    (torch ops and the compiled kernel alike) is checked against: one 32-bit draw per two elements, 13 random
+    low bits of each 16-bit half added to the fp32 bit pattern, then cut. Returns fp32 values that convert to
+    fp16 exactly."""
+    words = torch.empty((x.numel() + 1) // 2, dtype=torch.int32).random_(generator=generator)
+    noise = words.view(torch.int16)[: x.numel()].view(x.shape).to(torch.int32) & 0x1FFF
+    return ((x.contiguous().view(torch.int32) + noise) & ~0x1FFF).view(torch.float32)

@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from fixtures import stochastically_rounded_by_hand
 
 from optimum_ipu.runtime.optimizers import LAMB, AdamW
 from optimum_ipu.runtime.rounding import stochastic_round_to_half, write_back
@@ -51,10 +52,7 @@ def test_write_back_rounds_only_fp16_parameters():
 
 
 def _rounded_by_hand(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """The IPU's rule written out: 13 random low bits (two 16-bit halves per 32-bit draw) added, then cut."""
-    words = torch.empty((x.numel() + 1) // 2, dtype=torch.int32).random_(generator=generator)
-    noise = words.view(torch.int16)[: x.numel()].view(x.shape).to(torch.int32) & 0x1FFF
-    return ((x.contiguous().view(torch.int32) + noise) & ~0x1FFF).view(torch.float32).half()
+    return stochastically_rounded_by_hand(x, generator).half()
 
 
 # (2 * 2**17 + 3,) spans three of the CPU write-back's chunks, the last one odd-sized.

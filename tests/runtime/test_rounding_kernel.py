@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+from fixtures import stochastically_rounded_by_hand as _by_hand
 
 from optimum_ipu import _once
 from optimum_ipu.runtime import rounding, rounding_kernel
@@ -26,14 +27,6 @@ def fresh_kernel(monkeypatch, tmp_path):
     yield tmp_path / "cache" / "kernels"
     for cache in (rounding._checked, rounding_kernel._loaded):
         cache.clear()
-
-
-def _by_hand(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """The IPU's rule written out on torch's generator: 13 random low bits (two 16-bit halves per 32-bit draw)
-    added to the fp32 bit pattern, then cut."""
-    words = torch.empty((x.numel() + 1) // 2, dtype=torch.int32).random_(generator=generator)
-    noise = words.view(torch.int16)[: x.numel()].to(torch.int32) & 0x1FFF
-    return ((x.view(torch.int32) + noise) & ~0x1FFF).view(torch.float32)
 
 
 def test_compiled_kernel_gives_the_rules_bits_and_leaves_the_generator_as_torch_would(fresh_kernel):
