@@ -51,7 +51,8 @@ import torch  # noqa: E402
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead import ACCUMULATION, EFFECTIVE_BATCH, MICRO_BATCH, RandomData, cpu_description, minilm_qa, vit  # noqa: E402
+from machine import cpu_description  # noqa: E402
+from overhead import ACCUMULATION, EFFECTIVE_BATCH, MICRO_BATCH, RandomData, minilm_qa, vit  # noqa: E402
 
 from optimum_ipu import IPUConfig, IPUTrainer, IPUTrainingArguments  # noqa: E402
 from optimum_ipu.runtime import executor, gradients, loss_scaling, optimizers, rounding  # noqa: E402

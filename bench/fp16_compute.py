@@ -25,7 +25,7 @@ import statistics
 import time
 
 import torch
-from overhead import cpu_description
+from machine import cpu_description
 from transformers import BertConfig
 from transformers.models.bert.modeling_bert import BertLayer
 

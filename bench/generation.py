@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from overhead import cpu_description
+from machine import cpu_description
 from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
 from optimum_ipu import IPUConfig

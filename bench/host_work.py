@@ -47,7 +47,7 @@ import time
 
 import numpy as np
 import torch
-from overhead import cpu_description
+from machine import cpu_description
 
 # CoNLL-2003's tags in the data set's order (the notebook's `label_list`).
 TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]

@@ -34,7 +34,8 @@ import transformers  # noqa: E402
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizer, PrinterCallback  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead import RandomData, cpu_description, minilm_qa  # noqa: E402
+from machine import cpu_description  # noqa: E402
+from overhead import RandomData, minilm_qa  # noqa: E402
 
 from optimum.graphcore import IPUConfig, pipeline  # noqa: E402
 from optimum_ipu import IPUTrainer, IPUTrainingArguments  # noqa: E402

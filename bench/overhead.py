@@ -34,12 +34,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform
 import statistics
 import tempfile
 import time
 
 import torch
+from machine import cpu_description
 from transformers import (
     BertConfig,
     BertForQuestionAnswering,
@@ -55,30 +55,6 @@ from optimum_ipu import IPUConfig, IPUTrainer, IPUTrainingArguments
 
 MICRO_BATCH, ACCUMULATION = 2, 4
 EFFECTIVE_BATCH = MICRO_BATCH * ACCUMULATION
-# CPU flags that decide how fast fp16 / bf16 arithmetic runs on a CPU.
-FP16_FLAGS = ("avx2", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
-ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OPTIMUM_IPU_FP16_COMPUTE")
-
-
-def cpu_description() -> str:
-    """The CPU's name, which fp16-relevant flags it has, and the ISA limits set in the environment."""
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    name = value.strip()
-                elif key.strip() == "flags":
-                    flags = set(value.split())
-                    break
-    except OSError:
-        pass
-    present = " ".join(f if f in flags else f"-{f}" for f in FP16_FLAGS) if flags else "flags unknown"
-    limits = (
-        ", ".join(f"{v}={os.environ[v]}" for v in ISA_VARIABLES if os.environ.get(v)) or "no ISA limits set"
-    )
-    return f"CPU: {name} ({os.cpu_count()} cores visible); {present} (- = absent); {limits}"
 
 
 class StepTimer(TrainerCallback):

@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from overhead import cpu_description
+from machine import cpu_description
 from torch import nn
 
 import poptorch
