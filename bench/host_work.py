@@ -47,7 +47,7 @@ import time
 
 import numpy as np
 import torch
-from machine import cpu_description
+from machine import cpu_description, python_description
 
 # CoNLL-2003's tags in the data set's order (the notebook's `label_list`).
 TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
@@ -182,6 +182,9 @@ def huge_page_write_rate(rounds: int) -> float:
     return float(out.stdout.split()[-1])
 
 
+PARTS = ("ner", "packed", "output")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -190,38 +193,47 @@ def main() -> None:
     parser.add_argument(
         "--pieces-per-word", type=float, default=1.3, help="bert-base-uncased pieces per word"
     )
-    args = parser.parse_args()
-    try:
-        import seqeval  # noqa: F401
-    except ImportError:
-        raise SystemExit("bench/host_work.py needs the NER notebook's metric: pip install seqeval") from None
-    print(cpu_description())
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds (medians)\n")
-
-    for ratio in sorted({args.pieces_per_word, 1.15, 1.45}):
-        batches = conll_shaped_batches(ratio)
-        pieces = sum(int((label != -100).sum()) for _, label in batches)
-        seconds = statistics.median(ner_evaluation_host_seconds(batches) for _ in range(args.rounds))
-        chosen = "  <- calibration" if ratio == args.pieces_per_word else ""
-        print(
-            f"NER evaluation host work, {ratio:.2f} pieces/word ({pieces:,} labelled): {seconds:.3f} s{chosen}"
-        )
-
-    seconds = statistics.median(packed_loading_host_seconds() for _ in range(args.rounds))
-    print(f"Packed BERT evaluation data loading, {PACKED_BATCHES_TIMED} batches of {PACKS_PER_CALL:,} packs: "
-          f"{seconds:.3f} s ({seconds / PACKED_BATCHES_TIMED:.3f} s a batch)  <- calibration")  # fmt: skip
-
-    rates = {
-        "fresh tensor, 4 KiB pages": output_write_rate(True, args.rounds),
-        "fresh tensor, transparent huge pages": huge_page_write_rate(args.rounds),
-        "warm tensor (a plain copy)": output_write_rate(False, args.rounds),
-    }
-    print(f"\nWriting one RoBERTa MLM call's logits ({MLM_OUTPUT_BYTES / 1e6:.0f} MB) on the host:")
-    for name, rate in rates.items():
-        print(f"  {name:<38} {1e3 * MLM_OUTPUT_BYTES / rate:6.1f} ms  {rate / 1e9:5.2f} GB/s")
-    print(
-        f"host_output_bandwidth range for the fit: {min(rates.values()) / 1e9:.2f}-{max(rates.values()) / 1e9:.2f} GB/s"
+    parser.add_argument(
+        "--only", choices=PARTS, action="append", help="measure only this part (repeatable); default all"
     )
+    args = parser.parse_args()
+    parts = args.only or PARTS
+    if "ner" in parts:
+        try:
+            import seqeval  # noqa: F401
+        except ImportError:
+            raise SystemExit("bench/host_work.py needs the NER notebook's metric: pip install seqeval") from None
+    print(cpu_description())
+    print(python_description("numpy", "torch", "pyarrow", "datasets", "transformers", "seqeval"))
+    print(f"{torch.get_num_threads()} torch threads, {args.rounds} rounds (medians)\n")
+
+    if "ner" in parts:
+        for ratio in sorted({args.pieces_per_word, 1.15, 1.45}):
+            batches = conll_shaped_batches(ratio)
+            pieces = sum(int((label != -100).sum()) for _, label in batches)
+            seconds = statistics.median(ner_evaluation_host_seconds(batches) for _ in range(args.rounds))
+            chosen = "  <- calibration" if ratio == args.pieces_per_word else ""
+            print(
+                f"NER evaluation host work, {ratio:.2f} pieces/word ({pieces:,} labelled): {seconds:.3f} s{chosen}"
+            )
+
+    if "packed" in parts:
+        seconds = statistics.median(packed_loading_host_seconds() for _ in range(args.rounds))
+        print(f"Packed BERT evaluation data loading, {PACKED_BATCHES_TIMED} batches of {PACKS_PER_CALL:,} packs: "
+              f"{seconds:.3f} s ({seconds / PACKED_BATCHES_TIMED:.3f} s a batch)  <- calibration")  # fmt: skip
+
+    if "output" in parts:
+        rates = {
+            "fresh tensor, 4 KiB pages": output_write_rate(True, args.rounds),
+            "fresh tensor, transparent huge pages": huge_page_write_rate(args.rounds),
+            "warm tensor (a plain copy)": output_write_rate(False, args.rounds),
+        }
+        print(f"\nWriting one RoBERTa MLM call's logits ({MLM_OUTPUT_BYTES / 1e6:.0f} MB) on the host:")
+        for name, rate in rates.items():
+            print(f"  {name:<38} {1e3 * MLM_OUTPUT_BYTES / rate:6.1f} ms  {rate / 1e9:5.2f} GB/s")
+        print(
+            f"host_output_bandwidth range for the fit: {min(rates.values()) / 1e9:.2f}-{max(rates.values()) / 1e9:.2f} GB/s"
+        )
 
 
 if __name__ == "__main__":

@@ -40,12 +40,12 @@ def cpu_description() -> str:
 def python_description(*packages: str) -> str:
     """The interpreter's version and the versions of `packages` (those importable), for a bench whose
     figures depend on the Python doing the work."""
-    from importlib import import_module
+    from importlib.metadata import PackageNotFoundError, version
 
     versions = []
     for name in packages:
         try:
-            versions.append(f"{name} {import_module(name).__version__}")
-        except ImportError:
+            versions.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
             versions.append(f"{name} absent")
     return f"Python {platform.python_version()} ({sys.executable}); " + ", ".join(versions)
