@@ -9,7 +9,8 @@ it (the model from `costmodel.presets`, the IPU layout, batch sizes, optimizer, 
 A setting a publication leaves out is listed in `assumed`; every modelling choice is either read from
 the published configuration (layout, matmul proportions, recomputation, masked positions of the MLM
 head, attention dropout, embedding serialization, optimizer state placement, sharded inference as
-Optimum Graphcore runs it) or one of the five fitted constants of `hardware.Calibration`; the
+Optimum Graphcore runs it) or one of the five fitted constants of `hardware.Calibration` (and a
+sixth of this bench alone, `NotebookHostCalibration.host_cpu_ratio`); the
 remaining assumptions (`hardware.ASSUMPTIONS`) are moved by `--sensitivity`. Fitting minimises the
 sum of squared log errors, plus a prior for a constant whose plausible span was measured (`PRIORS`);
 leave-one-out refits on all points but one and predicts it, which is the error to expect on a layout
@@ -865,7 +866,8 @@ PRIORS = {
     "host_output_bandwidth": (2.44e9, 13.02e9),
 }
 # The log error expected of one point: the residual scatter of the fit, sqrt(sum of squared log errors
-# / (15 points - 5 constants)), is 0.10-0.11.
+# / (points - constants)), was 0.10-0.11 with fifteen points and five constants, and is 0.083 with sixteen
+# and six (the notebooks' host work priced apart): within the quarter the tests allow, so 0.1 is kept.
 POINT_SCATTER = 0.1
 
 # The fitted constants and the ranges searched (log-spaced grids, refined around the best).
