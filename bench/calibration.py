@@ -1,7 +1,8 @@
 """Measured vs estimated throughput for every published IPU measurement the cost model is fitted to.
 
     python bench/calibration.py                  # the table: measured, estimated, error, leave-one-out
-    python bench/calibration.py --fit            # refit the constants of `hardware.CALIBRATION`
+    python bench/calibration.py --fit            # refit the constants of `hardware.CALIBRATION` and
+                                                 # `HOST_CPU_RATIO` here (both copied by hand)
     python bench/calibration.py --sensitivity    # how far each assumption moves each point
 
 Every point is a published throughput with its source URL, the published configuration that produced
@@ -20,10 +21,11 @@ Six inference points publish `eval_samples_per_second` of one `IPUTrainer.evalua
 its timed loop over `eval_runtime`, which pays a one-off setup (the weights of every replica copied to
 the IPUs, `performance.evaluate_setup_time`) besides the steady calls. Those points are estimated as
 samples / (setup + host work + calls x call time), with the calls printed by the run and the host work
-a run's timer also covered (the NER notebook's metric, the packed BERT notebook's batch building) measured by
-`bench/host_work_env.sh` (the notebooks' own Python and libraries, on this project's machine) and scaled by
-one fitted constant of this bench, `host_cpu_ratio` (the notebooks' host took that many seconds for each
-second the measuring CPU takes; `MEASURING_CPU`); the planner's steady-state estimate does not include the setup. They run a few samples per call, so the host bounds them. Two
+a run's timer also covered (the NER notebook's metric, the packed BERT notebook's batch building)
+measured by `bench/host_work_env.sh` (the notebooks' own Python and libraries, on this project's
+machine) and scaled by one fitted constant of this bench, `host_cpu_ratio` (the notebooks' host took
+that many seconds for each second the measuring CPU takes; `MEASURING_CPU`); the planner's steady-state
+estimate does not include the setup. They run a few samples per call, so the host bounds them. Two
 more time single `poptorch.inferenceModel` calls where the IPUs bound the call (a 2-IPU BERT-Large
 pipeline kept full over 8 replicas, 96 samples per call; a whole BERT-Large encoder on one IPU over
 256 device iterations): those are estimated as samples / call time, as the planner reports them.
@@ -101,6 +103,15 @@ class NotebookHostCalibration(Calibration):
     """
 
     host_cpu_ratio: float = HOST_CPU_RATIO
+
+
+
+def with_host_ratio(calibration: Calibration) -> NotebookHostCalibration:
+    """`calibration` with this bench's host ratio: its own, or `HOST_CPU_RATIO` beside the planner's
+    constants alone (`hardware.CALIBRATION`)."""
+    if isinstance(calibration, NotebookHostCalibration):
+        return calibration
+    return NotebookHostCalibration(**dataclasses.asdict(calibration))
 
 @dataclass
 class Point:
@@ -426,7 +437,8 @@ POINTS = [
         # The Trainer gathering the logits, the notebook's compute_metrics and seqeval, as
         # `bench/host_work_env.sh` measures them with the notebook's Python 3.8 and libraries on
         # `MEASURING_CPU`, median of 9: 0.770 s at 1.3 word pieces per word (0.697-0.815 s over 1.15-1.45).
-        # With this project's Python 3.11 and libraries the same work takes 0.475 s there.
+        # With this project's Python 3.11 and libraries the same work takes 0.475 s there (0.598 s, the figure
+        # used before, on a shared machine whose CPU model was not recorded).
         host_work_s=0.770,
         source=f"{OPTIMUM_NOTEBOOKS.format(commit=TOKEN_CLASSIFICATION_NOTEBOOK_COMMIT)}/token_classification.ipynb "
         "(bert-base-uncased on CoNLL-2003 NER, 9 labels, with Graphcore/bert-base-ipu, max_seq_length 128 "
@@ -605,7 +617,8 @@ POINTS = [
         # the first batch once more, which the loop draws inside the timer to find the model compiled:
         # `bench/host_work_env.sh` with the notebook's Python 3.8 and libraries on `MEASURING_CPU`, median of
         # 9: 1.120 s for the 10 batches (1.447 s with this project's Python 3.11 and today's datasets, whose
-        # rows take longer to fetch one by one; 2.237 s, the figure used before, on another CPU).
+        # rows take longer to fetch one by one; 2.237 s, the figure used before, on a shared machine whose CPU
+        # model was not recorded).
         host_work_s=1.120,
         source=f"{OPTIMUM_NOTEBOOKS.format(commit=PACKED_BERT_NOTEBOOK_COMMIT)}/packed_bert_text_classification.ipynb "
         "(cell 104, trainer.evaluate(): 'Num examples = 10024', 'Batch size = 1024', \"'eval_runtime': 5.0264, "
@@ -898,8 +911,9 @@ START = NotebookHostCalibration(**{k: math.sqrt(lo * hi) for k, (lo, hi) in _RAN
 
 def fit(pairs, start: Calibration = START, rounds: int = 10, steps: int = 9) -> Calibration:
     """Minimise the squared log errors of `pairs` ((point, prepared) tuples) over the fitted constants:
-    coordinate descent on log grids that narrow each round around the best value."""
-    best = start
+    coordinate descent on log grids that narrow each round around the best value. A `start` of the
+    planner's constants alone (`hardware.Calibration`) starts the host ratio at `HOST_CPU_RATIO`."""
+    best = with_host_ratio(start)
     span = {k: math.log(hi / lo) for k, (lo, hi) in _RANGES.items()}
     for _ in range(rounds):
         for name, (lo, hi) in _RANGES.items():
@@ -955,7 +969,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     pairs = [(pt, prepare(pt)) for pt in POINTS]
-    calibration = fit(pairs) if args.fit else NotebookHostCalibration(**dataclasses.asdict(CALIBRATION))
+    calibration = fit(pairs) if args.fit else with_host_ratio(CALIBRATION)
     print(
         f"Calibration ({len(_RANGES)} fitted constants): matmul_efficiency={calibration.matmul_efficiency:.3g}, "
         f"cycles_per_operation={calibration.cycles_per_operation:.4g}, "

@@ -1,7 +1,7 @@
 """Host-side work that three published evaluations timed and the cost model does not derive from the IPU.
 
 `bench/calibration.py` estimates each published `IPUTrainer.evaluate()` as the IPU and its host links
-would run it. Two of those runs also timed work done by the host's CPU alone; this script measures that
+would run it. Three of those runs also timed work done by the host's CPU; this script measures that
 work by doing it here, so the calibration reads a measurement instead of leaving a free choice:
 
 1. The NER notebook's metric (BERT-Base on CoNLL-2003, `compute_metrics` set): its `eval_runtime`
@@ -30,10 +30,14 @@ work by doing it here, so the calibration reads a measurement instead of leaving
    the 9 calls' batches and one more: inside the timer `evaluation_loop` first asks for the loader's first
    batch (`_wrap_and_compile_model_for_evaluation`, `next(iter(dataloader))`) to find the model compiled.
 
-All are CPU work, so the figures hold for the CPU printed first; the calibration file names it.
+All are CPU work, so the figures hold for the CPU printed first, and for the Python and libraries printed
+second: the calibration reads the first and third parts as `bench/host_work_env.sh` measures them, with the
+notebooks' own software (Python 3.8, torch 1.10, the transformers of 2022), on the CPU `MEASURING_CPU` in
+`bench/calibration.py` names.
 
     pip install seqeval        # the NER notebook's metric, used only here
-    OMP_NUM_THREADS=1 python bench/host_work.py [--rounds 5] [--pieces-per-word 1.3]
+    OMP_NUM_THREADS=1 python bench/host_work.py [--rounds 5] [--pieces-per-word 1.3] [--only ner|packed|output]
+    PYTHON38=path/to/python3.8 bash bench/host_work_env.sh [ENV_DIR] --rounds 9   # the calibration's figures
 """
 
 from __future__ import annotations

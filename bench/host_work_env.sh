@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# The published notebooks' host work redone with the software they ran: Python 3.8.10 (each notebook's
-# metadata, `language_info.version`), torch 1.10.0 (PopTorch 2.6 and 3.0, Poplar SDK 2.6 and 3.0, are
-# built against it), the transformers each notebook prints, and the datasets, pyarrow and numpy releases
-# of its date. Interpreted Python is what most of that work is, and CPython 3.8 runs it slower than the
-# 3.10+ of this project, so `bench/calibration.py` reads these figures, not the ones of today's stack.
+# The published notebooks' host work redone with the software they ran: CPython 3.8 (each notebook's
+# metadata, `language_info.version`, says 3.8.10), torch 1.10.0 (PopTorch 2.6 and 3.0, of Poplar SDK 2.6
+# and 3.0, are built against it), the transformers each notebook prints, and datasets, pyarrow and numpy
+# releases of the months before each notebook's date. Interpreted Python is most of that work and this
+# project's Python 3.11 runs it faster, while today's datasets fetches a row more slowly: the figures move
+# both ways, and `bench/calibration.py` reads these, not the ones of today's software.
 #
-#   [PYTHON38=path/to/python3.8] bash bench/host_work_env.sh [ENV_DIR] [--rounds 5]    # and the package index
+#   [PYTHON38=path/to/python3.8] bash bench/host_work_env.sh [ENV_DIR] [--rounds 9]    # needs the package index
 #
-# ENV_DIR (default /tmp/optimum-ipu-notebooks-2022) keeps the environment between runs.
+# ENV_DIR (default /tmp/optimum-ipu-notebooks-2022) keeps the environment between runs; the calibration's
+# figures are medians of 9 rounds. Other arguments go to `bench/host_work.py`.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-ENV_DIR="${1:-/tmp/optimum-ipu-notebooks-2022}"
-shift || true
+ENV_DIR=/tmp/optimum-ipu-notebooks-2022
+if [[ $# -gt 0 && $1 != -* ]]; then ENV_DIR=$1; shift; fi
 PYTHON38="${PYTHON38:-python3.8}"  # or the path of a CPython 3.8, e.g. PYTHON38=~/.pyenv/versions/3.8.18/bin/python
-"$PYTHON38" -c 'import sys; assert sys.version_info[:2] == (3, 8)' 2>/dev/null \
+IS_38='import sys; assert sys.version_info[:2] == (3, 8)'
+"$PYTHON38" -c "$IS_38" 2>/dev/null \
     || { echo "needs CPython 3.8: set PYTHON38 to its path (e.g. pyenv install 3.8)" >&2; exit 1; }
 [ -x "$ENV_DIR/bin/python" ] || "$PYTHON38" -m venv "$ENV_DIR"
+# Never install the 2022 pins into another environment (this project's, given as ENV_DIR by mistake).
+"$ENV_DIR/bin/python" -c "$IS_38" 2>/dev/null \
+    || { echo "$ENV_DIR is not a Python 3.8 environment: give a new folder" >&2; exit 1; }
 PIP=("$ENV_DIR/bin/pip" install -q --disable-pip-version-check)
 
 # The NER notebook (token_classification.ipynb, 2022-08-10): transformers 4.20.0; the data set and metric

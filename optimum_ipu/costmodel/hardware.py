@@ -165,7 +165,7 @@ class Calibration:
             BERT-Large inference 4x too slow, so it is fitted. The six published evaluations (Optimum
             Graphcore's of ViT, BERT-Base SQuAD and NER, RoBERTa MLM and CoLA, and GPT-2, 4-20 samples
             per call, host-bound) are the ones sensitive to it; once their one-off setup is counted
-            (`weight_upload_bandwidth`) they leave ~9 ms per call to the host. The two IPU-bound
+            (`weight_upload_bandwidth`) they leave ~8.4 ms per call to the host. The two IPU-bound
             inference points (96 and 2,048 samples per call) hardly move it: they pin the matmul
             efficiency of inference instead.
         weight_upload_bandwidth: bytes/s at which an end-to-end `IPUTrainer.evaluate()` copies the
