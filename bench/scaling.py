@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,17 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_description
+
 WORKER_FLAG = "--worker"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def worker(spec_path: str) -> None:
@@ -172,7 +163,8 @@ def main() -> None:
     }  # fmt: skip
     if options.only:
         layouts = {options.only: layouts[options.only]}
-    print(f"CPU: {_cpu_name()}, {os.cpu_count()} cores; one thread per process; BERT {options.layers}x384 QA, "
+    print(cpu_description())
+    print(f"one thread per process; BERT {options.layers}x384 QA, "
           f"seq 128, micro-batch 2, GA {ga}, fp32; {options.rounds} rounds of {options.steps} timed steps")  # fmt: skip
     samples: dict[str, list[float]] = {}
     gathers: dict[str, list[float]] = {}
