@@ -17,7 +17,7 @@ sum of squared log errors, plus a prior for a constant whose plausible span was 
 leave-one-out refits on all points but one and predicts it, which is the error to expect on a layout
 that is not in the table.
 
-Six inference points publish `eval_samples_per_second` of one `IPUTrainer.evaluate()`: the samples of
+Seven inference points publish `eval_samples_per_second` of one `IPUTrainer.evaluate()`: the samples of
 its timed loop over `eval_runtime`, which pays a one-off setup (the weights of every replica copied to
 the IPUs, `performance.evaluate_setup_time`) besides the steady calls. Those points are estimated as
 samples / (setup + host work + calls x call time), with the calls printed by the run and the host work
@@ -105,13 +105,13 @@ class NotebookHostCalibration(Calibration):
     host_cpu_ratio: float = HOST_CPU_RATIO
 
 
-
 def with_host_ratio(calibration: Calibration) -> NotebookHostCalibration:
     """`calibration` with this bench's host ratio: its own, or `HOST_CPU_RATIO` beside the planner's
     constants alone (`hardware.CALIBRATION`)."""
     if isinstance(calibration, NotebookHostCalibration):
         return calibration
     return NotebookHostCalibration(**dataclasses.asdict(calibration))
+
 
 @dataclass
 class Point:
