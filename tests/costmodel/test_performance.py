@@ -525,3 +525,20 @@ def test_an_evaluation_adds_the_host_work_its_timer_also_covered():
         constants = calibration.NotebookHostCalibration(**dataclasses.asdict(CALIBRATION), host_cpu_ratio=ratio)
         with_work = calibration.estimate(prepared, constants)
         assert samples / with_work - samples / without == pytest.approx(ner.host_work_s * ratio)
+
+
+def test_the_host_work_bench_stays_runnable_by_the_notebooks_python():
+    """`bench/host_work_env.sh` runs `bench/host_work.py` (and `bench/machine.py`, which it imports) under
+    CPython 3.8 with the libraries of 2022, the notebooks' software: both must parse as Python 3.8 and
+    import nothing of this project or of libraries the script does not install."""
+    import ast
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    allowed = {"__future__", "argparse", "os", "statistics", "subprocess", "sys", "time", "platform",
+               "importlib", "numpy", "torch", "datasets", "transformers", "seqeval", "machine", "host_work"}  # fmt: skip
+    for name in ("host_work.py", "machine.py"):
+        tree = ast.parse((bench / name).read_text(), filename=name, feature_version=(3, 8))
+        imported = {
+            alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+        } | {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        assert imported <= allowed, (name, imported - allowed)
