@@ -862,7 +862,7 @@ def estimate(prepared, calibration: Calibration) -> float:
         return report.samples_per_second
     calls, reported, host_work = evaluation
     setup = evaluate_setup_time(profile, workload, calibration)
-    host = host_work * getattr(calibration, "host_cpu_ratio", HOST_CPU_RATIO)  # the notebook host's seconds
+    host = host_work * with_host_ratio(calibration).host_cpu_ratio  # in the notebook host's seconds
     return (reported or calls * report.samples_per_call) / (setup + host + calls * report.call_time)
 
 
