@@ -21,6 +21,7 @@ batch counts real samples only (padding repeated by `pad_on_batch_axis` is left 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,7 +30,7 @@ from torch import nn
 
 from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, concatenate, slice_batch, split_batch
-from optimum_ipu.runtime.fp16_compute import fp16_compute_context
+from optimum_ipu.runtime.fp16_compute import fp16_compute_context, fp32_values_of_updates
 from optimum_ipu.runtime.gradients import GradientAccumulator, clip_
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.optimizers import fp32_working_copies, keeps_running_mean, takes_fp32_gradients
@@ -164,26 +165,29 @@ class TrainingExecutable:
 
         if self.sets_mode:
             self.model.train()
-        for d in range(di):
-            # The weights stay the same until the update below: with several micro-batches before it,
-            # fp16 compute converts them once (with one, each op's own conversion is the cheaper).
-            per_update = layout.with_replicas(len(local)).micro_batches_per_update  # this process's, per update
-            shared = self.weights if per_update > 1 else ()
-            with self.gradients.collecting(per_update), fp16_compute_context(self.fp16_compute, shared):
-                for r in local:
-                    first = layout.first_micro_batch(d, r)
-                    with self.streams.use(r):
-                        if self.stages is not None:
-                            collected.append(
-                                self.stages.run(micro_batches[first : first + ga], self.loss_scaler.scale)
-                            )
-                            continue
-                        for g in range(ga):
-                            loss = self.loss_fn(micro_batches[first + g])
-                            self.gradients.micro_batch(first + g)
-                            self.loss_scaler.scale_loss(loss).backward()
-                            collected.append(loss.detach())
-            self._update(self.gradient_divisor // self.gradients.mean_over)  # a running mean is divided already
+        # The weights stay the same until each update: with several micro-batches before it, fp16 compute
+        # converts them once (with one, each op's own conversion is the cheaper), and from the second device
+        # iteration on, the fp32 values the last update left are that conversion.
+        per_update = layout.with_replicas(len(local)).micro_batches_per_update  # this process's, per update
+        shared = self.weights if per_update > 1 else ()
+        keeps_values = self.fp16_compute == "emulated" and per_update > 1 and di > 1
+        with fp32_values_of_updates() if keeps_values else contextlib.nullcontext():
+            for d in range(di):
+                with self.gradients.collecting(per_update), fp16_compute_context(self.fp16_compute, shared):
+                    for r in local:
+                        first = layout.first_micro_batch(d, r)
+                        with self.streams.use(r):
+                            if self.stages is not None:
+                                collected.append(
+                                    self.stages.run(micro_batches[first : first + ga], self.loss_scaler.scale)
+                                )
+                                continue
+                            for g in range(ga):
+                                loss = self.loss_fn(micro_batches[first + g])
+                                self.gradients.micro_batch(first + g)
+                                self.loss_scaler.scale_loss(loss).backward()
+                                collected.append(loss.detach())
+                self._update(self.gradient_divisor // self.gradients.mean_over)  # a running mean is divided already
         losses = torch.full((di, replicas, ga), float("nan"))
         if collected:
             values = torch.stack(collected)  # 0-dim losses, or each stage replica's GA losses as a vector

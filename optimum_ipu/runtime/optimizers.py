@@ -36,6 +36,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch.optim.adamw import adamw
 
+from optimum_ipu.runtime.fp16_compute import publish_fp32_values, published_fp32_value
 from optimum_ipu.runtime.kept_tensors import kept_tensor
 from optimum_ipu.runtime.rounding import chunk_views, rounding_generator, update_in_chunks, write_back
 
@@ -85,6 +86,7 @@ def fp32_working_copies(
                     write_back(p, value, True, generator if p.device.type == "cpu" else None)
             elif halves:
                 torch._foreach_copy_(halves, values)  # round to nearest, in one pass for all weights
+            publish_fp32_values(halves, values)  # within a host call: the next micro-batches read these
 
 
 def fp32_copies(
@@ -106,6 +108,9 @@ def fp32_copies(
             continue
         copy = kept_tensor(kept, (kind, owner), tensor.shape, torch.float32, tensor.device)
         copies.append(copy)
+        published = published_fp32_value(tensor)
+        if published is not None and published.data_ptr() == copy.data_ptr():
+            continue  # the last update left the weight's values here, and the weight has not changed since
         sources.append(tensor.detach())
         targets.append(copy)
     if targets:
