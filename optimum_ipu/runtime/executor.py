@@ -30,7 +30,7 @@ from torch import nn
 
 from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.runtime.batches import batch_size_of, cast_floating, concatenate, slice_batch, split_batch
-from optimum_ipu.runtime.fp16_compute import fp16_compute_context, fp32_values_of_updates
+from optimum_ipu.runtime.fp16_compute import fp16_compute_context, fp32_memory_of_updates
 from optimum_ipu.runtime.gradients import GradientAccumulator, clip_
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.optimizers import fp32_working_copies, keeps_running_mean, takes_fp32_gradients
@@ -166,12 +166,12 @@ class TrainingExecutable:
         if self.sets_mode:
             self.model.train()
         # The weights stay the same until each update: with several micro-batches before it, fp16 compute
-        # converts them once (with one, each op's own conversion is the cheaper), and from the second device
-        # iteration on, the fp32 values the last update left are that conversion.
+        # converts them once (with one, each op's own conversion is the cheaper), from the second device
+        # iteration on into the memory of the last update's fp32 working copies.
         per_update = layout.with_replicas(len(local)).micro_batches_per_update  # this process's, per update
         shared = self.weights if per_update > 1 else ()
-        keeps_values = self.fp16_compute == "emulated" and per_update > 1 and di > 1
-        with fp32_values_of_updates() if keeps_values else contextlib.nullcontext():
+        lends = self.fp16_compute == "emulated" and per_update > 1 and di > 1
+        with fp32_memory_of_updates() if lends else contextlib.nullcontext():
             for d in range(di):
                 with self.gradients.collecting(per_update), fp16_compute_context(self.fp16_compute, shared):
                     for r in local:

@@ -30,11 +30,9 @@ iteration of training with several micro-batches on unchanged weights, or one in
 every op and micro-batch reads that copy; a weight changed in place (its version counter moves) is
 copied again. Declared weights of fewer than `CACHED_WEIGHT_ELEMENTS` elements are copied per op, where
 the copy costs less than the bookkeeping. Within one host call of several device iterations
-(`fp32_values_of_updates`), an update through fp32 working copies leaves them holding the exact values of
-the fp16 weights it wrote (`publish_fp32_values`), and the next device iteration reads those instead of
-copying the weights again: a PopTorch MLP at micro-batch 16 x GA 2 x 4 device iterations ran 8 % faster
-for it (`bench/poptorch_overhead.py`). With one micro-batch per update each op's own copy is cheaper than
-reading a kept one through a Python autograd function, and the executor does not keep them. Around a block of host calls on weights that do not change
+(`fp32_memory_of_updates`), the memory of an update's fp32 working copies (idle until the next update) takes
+the next device iteration's copies of the same weights (`lend_fp32_memory`), instead of fresh memory each
+update (a PopTorch MLP at micro-batch 16 x GA 2 x 4 device iterations: see docs/benchmarks.md). Around a block of host calls on weights that do not change
 between them (an evaluation loop, the inputs of one pipeline call), `held_fp32_copies` keeps the copies
 for the whole block, so each call reads them instead of copying every weight again: a text-classification
 pipeline at BERT-base's size on a list of 8 inputs of 128 tokens ran 1.24-1.32x faster for it
@@ -63,10 +61,9 @@ __all__ = [
     "FP32Partials",
     "fp16_compute_context",
     "active_fp32_partials",
-    "fp32_values_of_updates",
+    "fp32_memory_of_updates",
     "held_fp32_copies",
-    "publish_fp32_values",
-    "published_fp32_value",
+    "lend_fp32_memory",
     "resolve_fp16_compute",
 ]
 
@@ -94,7 +91,7 @@ _CONVERTED = _ops(
 _FP32_OUTPUTS = {"_scaled_dot_product_flash_attention_for_cpu": (1,)}
 
 # .active: the innermost FP32Partials of this thread, or None; .held: the copies of a `held_fp32_copies` block;
-# .published: the fp32 values updates left, within `fp32_values_of_updates` (storage address -> entry)
+# .lent: fp32 memory lent for weights' copies within `fp32_memory_of_updates` (storage address -> entry)
 _state = threading.local()
 _registrations: list[torch.library.Library] = []
 _registering = threading.Lock()
@@ -127,9 +124,7 @@ class FP32Partials:
 
     def __init__(self, weights: Iterable[torch.Tensor] = ()):
         self.weights = [w for w in weights if w.dtype == torch.float16]
-        self._cached = {
-            w.untyped_storage().data_ptr(): w for w in self.weights if w.numel() >= CACHED_WEIGHT_ELEMENTS
-        }
+        self._cached = {w.untyped_storage().data_ptr(): w for w in self.weights if _worth_keeping(w)}
         # Their storages, held for the context's life, so no other storage can take one's address meanwhile,
         # not even new data given to a weight (`p.data = ...` keeps p's version counter).
         self._storages = [w.untyped_storage() for w in self._cached.values()]
@@ -167,11 +162,7 @@ class FP32Partials:
         return {}
 
     def _up(self, tensor: torch.Tensor) -> torch.Tensor:
-        """An fp16 tensor as an autograd-recorded fp32 copy; a view of a weight an update has just written from
-        the update's own fp32 values, of a declared weight from its storage's copy."""
-        published = published_fp32_value(tensor)
-        if published is not None:
-            return _ReadCopy.apply(tensor, published) if tensor.requires_grad and torch.is_grad_enabled() else published
+        """An fp16 tensor as an autograd-recorded fp32 copy; a view of a declared weight from its storage's copy."""
         if not self._cached:
             return tensor.float()
         address = tensor.untyped_storage().data_ptr()
@@ -180,7 +171,8 @@ class FP32Partials:
             return tensor.float()
         cached = self._fp32.get(address)
         if cached is None or cached[0] != version:
-            cached = self._fp32[address] = (version, _storage_as_fp32(tensor))
+            into = _lent_memory(tensor) if cached is None else None  # a second copy: the graph may hold the first
+            cached = self._fp32[address] = (version, _storage_as_fp32(tensor, into))
         copy = cached[1].as_strided(tensor.size(), tensor.stride(), tensor.storage_offset())
         return _ReadCopy.apply(tensor, copy) if tensor.requires_grad and torch.is_grad_enabled() else copy
 
@@ -223,55 +215,45 @@ def held_fp32_copies(mode: str | None, weights: Iterable[torch.Tensor]) -> Itera
 
 
 @contextlib.contextmanager
-def fp32_values_of_updates() -> Iterator[None]:
-    """Around one host call of training: the exact fp32 values an update leaves its fp16 weights at (the
-    optimizer's fp32 working copies once rounded, `publish_fp32_values`) are what the next micro-batches'
-    converted ops read, instead of converting the weights afresh after every update.
+def fp32_memory_of_updates() -> Iterator[None]:
+    """Around one host call of training: memory that an update's fp32 working copies leave idle until the next
+    update (`lend_fp32_memory`) takes the fp32 copies the next micro-batches make of the same weights. The
+    copies are made as ever (from the fp16 weights, at their first read in the update), into memory in use
+    since the last update instead of fresh pages each update (a page fault per 4 KiB on many hosts).
 
-    The values live for the call only. Between calls the host may write the weights a compiled model runs
-    on (`copyWeightsToDevice()`, `load_state_dict`) without moving the weights' version counters; within a
-    call only the model's own in-place writes can change them, and those move the counters.
+    The memory is lent for the call only, and only for a context's first copy of a weight: a weight written in
+    place within the context is copied again into fresh memory, as the graph may still hold the first copy.
     """
-    outer = getattr(_state, "published", None)
-    _state.published = {}
+    outer = getattr(_state, "lent", None)
+    _state.lent = {}
     try:
         yield
     finally:
-        _state.published = outer
+        _state.lent = outer
 
 
-def publish_fp32_values(weights: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-    """Within `fp32_values_of_updates`: make `values` (fp32 tensors the caller keeps and leaves alone until the
-    weights' next update) hold the exact values of the fp16 `weights` just written, and let the converted ops
-    read them until a weight changes. Only weights of `CACHED_WEIGHT_ELEMENTS` or more that fill their
-    storage are kept: for smaller ones a copy per op costs less than the bookkeeping. One pass, in cache."""
-    published = getattr(_state, "published", None)
-    if published is None:
+def lend_fp32_memory(weights: list[torch.Tensor], buffers: list[torch.Tensor]) -> None:
+    """Within `fp32_memory_of_updates`: `buffers` (fp32, each as large as its fp16 weight's whole storage; the
+    caller's, idle until the weights' next update, when the caller overwrites them) may hold the fp32 copies
+    the converted ops make of `weights` until then. Only weights whose copy is kept for several reads
+    (`CACHED_WEIGHT_ELEMENTS` or more) are lent memory; the rest are copied per op."""
+    lent = getattr(_state, "lent", None)
+    if lent is None:
         return
-    kept = [
-        (w, v) for w, v in zip(weights, values)
-        if w.dtype == torch.float16 and v.dtype == torch.float32 and w.numel() >= CACHED_WEIGHT_ELEMENTS
-        and w.is_contiguous() and v.is_contiguous() and v.shape == w.shape and v.device == w.device
-        and w.storage_offset() == 0 and w.untyped_storage().nbytes() == 2 * w.numel()
-    ]  # fmt: skip
-    if not kept:
-        return
-    torch._foreach_copy_([v for _, v in kept], [w.detach() for w, _ in kept])  # fp16 -> fp32 is exact
-    for w, v in kept:
-        # The weight is held with its entry, so no other tensor can take its storage's address in the call.
-        published[w.untyped_storage().data_ptr()] = (_version(w), v.view(-1), w)
+    for w, b in zip(weights, buffers):
+        storage = w.untyped_storage()
+        if (w.dtype == torch.float16 and b.dtype == torch.float32 and b.device == w.device and b.is_contiguous()
+                and 2 * b.numel() == storage.nbytes() and _worth_keeping(w)):  # fmt: skip
+            # The storage is held with its entry, so no other tensor can take its address within the call,
+            # not even new data given to the weight (`p.data = ...`).
+            lent[storage.data_ptr()] = (b.view(-1), storage)
 
 
-def published_fp32_value(tensor: torch.Tensor) -> torch.Tensor | None:
-    """`tensor` (an fp16 weight, or a view of one) as the fp32 values its last update published, None where
-    there are none or the weight has changed since."""
-    published = getattr(_state, "published", None)
-    if not published:
-        return None
-    entry = published.get(tensor.untyped_storage().data_ptr())
-    if entry is None or entry[0] is None or entry[0] != _version(tensor):
-        return None
-    return entry[1].as_strided(tensor.size(), tensor.stride(), tensor.storage_offset())
+def _lent_memory(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The fp32 memory lent for a copy of `tensor`'s whole storage, None where none is."""
+    lent = getattr(_state, "lent", None)
+    entry = lent.get(tensor.untyped_storage().data_ptr()) if lent else None
+    return entry[0] if entry is not None else None
 
 
 def _kernel(op: torch._ops.OpOverload):
@@ -346,11 +328,19 @@ def _down(value, index: int, keep: tuple[int, ...]):
     return value
 
 
-def _storage_as_fp32(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole fp16 storage under `tensor`, as a flat fp32 tensor (any view of it is a stride away)."""
+def _worth_keeping(weight: torch.Tensor) -> bool:
+    """Whether a weight's fp32 copy is worth keeping for several reads: for a smaller one, a copy per op that
+    reads it costs less than the bookkeeping (and, on a kept copy, a Python autograd call per read)."""
+    return weight.numel() >= CACHED_WEIGHT_ELEMENTS
+
+
+def _storage_as_fp32(tensor: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+    """The whole fp16 storage under `tensor`, as a flat fp32 tensor (any view of it is a stride away): new
+    memory, or `into` (flat, as many elements as the storage)."""
     storage = tensor.untyped_storage()
     whole = torch.empty(0, dtype=torch.float16, device=tensor.device)
-    return whole.set_(storage, 0, (storage.nbytes() // 2,), (1,)).float()
+    whole.set_(storage, 0, (storage.nbytes() // 2,), (1,))
+    return whole.float() if into is None else into.copy_(whole)
 
 
 def _version(tensor: torch.Tensor) -> int | None:

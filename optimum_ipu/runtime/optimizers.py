@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch.optim.adamw import adamw
 
-from optimum_ipu.runtime.fp16_compute import publish_fp32_values, published_fp32_value
+from optimum_ipu.runtime.fp16_compute import lend_fp32_memory
 from optimum_ipu.runtime.kept_tensors import kept_tensor
 from optimum_ipu.runtime.rounding import chunk_views, rounding_generator, update_in_chunks, write_back
 
@@ -70,7 +70,8 @@ def fp32_working_copies(
     """
     halves = [p for group in optimizer.param_groups for p in group["params"] if p in gradients]
     stored = [p.data for p in halves]
-    for p, copy in zip(halves, fp32_copies(optimizer, halves)):
+    copies = fp32_copies(optimizer, halves)
+    for p, copy in zip(halves, copies):
         p.data = copy
         p.grad = gradients[p]
     try:
@@ -86,7 +87,9 @@ def fp32_working_copies(
                     write_back(p, value, True, generator if p.device.type == "cpu" else None)
             elif halves:
                 torch._foreach_copy_(halves, values)  # round to nearest, in one pass for all weights
-            publish_fp32_values(halves, values)  # within a host call: the next micro-batches read these
+        # The working copies are idle until the next update: within a host call, the next micro-batches' fp32
+        # copies of the weights may be made in their memory.
+        lend_fp32_memory(halves, copies)
 
 
 def fp32_copies(
@@ -108,9 +111,6 @@ def fp32_copies(
             continue
         copy = kept_tensor(kept, (kind, owner), tensor.shape, torch.float32, tensor.device)
         copies.append(copy)
-        published = published_fp32_value(tensor)
-        if published is not None and published.data_ptr() == copy.data_ptr():
-            continue  # the last update left the weight's values here, and the weight has not changed since
         sources.append(tensor.detach())
         targets.append(copy)
     if targets:

@@ -1,5 +1,5 @@
-"""A half model's update within one host call: the fp32 values the update computed are what the next
-micro-batches read, with the bits of a fresh conversion of the fp16 weights."""
+"""A half model's updates within one host call: the next micro-batches' fp32 copies of the weights are made in
+the memory of the last update's fp32 working copies, with the bits of copies in fresh memory."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import poptorch
-from optimum_ipu.runtime import optimizers
+from optimum_ipu.runtime import fp16_compute, optimizers
 from tests.runtime.test_fp16_compute import _Conversions
 
 
@@ -55,20 +55,20 @@ def _calls(n, rows, seed=0):
 
 @pytest.mark.parametrize("accumulation", [1, 2])
 @pytest.mark.parametrize("stochastic_rounding", [False, True])
-def test_an_update_hands_its_fp32_values_to_the_next_micro_batches_of_the_call(
+def test_an_update_lends_its_working_copies_memory_to_the_next_micro_batches_fp32_copies(
     monkeypatch, accumulation, stochastic_rounding
 ):
-    """With several micro-batches per update the wide weight is converted to fp32 once a call, by the first
-    micro-batch: every later one reads the values the last update wrote back. With one micro-batch per update
-    each op converts the weight itself (cheaper than reading a kept copy through an autograd function there).
-    Outputs and weights are bit for bit those of converting the weights afresh after every update."""
+    """With several micro-batches per update the wide weight is copied to fresh fp32 memory once a call, by the
+    first update's micro-batches: later updates' copies go into the memory of the last update's working copies.
+    With one micro-batch per update each op copies the weight itself, into fresh memory, as before. Outputs
+    and weights are bit for bit those of fresh memory every time."""
     torch.manual_seed(0)
     base = _Wide().half()
     calls = _calls(2, 3 * accumulation * 2)
     results = {}
     for kept in (True, False):
-        if not kept:  # the rule switched off: every update's weights are converted afresh
-            monkeypatch.setattr(optimizers, "publish_fp32_values", lambda weights, values: None)
+        if not kept:  # the rule switched off: every update's copies in fresh memory
+            monkeypatch.setattr(optimizers, "lend_fp32_memory", lambda weights, buffers: None)
         results[kept] = _train(
             copy.deepcopy(base), calls, device_iterations=3, accumulation=accumulation,
             stochastic_rounding=stochastic_rounding,
@@ -77,15 +77,14 @@ def test_an_update_hands_its_fp32_values_to_the_next_micro_batches_of_the_call(
     assert _same(outputs, fresh_outputs)
     assert _same(weights, fresh_weights)
     if accumulation > 1:
-        assert fresh_count == 2 * 3  # two calls of three updates, each converting the weight afresh
-        assert count == 2  # once per call: the first micro-batch's conversion
+        assert fresh_count == 2 * 3  # two calls of three updates, each copying the weight to fresh memory
+        assert count == 2  # once per call: the first update's copy
     else:
         assert count == fresh_count == 2 * 3  # each micro-batch's forward; its backward reads that copy
 
 
 def test_weights_written_from_the_host_between_calls_are_read_as_written():
-    """The values an update leaves are kept for its own call only: a call after copyWeightsToDevice() of other
-    weights trains from those, as a fresh model would."""
+    """A call after copyWeightsToDevice() of other weights trains from those, as a fresh model would."""
     torch.manual_seed(0)
     model, other = _Wide().half(), _Wide().half()
     calls = _calls(2, 6, seed=1)
@@ -99,3 +98,43 @@ def test_weights_written_from_the_host_between_calls_are_read_as_written():
     fresh_model = copy.deepcopy(other)
     fresh = poptorch.trainingModel(fresh_model, opts, optimizer=torch.optim.SGD(fresh_model.parameters(), lr=0.1))
     assert _same(after, fresh(*calls[1]))
+
+
+class _Clamped(_Wide):
+    """A forward that clamps the wide weight through `.data` (a write its version counter does not see)."""
+
+    def forward(self, x, labels):
+        self.wide.weight.data.clamp_(-0.02, 0.02)
+        return super().forward(x, labels)
+
+
+def test_a_weight_written_through_data_in_the_forward_reaches_the_update_as_before(monkeypatch):
+    """A `.data` write moves no version counter: each update's copies are still made from the fp16 weights as
+    the forward left them at their first read, so the clamp acts as with fresh memory."""
+    torch.manual_seed(0)
+    base = _Clamped().half()
+    calls = _calls(2, 12)
+    kept = _train(copy.deepcopy(base), calls, device_iterations=3, accumulation=2, stochastic_rounding=False)
+    monkeypatch.setattr(optimizers, "lend_fp32_memory", lambda weights, buffers: None)
+    fresh = _train(copy.deepcopy(base), calls, device_iterations=3, accumulation=2, stochastic_rounding=False)
+    assert _same(kept[0], fresh[0]) and _same(kept[1], fresh[1])
+
+
+def test_values_an_optimizer_keeps_for_itself_are_left_alone():
+    """An optimizer may put a parameter's data in a tensor of its own during the step (as optimizers keeping
+    master or slow weights do): the write-back reads that tensor and nothing writes to it; only the working
+    copy's memory is lent."""
+    weight = nn.Parameter(torch.randn(128, 512).half())
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    with fp16_compute.fp32_memory_of_updates():
+        with optimizers.fp32_working_copies(optimizer, {weight: torch.randn(128, 512)}, False, None):
+            working_copy = weight.data
+            optimizer.step()
+            weight.data = mine = weight.data.clone()
+        before = mine.clone()
+        with fp16_compute.FP32Partials([weight]):
+            out = torch.nn.functional.linear(_calls(1, 4)[0][0], weight)
+    assert torch.equal(mine, before) and not torch.equal(mine, mine.half().float())  # its own fp32 values
+    assert torch.equal(weight, mine.half())
+    assert torch.equal(working_copy, weight.float())  # the copy for the linear layer, in the lent memory
+    assert torch.equal(out, torch.nn.functional.linear(_calls(1, 4)[0][0].float(), weight.float()).half())

@@ -391,34 +391,38 @@ def test_a_thread_with_the_key_on_but_no_context_still_converts():
     assert torch.equal(seen["out"], (a.float() @ b.float()).half())
 
 
-def test_published_update_values_are_read_while_the_weight_is_unchanged_and_only_within_their_scope():
-    """An update's fp32 values (`publish_fp32_values`) stand for the weight until it changes in place, and only
-    inside `fp32_values_of_updates` (one host call); small weights are never published."""
-    layer = torch.nn.Linear(512, 128).half()  # 65,536 weights: at CACHED_WEIGHT_ELEMENTS
-    small = torch.nn.Linear(64, 48).half()
+def test_lent_memory_takes_a_contexts_first_copy_of_a_weight_and_only_within_its_scope():
+    """Memory lent for a weight's fp32 copy (`lend_fp32_memory`) takes the first copy a context makes of it, from
+    the weight's values then; a second copy after an in-place change goes to fresh memory (the graph may hold the
+    first); nothing is lent outside `fp32_memory_of_updates`, nor for weights copied per op."""
+    layer, small = torch.nn.Linear(512, 128).half(), torch.nn.Linear(64, 48).half()
     x = _half(4, 512)
-    values = layer.weight.detach().float().mul_(3)  # garbage on purpose: publishing must overwrite it
-    small_values = torch.zeros(48, 64)
-    fp16_compute.publish_fp32_values([layer.weight], [values])  # outside a scope: nothing happens
-    assert fp16_compute.published_fp32_value(layer.weight) is None and not torch.equal(values, layer.weight.float())
-    with fp16_compute.fp32_values_of_updates():
-        fp16_compute.publish_fp32_values([layer.weight, small.weight], [values, small_values])
-        assert torch.equal(values, layer.weight.float())
-        assert fp16_compute.published_fp32_value(small.weight) is None and not small_values.any()
-        with _Conversions(layer.weight.numel()) as conversions, FP32Partials():
+    memory, small_memory = torch.full((128, 512), 7.0), torch.full((48, 64), 7.0)
+
+    def expected():
+        return F.linear(x.float(), layer.weight.float(), layer.bias.float()).half()
+
+    fp16_compute.lend_fp32_memory([layer.weight], [memory])  # outside a scope: nothing is lent
+    with _Conversions(layer.weight.numel()) as conversions, FP32Partials(layer.parameters()):
+        layer(x)
+    assert conversions.count == 1 and memory.eq(7.0).all()
+    declared = [*layer.parameters(), *small.parameters()]
+    with fp16_compute.fp32_memory_of_updates(), FP32Partials(declared):
+        fp16_compute.lend_fp32_memory([layer.weight, small.weight], [memory, small_memory])
+        with _Conversions(layer.weight.numel()) as conversions:
             out = layer(x.requires_grad_())
             out.float().sum().backward()
-        assert conversions.count == 0  # read from the published values
-        assert torch.equal(out, F.linear(x.float(), layer.weight.float(), layer.bias.float()).half())
-        assert layer.weight.grad.dtype == torch.float16
-        assert fp16_compute.published_fp32_value(layer.weight.t()).data_ptr() == values.data_ptr()
-
+            small(_half(2, 64))
+        assert conversions.count == 0 and torch.equal(memory, layer.weight.float())  # copied into the memory
+        assert torch.equal(out, expected()) and layer.weight.grad.dtype == torch.float16
+        assert small_memory.eq(7.0).all()  # a weight copied per op is lent nothing
         with torch.no_grad():
-            layer.weight.mul_(0.5)  # the version counter moves: the values no longer stand for the weight
-        assert fp16_compute.published_fp32_value(layer.weight) is None
-        with _Conversions(layer.weight.numel()) as conversions, FP32Partials():
+            layer.weight.mul_(0.5)
+        with _Conversions(layer.weight.numel()) as conversions:
             after = layer(x)
-        assert conversions.count == 1
-        assert torch.equal(after, F.linear(x.float(), layer.weight.float(), layer.bias.float()).half())
-    fp16_compute.publish_fp32_values([layer.weight], [values])
-    assert fp16_compute.published_fp32_value(layer.weight) is None  # the scope has ended
+        assert conversions.count == 1 and not torch.equal(memory, layer.weight.float())  # fresh memory
+        assert torch.equal(after, expected())
+    memory.fill_(7.0)
+    with FP32Partials(layer.parameters()):
+        layer(x)
+    assert memory.eq(7.0).all()  # the scope has ended
