@@ -105,10 +105,14 @@ def measure(program: Program, rounds: int, calls: int) -> None:
     print(f"\n{program.name}: micro-batch {program.micro_batch} x GA {program.accumulation} x DI "
           f"{program.device_iterations} = {program.combined} samples per host call; {rounds} rounds x {calls} calls; "
           "ms of process CPU time per host call, medians")  # fmt: skip
+    # Any other instrument of `bench/fp16_breakdown.py` that saw work (clipping, say) gets its row too, so the
+    # rows add up to the total but for the medians' rounding.
+    seen = {p for name in RUNS for step in clocks[name].steps for p, v in step.items() if v}
+    extra = sorted(seen - {*PHASES, "total", "page faults"})
     medians = {name: {p: statistics.median(s.get(p, 0.0) for s in clocks[name].steps) * 1e3
-                      for p in (*PHASES, "total", "page faults")} for name in RUNS}  # fmt: skip
+                      for p in (*PHASES, *extra, "total", "page faults")} for name in RUNS}  # fmt: skip
     print(f"{'phase':<20}" + "".join(f"{name:>15}" for name in RUNS) + f"{'half - fp32':>13}")
-    for phase in (*PHASES, "total"):
+    for phase in (*PHASES[:-1], *extra, PHASES[-1], "total"):
         row = [medians[name][phase] for name in RUNS]
         print(f"{phase:<20}" + "".join(f"{v:>15.2f}" for v in row) + f"{row[2] - row[1]:>+13.2f}")
     print(f"{'page faults':<20}" + "".join(f"{medians[name]['page faults']:>15,.0f}" for name in RUNS))

@@ -25,11 +25,11 @@ after a warm-up call (compilation excluded, as in PopTorch's own throughput figu
 - `plain half`: the plain loop on `model.half()`, with torch's own fp16 kernels (slow on CPUs
   without fp16 arithmetic: no baseline for speed there, but the literal "same loop in fp16");
 - `rounding floor`: the plain loop in fp32 with the roundings to fp16 that a half program's arithmetic
-  makes written in by hand (`IPURoundings`): each matmul's and convolution's output forward and the
-  gradient arriving at it backward, each micro-batch's weight gradients, and the weights after each
-  update. Not the same program (its activations are fp32 tensors holding fp16 values), but the least
-  work any emulation of those rounding points does on this CPU: its ratio is the ceiling for `poptorch
-  half`'s.
+  makes written in by hand (`IPURoundings`), in place through kept fp16 buffers: each matmul's and
+  convolution's output forward and the gradient arriving at it backward, each micro-batch's weight
+  gradients, and the weights after each update. Not the same program (its activations are fp32 tensors
+  holding fp16 values, its ReLU and max-pooling run in fp32): an estimate of what those roundings alone
+  cost on this CPU, done lean, beside which `poptorch half`'s cost is the emulation's own.
 
 Printed: the CPU, each run's median time per host call, `plain fp32 time / run time` (1.0 = no
 overhead; targets >= 0.9 in fp32 and >= 0.8 in half for the seed program, issue 23, read here against
@@ -99,28 +99,49 @@ PROGRAMS = {
 
 
 class IPURoundings:
-    """Hooks that round an fp32 model's values to fp16 where a half program's arithmetic does (`rounding floor`).
+    """Hooks that round an fp32 model's values to fp16 where a half program's arithmetic does (`rounding floor`),
+    in place through fp16 buffers kept from one use to the next (no fresh memory per rounding).
 
     The weights are rounded once here and after every update (`after_update`); each micro-batch's weight
     gradient as autograd delivers it (a tensor hook, before `.grad` sums it in fp32, as the fp32 gradient
-    accumulator sums fp16 gradients); the output of every linear layer, convolution and log-softmax forward,
-    and the gradient arriving there backward (`x.half().float()` records both).
+    accumulator sums fp16 gradients); the output of every linear layer and convolution forward, and the
+    gradient arriving there backward; the log-softmax's output (kept by its backward, so rounded out of place,
+    `x.half().float()`, which rounds its gradient too).
     """
 
-    ROUNDED = (nn.Linear, nn.Conv2d, nn.LogSoftmax)
+    IN_PLACE = (nn.Linear, nn.Conv2d)
 
     def __init__(self, model: nn.Module):
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.buffers: dict[tuple, torch.Tensor] = {}
         self.after_update()
         for p in self.params:
-            p.register_hook(lambda grad: grad.half().float())
+            p.register_hook(self._rounded)
         for module in model.modules():
-            if isinstance(module, self.ROUNDED):
+            if isinstance(module, self.IN_PLACE):
+                module.register_forward_hook(self._round_output)
+            elif isinstance(module, nn.LogSoftmax):
                 module.register_forward_hook(lambda module, args, out: out.half().float())
+
+    def _buffer(self, tensor: torch.Tensor, slot: str) -> torch.Tensor:
+        key = (slot, tuple(tensor.shape))
+        if key not in self.buffers:
+            self.buffers[key] = torch.empty(tensor.shape, dtype=torch.float16)
+        return self.buffers[key]
+
+    def _rounded(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad.copy_(self._buffer(grad, "gradient").copy_(grad))
+
+    def _round_output(self, module, args, out: torch.Tensor) -> None:
+        with torch.no_grad():  # the op's own backward does not read its output
+            out.copy_(self._buffer(out, "output").copy_(out))
+        if out.requires_grad:
+            out.register_hook(self._rounded)
 
     @torch.no_grad()
     def after_update(self) -> None:
-        torch._foreach_copy_(self.params, [p.half() for p in self.params])
+        for p in self.params:
+            p.copy_(self._buffer(p, "weight").copy_(p))
 
 
 def plain_call(program: Program, model, optimizer, images, labels) -> None:

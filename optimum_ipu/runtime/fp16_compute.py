@@ -221,8 +221,9 @@ def fp32_memory_of_updates() -> Iterator[None]:
     copies are made as ever (from the fp16 weights, at their first read in the update), into memory in use
     since the last update instead of fresh pages each update (a page fault per 4 KiB on many hosts).
 
-    The memory is lent for the call only, and only for a context's first copy of a weight: a weight written in
-    place within the context is copied again into fresh memory, as the graph may still hold the first copy.
+    The memory is lent for the call only, and for one copy per lending: a weight written in place within the
+    context, or declared again by a context nested in it, is copied into fresh memory, as the graph may still
+    hold the first copy.
     """
     outer = getattr(_state, "lent", None)
     _state.lent = {}
@@ -250,9 +251,11 @@ def lend_fp32_memory(weights: list[torch.Tensor], buffers: list[torch.Tensor]) -
 
 
 def _lent_memory(tensor: torch.Tensor) -> torch.Tensor | None:
-    """The fp32 memory lent for a copy of `tensor`'s whole storage, None where none is."""
+    """The fp32 memory lent for a copy of `tensor`'s whole storage, None where none is. Taken once: the graph of
+    the context that takes it may hold the copy until the lender's next update, so a second context (one nested
+    in the first, declaring the same weight) makes its copy in fresh memory."""
     lent = getattr(_state, "lent", None)
-    entry = lent.get(tensor.untyped_storage().data_ptr()) if lent else None
+    entry = lent.pop(tensor.untyped_storage().data_ptr(), None) if lent else None
     return entry[0] if entry is not None else None
 
 

@@ -426,3 +426,38 @@ def test_lent_memory_takes_a_contexts_first_copy_of_a_weight_and_only_within_its
     with FP32Partials(layer.parameters()):
         layer(x)
     assert memory.eq(7.0).all()  # the scope has ended
+
+
+def test_lent_memory_takes_one_copy_so_a_nested_context_leaves_the_outer_graphs_copy_alone():
+    """A context inside another that declares the same weight (an inference model called within a training
+    forward) makes its own copy: the lent memory went to the outer context's, which its graph still holds."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(_half(128, 512))
+    x = _half(4, 512).requires_grad_()
+    grads = []
+    for lend in (False, True):
+        weight.grad = x.grad = None
+        with fp16_compute.fp32_memory_of_updates():
+            if lend:
+                fp16_compute.lend_fp32_memory([weight], [torch.empty(128, 512)])
+            with FP32Partials([weight]):
+                out = F.linear(x, weight)
+                with FP32Partials([weight]):
+                    inner = F.linear(x, weight)
+                (out.float().sum() + inner.float().sum()).backward()
+        grads.append((out, inner, x.grad, weight.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_a_weight_that_does_not_fill_its_storage_is_lent_nothing():
+    """A weight viewed from a larger storage is copied whole-storage by the layer: memory the weight's size
+    cannot hold that copy, and is left alone."""
+    storage = _half(2 * 128 * 512)
+    weight = torch.nn.Parameter(storage[128 * 512 :].view(128, 512))
+    memory = torch.full((128, 512), 7.0)
+    x = _half(4, 512)
+    with fp16_compute.fp32_memory_of_updates(), FP32Partials([weight]):
+        fp16_compute.lend_fp32_memory([weight], [memory])
+        out = F.linear(x, weight)
+    assert memory.eq(7.0).all()
+    assert torch.equal(out, F.linear(x.float(), weight.float()).half())
