@@ -30,9 +30,10 @@ iteration of training with several micro-batches on unchanged weights, or one in
 every op and micro-batch reads that copy; a weight changed in place (its version counter moves) is
 copied again. Declared weights of fewer than `CACHED_WEIGHT_ELEMENTS` elements are copied per op, where
 the copy costs less than the bookkeeping. Within one host call of several device iterations
-(`fp32_memory_of_updates`), the memory of an update's fp32 working copies (idle until the next update) takes
-the next device iteration's copies of the same weights (`lend_fp32_memory`), instead of fresh memory each
-update (a PopTorch MLP at micro-batch 16 x GA 2 x 4 device iterations: see docs/benchmarks.md). Around a block of host calls on weights that do not change
+(`fp32_memory_of_updates`), the memory of an update's fp32 working copies (idle until the next update)
+takes the next device iteration's copies of the same weights (`lend_fp32_memory`), instead of fresh
+memory each update (a PopTorch MLP at micro-batch 16 x GA 2 x 4 device iterations: docs/benchmarks.md).
+Around a block of host calls on weights that do not change
 between them (an evaluation loop, the inputs of one pipeline call), `held_fp32_copies` keeps the copies
 for the whole block, so each call reads them instead of copying every weight again: a text-classification
 pipeline at BERT-base's size on a list of 8 inputs of 128 tokens ran 1.24-1.32x faster for it
@@ -343,7 +344,9 @@ def _storage_as_fp32(tensor: torch.Tensor, into: torch.Tensor | None = None) -> 
     storage = tensor.untyped_storage()
     whole = torch.empty(0, dtype=torch.float16, device=tensor.device)
     whole.set_(storage, 0, (storage.nbytes() // 2,), (1,))
-    return whole.float() if into is None else into.copy_(whole)
+    if into is None or into.numel() != whole.numel():  # the storage resized since the memory was lent
+        return whole.float()
+    return into.copy_(whole)
 
 
 def _version(tensor: torch.Tensor) -> int | None:
