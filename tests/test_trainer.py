@@ -417,7 +417,9 @@ def test_an_fp16_evaluation_copies_each_weight_once_for_the_loop_with_the_same_p
     monkeypatch.setattr(fp16_compute, "CACHED_WEIGHT_ELEMENTS", 1)  # the tiny model's weights too
     copies = []
     copy = fp16_compute._storage_as_fp32
-    monkeypatch.setattr(fp16_compute, "_storage_as_fp32", lambda tensor: copies.append(tensor) or copy(tensor))
+    monkeypatch.setattr(
+        fp16_compute, "_storage_as_fp32", lambda tensor, *into: copies.append(tensor) or copy(tensor, *into)
+    )
 
     def copies_held_at_the_metrics(prediction):  # the metrics may need the memory: the copies are gone
         block = fp16_compute._held()

@@ -210,7 +210,9 @@ def test_an_fp16_pipeline_on_a_list_copies_each_weight_once_with_the_same_answer
     monkeypatch.setattr(fp16_compute, "CACHED_WEIGHT_ELEMENTS", 1)  # the tiny model's weights too
     copies = []
     copy = fp16_compute._storage_as_fp32
-    monkeypatch.setattr(fp16_compute, "_storage_as_fp32", lambda tensor: copies.append(tensor) or copy(tensor))
+    monkeypatch.setattr(
+        fp16_compute, "_storage_as_fp32", lambda tensor, *into: copies.append(tensor) or copy(tensor, *into)
+    )
     ipu = pipeline("text-classification", model=model(BertForSequenceClassification, num_labels=3),
                    tokenizer=tokenizer, ipu_config=TWO_IPUS)  # fmt: skip
     ipu.ipu.__class__ = CountedIPU
