@@ -81,6 +81,26 @@ class Clock:
             if self._stack:
                 self._stack[-1][1] += spent
 
+    def begin_step(self) -> None:
+        """Start timing a step (a training step, a host call): its phases, CPU time and page faults."""
+        self.step = defaultdict(float)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self._faults, self._system = usage.ru_minflt, usage.ru_stime
+        self._start = time.process_time()
+
+    def end_step(self) -> None:
+        """Record the step begun last: its phases, `rest` (its CPU time outside them) and `total`, and the page
+        faults and kernel time it took (each fresh page the allocator hands out costs one fault, in the kernel's
+        time, counted in the process's CPU time; how many depends on the allocator's state, not only the step)."""
+        total = time.process_time() - self._start
+        step = dict(self.step)
+        step["rest"] = total - sum(step.values())
+        step["total"] = total
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        step["page faults"] = (usage.ru_minflt - self._faults) / 1e3
+        step["kernel time"] = usage.ru_stime - self._system  # mostly those faults
+        self.steps.append(step)
+
     def timed(self, name: str, function):
         @functools.wraps(function)
         def run(*args, **kwargs):
@@ -95,22 +115,10 @@ class StepClock(TrainerCallback):
         self.clock = clock
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.clock.step = defaultdict(float)
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        self._faults, self._system = usage.ru_minflt, usage.ru_stime
-        self._start = time.process_time()
+        self.clock.begin_step()
 
     def on_step_end(self, args, state, control, **kwargs):
-        total = time.process_time() - self._start
-        step = dict(self.clock.step)
-        step["rest"] = total - sum(step.values())
-        step["total"] = total
-        # Page faults: each fresh page the allocator hands out costs one, in the kernel's time (counted in
-        # the process's CPU time); how many depends on the allocator's state, not only on the step.
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        step["page faults"] = (usage.ru_minflt - self._faults) / 1e3
-        step["kernel time"] = usage.ru_stime - self._system  # mostly those faults
-        self.clock.steps.append(step)
+        self.clock.end_step()
 
 
 @contextlib.contextmanager

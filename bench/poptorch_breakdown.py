@@ -30,14 +30,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import logging
 import os
-import resource
 import statistics
 import sys
-import time
-from collections import defaultdict
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -46,43 +42,19 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fp16_breakdown import Clock, instrumented, patched  # noqa: E402
 from machine import cpu_description  # noqa: E402
-from poptorch_overhead import PROGRAMS, Program, plain_call  # noqa: E402
-
-import poptorch  # noqa: E402
+from poptorch_overhead import PROGRAMS, Program, host_calls, runs_of  # noqa: E402
 
 PHASES = ("forward", "backward", "accumulate", "weights for compute", "gradients out", "unscale + check",
           "fp32 copies", "update", "round back", "clear", "rest")  # fmt: skip
 RUNS = ("plain fp32", "poptorch fp32", "poptorch half")
 
 
-def _runs(program: Program) -> dict:
-    """The three runs of `program` from the same initial weights: name -> (model, call on a batch)."""
-    torch.manual_seed(0)
-    base = program.make_model()
-    plain = copy.deepcopy(base)
-    plain_optimizer = program.make_optimizer(plain.parameters())
-    opts = poptorch.Options().deviceIterations(program.device_iterations)
-    opts.Training.gradientAccumulation(program.accumulation)
-    fp32_model, half_model = copy.deepcopy(base), copy.deepcopy(base).half()
-    fp32 = poptorch.trainingModel(fp32_model, opts, optimizer=program.make_optimizer(fp32_model.parameters()))
-    half = poptorch.trainingModel(half_model, opts, optimizer=program.make_optimizer(half_model.parameters()))
-    return {
-        "plain fp32": (plain, lambda x, y: plain_call(program, plain, plain_optimizer, x, y)),
-        "poptorch fp32": (fp32_model, lambda x, y: fp32(x, y)),
-        "poptorch half": (half_model, lambda x, y: half(x.half(), y)),
-    }
-
-
 def measure(program: Program, rounds: int, calls: int) -> None:
-    g = torch.Generator().manual_seed(1)
-    batches = [
-        (torch.randn(program.combined, 1, 28, 28, generator=g), torch.randint(0, 10, (program.combined,), generator=g))
-        for _ in range(calls)
-    ]  # fmt: skip
-    runs = _runs(program)
+    batches = host_calls(program, calls)
+    runs = runs_of(program)
     clocks = {name: Clock() for name in RUNS}
-    for _, call in runs.values():
-        call(*batches[0])  # warm-up and compilation, not timed
+    for name in RUNS:
+        runs[name][1](*batches[0])  # warm-up and compilation, not timed
     for _ in range(rounds):  # interleaved, so drift on a shared machine hits every run alike
         for name in RUNS:
             model, call = runs[name]
@@ -91,16 +63,9 @@ def measure(program: Program, rounds: int, calls: int) -> None:
                 stack.enter_context(instrumented(clock, type(model)))
                 stack.enter_context(patched(torch.optim.SGD, "step", clock.timed("update", torch.optim.SGD.step)))
                 for x, y in batches:
-                    clock.step = defaultdict(float)
-                    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                    start = time.process_time()
+                    clock.begin_step()
                     call(x, y)
-                    total = time.process_time() - start
-                    step = dict(clock.step)
-                    step["rest"] = total - sum(step.values())
-                    step["total"] = total
-                    step["page faults"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 1e3
-                    clock.steps.append(step)
+                    clock.end_step()
 
     print(f"\n{program.name}: micro-batch {program.micro_batch} x GA {program.accumulation} x DI "
           f"{program.device_iterations} = {program.combined} samples per host call; {rounds} rounds x {calls} calls; "
@@ -108,7 +73,7 @@ def measure(program: Program, rounds: int, calls: int) -> None:
     # Any other instrument of `bench/fp16_breakdown.py` that saw work (clipping, say) gets its row too, so the
     # rows add up to the total but for the medians' rounding.
     seen = {p for name in RUNS for step in clocks[name].steps for p, v in step.items() if v}
-    extra = sorted(seen - {*PHASES, "total", "page faults"})
+    extra = sorted(seen - {*PHASES, "total", "page faults", "kernel time"})
     medians = {name: {p: statistics.median(s.get(p, 0.0) for s in clocks[name].steps) * 1e3
                       for p in (*PHASES, *extra, "total", "page faults")} for name in RUNS}  # fmt: skip
     print(f"{'phase':<20}" + "".join(f"{name:>15}" for name in RUNS) + f"{'half - fp32':>13}")

@@ -157,15 +157,20 @@ def plain_call(program: Program, model, optimizer, images, labels) -> None:
         optimizer.step()
 
 
-def measure(program: Program, rounds: int, calls: int) -> None:
-    torch.manual_seed(0)
-    base = program.make_model()
+def host_calls(program: Program, calls: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`calls` host calls' worth of MNIST-shaped images and labels (fixed seed: every run gets the same)."""
     g = torch.Generator().manual_seed(1)
-    batches = [
+    return [
         (torch.randn(program.combined, 1, 28, 28, generator=g), torch.randint(0, 10, (program.combined,), generator=g))
         for _ in range(calls)
     ]  # fmt: skip
 
+
+def runs_of(program: Program) -> dict[str, tuple[nn.Module, object]]:
+    """Every run of `program` from the same initial weights: name -> (the model it trains, a host call on
+    (images, labels)). The images reach each run in its own precision."""
+    torch.manual_seed(0)
+    base = program.make_model()
     plain = copy.deepcopy(base)
     plain_optimizer = program.make_optimizer(plain.parameters())
     plain_half = copy.deepcopy(base).half()
@@ -180,14 +185,18 @@ def measure(program: Program, rounds: int, calls: int) -> None:
     roundings = IPURoundings(floor)
     floor_optimizer = program.make_optimizer(floor.parameters())
     floor_optimizer.register_step_post_hook(lambda optimizer, args, kwargs: roundings.after_update())
-
-    runs = {
-        "plain fp32": lambda x, y: plain_call(program, plain, plain_optimizer, x, y),
-        "poptorch fp32": lambda x, y: fp32(x, y),
-        "poptorch half": lambda x, y: half(x.half(), y),
-        "plain half": lambda x, y: plain_call(program, plain_half, plain_half_optimizer, x.half(), y),
-        "rounding floor": lambda x, y: plain_call(program, floor, floor_optimizer, x.half().float(), y),
+    return {
+        "plain fp32": (plain, lambda x, y: plain_call(program, plain, plain_optimizer, x, y)),
+        "poptorch fp32": (fp32_model, lambda x, y: fp32(x, y)),
+        "poptorch half": (half_model, lambda x, y: half(x.half(), y)),
+        "plain half": (plain_half, lambda x, y: plain_call(program, plain_half, plain_half_optimizer, x.half(), y)),
+        "rounding floor": (floor, lambda x, y: plain_call(program, floor, floor_optimizer, x.half().float(), y)),
     }
+
+
+def measure(program: Program, rounds: int, calls: int) -> None:
+    batches = host_calls(program, calls)
+    runs = {name: call for name, (_, call) in runs_of(program).items()}
     for run in runs.values():  # warm-up (and compilation)
         run(*batches[0])
     cpu: dict[str, list[float]] = {name: [] for name in runs}

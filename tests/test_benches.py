@@ -25,7 +25,8 @@ def test_the_poptorch_breakdown_times_every_phase_of_a_half_call():
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line[:1].isalpha()}
     for phase in ("forward", "backward", "accumulate", "fp32", "update", "round", "total"):
         assert phase in rows, phase
-    half = {name: float(rows[name][-2]) for name in ("forward", "backward", "accumulate", "update", "round")}
+    phases = ("forward", "backward", "accumulate", "weights", "fp32", "update", "round")
+    half = {name: float(rows[name][-2]) for name in phases}
     assert all(value > 0 for value in half.values()), half  # each instrument saw the half call's work
     assert "plain fp32 / run (CPU time): poptorch fp32" in out
 
