@@ -125,12 +125,15 @@ def compile_training(
     fp16_compute: str | None = None,
     state_types=None,
     memory_check: str = "auto",
+    processes: int = 1,
 ) -> CompileResult:
     """Check and analyse `pipelined` for training under `ipu_config` (in training mode).
 
     `state_types`: the optimizer's state types (`costmodel.workload.StateTypes`; default Optimum
     Graphcore's for the precision). `memory_check`: when an out-of-memory estimate refuses the layout
     ("margin", "strict", "off"; "auto" reads `OPTIMUM_IPU_MEMORY_CHECK`, see `MemoryReport`).
+    `processes`: the processes sharing the run's replicas or stages out (torchrun's world size), each
+    attaching to its share of the IPUs.
     """
     start = time.perf_counter()
     logger.info("Compiling Model...")
@@ -141,7 +144,7 @@ def compile_training(
             ipu_config.gradient_accumulation_steps, ipu_config.ipus_per_replica, pipelined.plan.forward_stages
         )
         num_ipus = checks.check_num_ipus(
-            ipu_config.ipus_per_replica, ipu_config.replication_factor, auto_round_num_ipus
+            ipu_config.ipus_per_replica, ipu_config.replication_factor, auto_round_num_ipus, processes
         )
         bar.update()
         report = None

@@ -380,6 +380,7 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
                 fp16_compute=self.fp16_compute, memory_check=self.args.ipu_memory_check,
                 # the state types of an optimizer given to the trainer, else Optimum Graphcore's for the precision
                 state_types=None if self.optimizer is None else StateTypes.of_optimizer(self.optimizer),
+                processes=1 if self.process_replicas is None else self.process_replicas.layout.world_size,
             )  # fmt: skip
         self.compile_report = compiled.report
         self.compile_seconds = compiled.seconds  # the log's "Compiled model in N secs"

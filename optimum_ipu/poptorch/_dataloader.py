@@ -21,11 +21,11 @@ from optimum_ipu._once import warn_once
 from optimum_ipu.call_layout import CallLayout
 from optimum_ipu.poptorch import _distributed
 from optimum_ipu.poptorch._host_call import input_layout
-from optimum_ipu.poptorch._logging import Error, logger
+from optimum_ipu.poptorch._logging import Error, logger, no_effect
 from optimum_ipu.poptorch._utils import combine_batch_tensors_gen
 from optimum_ipu.poptorch._worker_errors import worker_failures
 from optimum_ipu.poptorch.custom_args import flatten_custom, rebuild_custom
-from optimum_ipu.poptorch.enums import DataLoaderMode
+from optimum_ipu.poptorch.enums import DataLoaderMode, SharingStrategy
 from optimum_ipu.poptorch.options import Options
 
 __all__ = ["AsynchronousDataAccessor", "DataLoader"]
@@ -400,20 +400,54 @@ class DataLoader(torch.utils.data.DataLoader):
         """Stop the workers (torch stops them when the iterator ends; nothing else to do)."""
 
 
+# PopTorch's accessor arguments that tune how its worker process fills its ring buffer, with their defaults:
+# a thread loads ahead here, so a value given changes nothing, and the accessor says so once.
+_WORKER_TUNING = {
+    "miss_sleep_time_in_ms": 0.1,
+    "load_indefinitely": True,
+    "early_preload": False,
+    "sharing_strategy": SharingStrategy.FileSystem,
+}
+
+
 class AsynchronousDataAccessor:
     """Loads the next items of `dataset` (a DataLoader or any iterable) ahead, in a background thread.
 
     PopTorch's accessor runs the loader in a worker process; a `poptorch.DataLoader` with
     `mode=DataLoaderMode.Async` already loads in worker processes, so this accessor only overlaps the
-    hand-over with the model's run.
+    hand-over with the model's run. With `rebatched_size=N` (over a loader of batch size 1, as PopTorch
+    asks) each item is the next N rows, and rows that do not fill a last item are dropped, as PopTorch's
+    worker does for a dataset that does not say otherwise (`rebatched_drop_last`).
     """
 
-    def __init__(self, dataset, buffer_size: int = 3, **_: Any):
+    def __init__(self, dataset, buffer_size: int = 3, rebatched_size: int | None = None, **tuning: Any):
+        unknown = sorted(set(tuning) - set(_WORKER_TUNING))
+        if unknown:
+            raise TypeError(f"AsynchronousDataAccessor() got unexpected keyword arguments {unknown}.")
+        given = [name for name, value in tuning.items() if value != _WORKER_TUNING[name]]
+        if given:
+            no_effect(
+                "AsynchronousDataAccessor's " + ", ".join(given),
+                "they tune how PopTorch's worker process fills its ring buffer; here a thread loads the next "
+                f"items ahead (buffer_size={buffer_size} of them), and the items are the same.",
+            )
+        if rebatched_size is not None:
+            assert rebatched_size > 1, "rebatched_size must be None or greater than 1"
         self._dataset = dataset
         self._buffer_size = max(1, int(buffer_size))
+        self.rebatched_size = rebatched_size
 
     def __len__(self) -> int:
-        return len(self._dataset)
+        if not self.rebatched_size:
+            return len(self._dataset)
+        rows = len(self._dataset) * (getattr(self._dataset, "batch_size", None) or 1)
+        return rows // self.rebatched_size
+
+    def _items(self) -> Iterator[Any]:
+        if not self.rebatched_size:
+            return iter(self._dataset)
+        drop_last = getattr(self._dataset, "rebatched_drop_last", True)
+        return _rebatched(iter(self._dataset), self.rebatched_size, drop_last)
 
     def terminate(self) -> None:
         """Nothing to stop: the thread ends with the iteration."""
@@ -424,7 +458,7 @@ class AsynchronousDataAccessor:
 
         def load():
             try:
-                for item in self._dataset:
+                for item in self._items():
                     items.put(item)
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
                 items.put(e)

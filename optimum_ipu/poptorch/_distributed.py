@@ -12,12 +12,13 @@ one-process run), with one shuffle shared by all processes (process 0 draws the 
 group to send it, every process seeds its shuffle with `opts.randomSeed`, as PopTorch does).
 
 `opts.Distributed.configureProcessId(k, P)` with no torchrun (PopTorch's multi-host launch: each host
-runs its own program and nothing is exchanged) cannot run stage processes: when R is not a multiple of
-P, each process's R replicas are its own, as on PopTorch, and its DataLoader is handed replicas
-k*R ... (k+1)*R - 1 of a run of R x P replicas (`loader_replicas`), so each process gets 1/P of the data.
+runs its own program and nothing is exchanged) leaves each process its R replicas as its own, as on
+PopTorch, whatever R: its DataLoader is handed replicas k*R ... (k+1)*R - 1 of a run of R x P replicas
+(`loader_replicas`), so each process gets 1/P of the data in combined batches of its own R, its models run
+their R replicas alone, and nothing waits for another process (`run_processes` is 1).
 
-When R is not a multiple of P, the processes do not split the replicas: each is handed the whole
-combined batch, a pipelined training model of N stages runs as P / N pipelines of N stage processes
+Under torchrun, when R is not a multiple of P, the processes do not split the replicas: each is handed the
+whole combined batch, a pipelined training model of N stages runs as P / N pipelines of N stage processes
 (`_stages`; P must be N x a divisor of R, else `layout_error`), and an inference model runs whole in
 every process.
 """
@@ -34,8 +35,8 @@ from optimum_ipu.call_layout import CallLayout, replicas_of_process
 from optimum_ipu.poptorch._logging import Error
 from optimum_ipu.runtime.distributed import processes_share_replicas, valid_process_counts
 
-__all__ = ["data_processes", "join_process_group", "loader_replicas", "local_replicas", "process_group_available",
-           "processes"]  # fmt: skip
+__all__ = ["data_processes", "ipu_processes", "join_process_group", "loader_replicas", "local_replicas",
+           "process_group_available", "processes", "run_processes"]  # fmt: skip
 
 
 def processes(options) -> int:
@@ -49,6 +50,15 @@ def processes(options) -> int:
     return count
 
 
+def run_processes(options) -> int:
+    """How many processes run one IPU run together (sharing its replicas or its pipeline stages, exchanging
+    gradients): the launch's processes when they have a process group to exchange through (torchrun, poprun),
+    else 1: with `configureProcessId` alone each process runs its `replicationFactor` as its own program,
+    as on PopTorch. The one rule every multi-process decision here starts from."""
+    count = processes(options)
+    return count if count > 1 and process_group_available() else 1
+
+
 def data_processes(options) -> int:
     """How many processes split each combined batch between them.
 
@@ -58,8 +68,18 @@ def data_processes(options) -> int:
     of a pipeline all need its replicas' micro-batches), and an inference model runs whole in each.
     The DataLoader is built before the model is traced, so this is decided from the options alone.
     """
-    count = processes(options)
+    count = run_processes(options)
     return count if count > 1 and processes_share_replicas(count, options.replication_factor) else 1
+
+
+def ipu_processes(options, training: bool) -> int:
+    """How many processes share the run's IPUs out, each attaching to its share (`runtime.checks.ipus_of_process`):
+    the processes that split the replicas, or, in training, the stage processes; 1 when each process runs
+    every replica (one process, `configureProcessId` alone, or an inference model that runs whole in each)."""
+    count = data_processes(options)
+    if count == 1 and training:
+        count = run_processes(options)
+    return count
 
 
 def local_replicas(options) -> range:
@@ -82,15 +102,15 @@ def loader_replicas(options) -> tuple[int, range] | None:
     this process's slice of them), or None when every process is handed every combined batch.
 
     Processes that split `replicationFactor` R: (R, `local_replicas`). Processes with no process group
-    that do not split R (`configureProcessId` without torchrun): each runs its R replicas as its own,
-    so (R x P, this process's R of them). Otherwise (one process, or stage processes): None.
+    (`configureProcessId` without torchrun): each runs its R replicas as its own, so (R x P, this process's
+    R of them). Otherwise (one process, or stage processes): None.
     """
     count = processes(options)
     if count == 1:
         return None
     if data_processes(options) > 1:
         return options.replication_factor, local_replicas(options)
-    if process_group_available():
+    if run_processes(options) > 1:
         return None
     run = options.replication_factor * count
     return run, replicas_of_process(run, count, options.Distributed.processId)

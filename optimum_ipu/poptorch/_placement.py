@@ -20,7 +20,7 @@ from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch._trace import Trace, training_flags_kept
 from optimum_ipu.poptorch.blocks import PipelinedExecution, ShardedExecution
 from optimum_ipu.poptorch.enums import AutoStage
-from optimum_ipu.runtime.checks import min_gradient_accumulation, reserve_ipus
+from optimum_ipu.runtime.checks import ipus_of_process, min_gradient_accumulation, reserve_ipus
 from optimum_ipu.runtime.distributed import process_layout
 
 __all__ = ["Placement", "check_placement", "plan_stage_processes"]
@@ -78,8 +78,9 @@ def check_placement(model: nn.Module, trace: Trace, options, training: bool) -> 
         stages = len(merged)
     else:
         stages = len(set(merged))
-    reserve_ipus(used * options.replication_factor, options.auto_round_num_ipus,  # the runtime's rule,
-                 _too_many_ipus, _not_a_power_of_two, _rounding_up)  # in PopTorch's words  # fmt: skip
+    # This process's share of the run's IPUs (the runtime's rule), in PopTorch's words.
+    requested = ipus_of_process(used * options.replication_factor, _distributed.ipu_processes(options, training))
+    reserve_ipus(requested, options.auto_round_num_ipus, _too_many_ipus, _not_a_power_of_two, _rounding_up)
     pipelined = isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution)
     recomputed = (
         trace.checkpointed if _recomputation_on(options, training, stages if pipelined else 0) else []
@@ -116,7 +117,7 @@ def plan_stage_processes(
     launch it refuses is PopTorch's layout error. A pipelined training model of N stages then runs as
     P / N pipelines of N stage processes (`_stages`).
     """
-    count, replicas = _distributed.processes(options), options.replication_factor
+    count, replicas = _distributed.run_processes(options), options.replication_factor
     stages = placement.num_stages if placement.pipelined else 1
     try:
         layout = process_layout(count, replicas, stages if training else 1)

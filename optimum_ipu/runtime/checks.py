@@ -76,27 +76,41 @@ def reserve_ipus(
     return reserved
 
 
-def check_num_ipus(ipus_per_replica: int, replication_factor: int, auto_round: bool = False) -> int:
-    """The IPUs a process attaches to must be a power of two, at most 64; return how many it gets."""
+def ipus_of_process(ipus: int, processes: int = 1) -> int:
+    """The IPUs one process attaches to when `processes` processes share out a run of `ipus` IPUs (the
+    replicas times the IPUs of each): an equal share, whole replicas per process or one pipeline stage of
+    its pipeline's replicas (`runtime.distributed.process_layout`), as each poprun instance attaches to its
+    own replicas' IPUs. The count both front ends check against a process's limit."""
+    return -(-ipus // max(1, processes))
+
+
+def check_num_ipus(
+    ipus_per_replica: int, replication_factor: int, auto_round: bool = False, processes: int = 1
+) -> int:
+    """The IPUs a process attaches to (`ipus_of_process`: its share of the run's, under `processes`
+    processes) must be a power of two, at most 64; return how many it gets."""
+    run = f"{ipus_per_replica} IPUs per replica x {replication_factor} replicas"
+    if processes > 1:
+        run += f" / {processes} processes"
 
     def too_many(requested: int) -> IPUCompilationError:
         return IPUCompilationError(
-            f"{ipus_per_replica} IPUs per replica x {replication_factor} replicas = {requested} IPUs, but one "
-            f"process can use at most {MAX_IPUS_PER_PROCESS}. Lower replication_factor, or launch several "
-            "processes (one per group of replicas)."
+            f"{run} = {requested} IPUs, but one process can use at most {MAX_IPUS_PER_PROCESS}. Lower "
+            "replication_factor, or launch more processes (torchrun --nproc_per_node), each running its share "
+            "of the replicas."
         )
 
     def not_a_power_of_two(requested: int, power: int) -> IPUCompilationError:
         # The power of two below, where one replica still fits in it; else only the one above.
         choices = f"{power // 2} or {power}" if power // 2 >= ipus_per_replica else f"{power}"
         return IPUCompilationError(
-            f"{ipus_per_replica} IPUs per replica x {replication_factor} replicas = {requested} IPUs, which is "
-            f"not a power of two. Use {choices} "
-            "IPUs in total (change replication_factor or layers_per_ipu), or let the runtime round up "
-            f"to {power} (auto_round_num_ipus=True; the extra IPUs sit idle)."
+            f"{run} = {requested} IPUs, which is not a power of two. Use {choices} IPUs "
+            f"{'per process' if processes > 1 else 'in total'} (change replication_factor or layers_per_ipu), "
+            f"or let the runtime round up to {power} (auto_round_num_ipus=True; the extra IPUs sit idle)."
         )
 
     def rounding_up(requested: int, power: int) -> None:
         logger.warning("Rounding %d requested IPUs up to %d (the extra IPUs are idle).", requested, power)
 
-    return reserve_ipus(ipus_per_replica * replication_factor, auto_round, too_many, not_a_power_of_two, rounding_up)
+    requested = ipus_of_process(ipus_per_replica * replication_factor, processes)
+    return reserve_ipus(requested, auto_round, too_many, not_a_power_of_two, rounding_up)

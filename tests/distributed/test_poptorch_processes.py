@@ -63,3 +63,18 @@ def test_inference_under_processes_returns_the_process_rows(tmp_path):
             torch.testing.assert_close(x_k, mine, rtol=0, atol=0)
             torch.testing.assert_close(out_k, out.reshape(2, 2, 4, 3)[:, k].reshape(-1, 3), rtol=0, atol=1e-6)
             torch.testing.assert_close(loss_k, loss.reshape(2, 2)[:, k].reshape(-1), rtol=0, atol=1e-6)
+
+
+def test_128_replicas_over_2_processes_attach_64_ipus_each_and_train_as_one_run(tmp_path):
+    """PopTorch's 64-IPU limit is per process (a poprun instance attaches to its own replicas' IPUs): 128
+    replicas of 1 IPU over 2 processes are 64 each, accepted, and the run trains as one: both processes
+    end with the same weights, and each validation call returns its 64 replicas' rows."""
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(WORKER.with_name("_poptorch_replicas_worker.py")), str(tmp_path), "128"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    rank0, rank1 = (torch.load(tmp_path / f"rank{k}_final.pt") for k in (0, 1))
+    torch.testing.assert_close(rank1, rank0, rtol=0, atol=0)
+    assert torch.load(tmp_path / "rank0_rows.pt").shape == (64 * 2, 1)

@@ -118,6 +118,15 @@ def test_a_world_size_that_does_not_divide_the_replicas_is_an_error_before_any_w
     assert not list((tmp_path / "out").glob("rank*_step*.pt"))
 
 
+def test_128_replicas_over_2_processes_attach_64_ipus_each_and_train(tmp_path):
+    """The 64-IPU limit is per process: 128 replicas of 1 IPU over 2 processes are 64 IPUs each, as on a pod's
+    two poprun instances; the compile accepts them, and both processes apply the same update."""
+    out = run(tmp_path, "two", 2, steps=1, samples=256, ipu_config={
+        "layers_per_ipu": [-1], "ipus_per_replica": 1, "replication_factor": 128, "gradient_accumulation_steps": 1,
+    })  # fmt: skip
+    torch.testing.assert_close(weights(out, "final", rank=1), weights(out, "final"), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "keep_trainer", [False, True], ids=["trainer-garbage-at-exit", "trainer-kept-to-the-end"]
 )

@@ -4,6 +4,7 @@ Each expectation is a hand-worked list of sample indices or a plain torch loop o
 our own combined-batch formula.
 """
 
+import logging
 import math
 
 import pytest
@@ -216,14 +217,15 @@ def test_configure_process_id_hands_each_of_3_processes_a_third_of_the_dataset(n
 
 def test_configure_process_id_shuffles_alike_in_every_process_from_the_options_seed(no_torchrun):
     """No process group to share a seed: every process shuffles with opts.randomSeed, so the 2 shards of an
-    epoch are disjoint and cover the dataset, and each epoch is another shuffle."""
-    loaders = [poptorch.DataLoader(process_options(k, 2, replicas=2, seed=7), Numbered(40), batch_size=4,
+    epoch are disjoint and cover the dataset (3 run batches of 2 processes x 2 replicas x 4 samples), and each
+    epoch is another shuffle."""
+    loaders = [poptorch.DataLoader(process_options(k, 2, replicas=2, seed=7), Numbered(48), batch_size=4,
                                    shuffle=True) for k in range(2)]  # fmt: skip
     epochs = [[seen(loader) for _ in range(2)] for loader in loaders]
     for epoch in range(2):
-        assert sorted(epochs[0][epoch] + epochs[1][epoch]) == list(range(40))
+        assert sorted(epochs[0][epoch] + epochs[1][epoch]) == list(range(48))
     assert epochs[0][0] != epochs[0][1]
-    again = poptorch.DataLoader(process_options(0, 2, replicas=2, seed=7), Numbered(40), batch_size=4, shuffle=True)
+    again = poptorch.DataLoader(process_options(0, 2, replicas=2, seed=7), Numbered(48), batch_size=4, shuffle=True)
     assert seen(again) == epochs[0][0]
 
 
@@ -231,3 +233,85 @@ def test_a_shuffle_over_processes_without_a_seed_or_torchrun_is_poptorchs_error(
     with pytest.raises(poptorch.Error, match=r"you must set poptorch.Options.randomSeed\(\) to ensure that tensors "
                                              r"are in the same order in all processes.*randomSeed\(42\)"):  # fmt: skip
         poptorch.DataLoader(process_options(0, 2, replicas=2), Numbered(40), batch_size=4, shuffle=True)
+
+
+# -- 3. AsynchronousDataAccessor ---------------------------------------------------------------------------
+def test_the_accessors_rebatched_size_makes_items_of_that_many_rows_and_drops_the_leftover():
+    """PopTorch's accessor with `rebatched_size=N` over a loader of batch size 1: items of N rows, in order,
+    `len` = rows // N; the rows that do not fill an item are dropped (its worker's `rebatched_drop_last`)."""
+    loader = poptorch.DataLoader(poptorch.Options(), Numbered(18), batch_size=1)
+    accessor = poptorch.AsynchronousDataAccessor(loader, rebatched_size=4)
+    items = list(accessor)
+    assert len(accessor) == 4
+    assert [item.tolist() for item in items] == [[4.0 * n + m for m in range(4)] for n in range(4)]
+
+
+def test_a_rebatched_size_of_one_or_less_is_poptorchs_error():
+    loader = poptorch.DataLoader(poptorch.Options(), Numbered(8), batch_size=1)
+    with pytest.raises(AssertionError, match="rebatched_size must be None or greater than 1"):
+        poptorch.AsynchronousDataAccessor(loader, rebatched_size=1)
+
+
+def test_the_accessors_timing_settings_say_once_that_they_change_nothing_here(caplog):
+    """`early_preload`, `miss_sleep_time_in_ms`, `load_indefinitely` and `sharing_strategy` tune how PopTorch's
+    worker process fills its ring buffer; here a thread loads ahead, so given they say so, once."""
+    from optimum_ipu import _once
+
+    _once.forget()
+    caplog.set_level(logging.WARNING)
+    loader = poptorch.DataLoader(poptorch.Options(), Numbered(8), batch_size=2)
+    for _ in range(2):
+        accessor = poptorch.AsynchronousDataAccessor(
+            loader, early_preload=True, miss_sleep_time_in_ms=1, load_indefinitely=False,
+            sharing_strategy=poptorch.SharingStrategy.SharedMemory,
+        )  # fmt: skip
+        assert [b.tolist() for b in accessor] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
+    said = [r.getMessage() for r in caplog.records if "AsynchronousDataAccessor" in r.getMessage()]
+    assert len(said) == 1, said
+    for name in ("early_preload", "miss_sleep_time_in_ms", "load_indefinitely", "sharing_strategy"):
+        assert name in said[0]
+    _once.forget()
+    caplog.clear()
+    list(poptorch.AsynchronousDataAccessor(loader))  # nothing given: nothing said
+    assert not [r for r in caplog.records if "AsynchronousDataAccessor" in r.getMessage()]
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4])
+def test_configure_process_id_leaves_each_process_its_own_replicas_whatever_their_count(no_torchrun, replicas):
+    """PopTorch's combined batch is batch_size x DI x R x GA with R the process's own replicas, whether or not
+    the processes could divide R: each of 2 processes is handed combined batches of its R replicas, its part
+    of a run of 2R replicas (the k-th 2R samples of every 4R), so each gets half of the data."""
+    for k in range(2):
+        loader = poptorch.DataLoader(process_options(k, 2, replicas=replicas), Numbered(96), batch_size=2)
+        assert loader.combinedBatchSize == 2 * replicas
+        assert len(loader) == 96 // (4 * replicas)
+        assert next(iter(loader)).tolist() == [float(2 * replicas * k + i) for i in range(2 * replicas)]
+
+
+class _Regression(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 1)
+
+    def forward(self, x, y=None):
+        out = self.linear(x)
+        return out if y is None else (out, torch.nn.functional.mse_loss(out, y))
+
+
+def test_configure_process_id_runs_each_processs_models_alone_as_its_own_program(no_torchrun):
+    """With no process group nothing is exchanged: process 1 of 2's trainingModel with replicationFactor(2)
+    trains as the same program does in one process (no process group is waited for), and its inferenceModel
+    returns every row of its own replicas."""
+    x, y = torch.randn(2 * 2 * 4, 3), torch.randn(2 * 2 * 4, 1)  # DI 2 x R 2 x micro-batch 4
+    trained = []
+    for processes in (2, 1):
+        torch.manual_seed(0)
+        model = _Regression()
+        opts = process_options(processes - 1, processes, replicas=2).deviceIterations(2)
+        training = poptorch.trainingModel(model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        training(x, y)
+        training.destroy()
+        trained.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        inference = poptorch.inferenceModel(model.eval(), process_options(processes - 1, processes, replicas=2))
+        assert inference(x[:8]).shape == (8, 1)  # replicas 2 x micro-batch 4: the whole call's rows
+    torch.testing.assert_close(trained[0], trained[1], rtol=0, atol=0)

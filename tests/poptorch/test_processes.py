@@ -13,7 +13,14 @@ def options(process: int, processes: int, replicas: int = 2) -> poptorch.Options
     return opts
 
 
-def test_each_process_is_handed_its_replicas_part_of_every_combined_batch():
+@pytest.fixture
+def torchrun(monkeypatch):
+    """torchrun's rendezvous variables: the processes have a process group to run one IPU run through."""
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_each_process_is_handed_its_replicas_part_of_every_combined_batch(torchrun):
     dataset = torch.utils.data.TensorDataset(torch.arange(96.0))
     whole = next(iter(poptorch.DataLoader(options(0, 1), dataset, batch_size=4)))[0]  # [DI][GA][R][micro]
     layout = whole.reshape(2, 3, 2, 4)
@@ -23,7 +30,7 @@ def test_each_process_is_handed_its_replicas_part_of_every_combined_batch():
         torch.testing.assert_close(next(iter(loader))[0], layout[:, :, process].reshape(-1))
 
 
-def test_replicas_that_the_processes_cannot_share_are_an_error_naming_both():
+def test_replicas_that_the_processes_cannot_share_are_an_error_naming_both(torchrun):
     """A model that is not pipelined cannot run as stage processes: R=3 over 2 processes fails at compile."""
     model = poptorch.trainingModel(torch.nn.Linear(2, 2), options(0, 2, replicas=3).autoRoundNumIPUs(True))
     with pytest.raises(poptorch.Error, match=r"replicationFactor\(3\) cannot be shared by the 2 processes.*"
@@ -31,11 +38,9 @@ def test_replicas_that_the_processes_cannot_share_are_an_error_naming_both():
         model.compile(torch.randn(2 * 3 * 3, 2))
 
 
-def test_processes_that_do_not_split_the_replicas_are_each_handed_every_replica(monkeypatch):
+def test_processes_that_do_not_split_the_replicas_are_each_handed_every_replica(torchrun):
     """R=1 over 2 torchrun processes (stage processes): each process gets the whole combined batch, one
     shuffle. (Without torchrun's process group there are no stage processes: tests/poptorch/test_dataloader.py.)"""
-    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0", "WORLD_SIZE": "2"}.items():
-        monkeypatch.setenv(name, value)
     dataset = torch.utils.data.TensorDataset(torch.arange(96.0))
     whole = next(iter(poptorch.DataLoader(options(0, 1, replicas=1), dataset, batch_size=4)))[0]
     for process in (0, 1):
@@ -64,7 +69,7 @@ def pipelined(process: int, processes: int, replicas: int = 1) -> poptorch.Optio
     return opts
 
 
-def test_a_skip_connection_across_a_stage_boundary_is_an_error_naming_the_stage():
+def test_a_skip_connection_across_a_stage_boundary_is_an_error_naming_the_stage(torchrun):
     """Stage 1 would read a placeholder for stage 0's output: the compile compares each stage with the
     one-process forward and refuses (before any process group is joined)."""
     model = poptorch.trainingModel(TwoBlocks(skip=True), pipelined(0, 2))
@@ -88,7 +93,7 @@ def test_stage_processes_plan_only_the_boundary_input_crossing():
     assert [plan.owners[id(p)] for p in module.parameters()] == [0, 0, 1, 1]
 
 
-def test_a_process_count_that_is_no_whole_number_of_pipelines_is_an_error_naming_the_counts():
+def test_a_process_count_that_is_no_whole_number_of_pipelines_is_an_error_naming_the_counts(torchrun):
     """3 processes, 2 stages, 1 replica: neither replica processes nor pipelines of 2 stage processes."""
     model = poptorch.trainingModel(TwoBlocks(), pipelined(0, 3))
     with pytest.raises(poptorch.Error, match=r"replicationFactor\(1\) cannot be shared by the 3 processes.*"
@@ -109,7 +114,7 @@ class TiedAcrossStages(torch.nn.Module):
         return out, out.pow(2).mean()
 
 
-def test_a_weight_used_on_two_stages_is_an_error_naming_it():
+def test_a_weight_used_on_two_stages_is_an_error_naming_it(torchrun):
     """Each stage process computes only its own weights' gradients: a weight read on stages 0 and 1 is refused."""
     model = poptorch.trainingModel(TiedAcrossStages(), pipelined(0, 2))
     with pytest.raises(poptorch.Error, match=r"The weight shared.weight is used on pipeline stages \[0, 1\]"):

@@ -124,7 +124,10 @@ def no_launch(monkeypatch):
 
 @pytest.fixture
 def instance_1_of_2(no_launch):
-    """The environment poprun --num-instances 2 --num-replicas 4 --ipus-per-replica 2 gives instance 1."""
+    """The environment poprun --num-instances 2 --num-replicas 4 --ipus-per-replica 2 gives instance 1 (poprun
+    starts its instances with torchrun, whose rendezvous variables come with them)."""
+    no_launch.setenv("MASTER_ADDR", "127.0.0.1")
+    no_launch.setenv("MASTER_PORT", "29500")
     no_launch.setenv("RANK", "1")
     no_launch.setenv("WORLD_SIZE", "2")
     no_launch.setenv("POPDIST_NUM_TOTAL_REPLICAS", "4")

@@ -53,7 +53,7 @@ def test_a_process_attaches_to_a_power_of_two_ipus_up_to_64():
     ]
     with _raises(
         "8 IPUs per replica x 16 replicas = 128 IPUs, but one process can use at most 64. Lower replication_factor, "
-        "or launch several processes (one per group of replicas)."
+        "or launch more processes (torchrun --nproc_per_node), each running its share of the replicas."
     ):
         check_num_ipus(8, 16)
     with _raises(
@@ -79,3 +79,19 @@ def test_auto_round_rounds_up_to_the_next_power_of_two_and_says_so(caplog):
     ]
     with pytest.raises(IPUCompilationError, match="at most 64"):
         check_num_ipus(5, 16, auto_round=True)  # 80: the limit holds before any rounding
+
+
+def test_processes_sharing_a_run_each_attach_to_their_share_of_its_ipus():
+    """128 replicas of 1 IPU over 2 processes: 64 IPUs each, as each of 2 poprun instances attaches to its 64
+    (PopTorch's limit is per process); over 4 processes, 32 each; the checks read the share, not the run."""
+    assert check_num_ipus(1, 128, processes=2) == 64
+    assert check_num_ipus(4, 32, processes=4) == 32
+    assert check_num_ipus(4, 1, processes=4) == 1  # 4 stage processes of one 4-IPU pipeline: 1 IPU each
+    with _raises(
+        "1 IPUs per replica x 256 replicas / 2 processes = 128 IPUs, but one process can use at most 64. Lower "
+        "replication_factor, or launch more processes (torchrun --nproc_per_node), each running its share of the "
+        "replicas."
+    ):
+        check_num_ipus(1, 256, processes=2)
+    with pytest.raises(IPUCompilationError, match=r"= 3 IPUs, which is not a power of two\. Use 2 or 4 IPUs per process"):
+        check_num_ipus(1, 6, processes=2)
