@@ -27,6 +27,7 @@ from optimum_ipu.poptorch._optimizer_use import (
 from optimum_ipu.poptorch._recompute import recomputing
 from optimum_ipu.poptorch.enums import ReductionType
 from optimum_ipu.poptorch.optim import AMSGRAD
+from optimum_ipu.poptorch.options import device_seed
 from optimum_ipu.runtime.distributed import build_process_replicas
 from optimum_ipu.runtime.executor import InferenceExecutable, TrainingExecutable
 from optimum_ipu.runtime.fp16_compute import resolve_fp16_compute
@@ -84,8 +85,7 @@ def build_executable(wrapper) -> TrainingExecutable | InferenceExecutable:
             sets_mode=False,  # PopTorch runs each module in the mode its user left it in
         )
     options = wrapper._options
-    seed = options._values.get("random_seed", torch.initial_seed())
-    wrapper._streams = wrapper._streams or ReplicaStreams(seed, options.replication_factor)
+    wrapper._streams = wrapper._streams or ReplicaStreams(device_seed(options), options.replication_factor)
     reduction = options.Training.accumulation_and_replication_reduction_type
     return TrainingExecutable(
         model, call.runtime_layout(), loss_fn=wrapper._training_loss, replicas=_processes(wrapper),

@@ -28,9 +28,10 @@ from optimum_ipu.poptorch import optim
 from optimum_ipu.poptorch._logging import Error, logger
 from optimum_ipu.poptorch.enums import MeanReductionStrategy
 from optimum_ipu.poptorch.optim import _IPUMixin
+from optimum_ipu.poptorch.options import device_seed
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.optimizers import accumulator_dtype, keeps_running_mean
-from optimum_ipu.runtime.rounding import rounding_generator
+from optimum_ipu.runtime.rounding import rounding_generator, seed_rounding
 
 __all__ = [
     "apply_reduction_strategy",
@@ -44,9 +45,14 @@ __all__ = [
 ]
 
 
+# A group's entries that are not the optimizer's hyper-parameters: its parameters, and the rounding the options
+# decide (`training_settings` writes it into the groups of an optimizer that keeps it there, as LAMB does).
+_NOT_HYPERPARAMETERS = ("params", "stochastic_rounding")
+
+
 def hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-    """Each parameter group's hyper-parameters (everything but its parameters)."""
-    return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    """Each parameter group's hyper-parameters (everything but its parameters and the options' rounding)."""
+    return [{k: v for k, v in group.items() if k not in _NOT_HYPERPARAMETERS} for group in optimizer.param_groups]
 
 
 @contextlib.contextmanager
@@ -109,9 +115,10 @@ def training_settings(optimizer, options, current: LossScaler | None = None) -> 
     - the clipping norm (`max_grad_norm`, inf: none), the gradient accumulator's type (`accum_type`);
     - stochastic rounding as the options set it (`Precision.enableStochasticRounding`), given to a
       `poptorch.optim` optimizer and to the fp16 update of a torch optimizer alike, with the
-      optimizer's own rounding generator.
+      optimizer's own rounding generator, drawing from the options' `device_seed`.
     """
     rounding = bool(options._Popart._values.get("enableStochasticRounding", False))
+    seed_rounding(optimizer, device_seed(options))
     if isinstance(optimizer, _IPUMixin):
         optimizer.stochastic_rounding = rounding
     for group in optimizer.param_groups:

@@ -231,6 +231,9 @@ class SGD(_IPUMixin, torch.optim.SGD):
         self._ipu_init(loss_scaling, max_grad_norm, accum_type, velocity_accum_type=velocity_accum_type)
         # velocity_scaling scales the stored velocity on the IPU and is divided out again: same update.
         self.velocity_scaling = float(velocity_scaling) if velocity_scaling is not None else 1.0
+        # The combined variant keeps one tensor for the accumulated gradient and the velocity; what it changes
+        # here is the Mean reduction's strategy (`runtime.optimizers.keeps_running_mean` reads it).
+        self.use_combined_accum = bool(use_combined_accum)
 
 
 class _BiasCorrection:

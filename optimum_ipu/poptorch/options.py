@@ -122,6 +122,14 @@ class _OptionsDict:
 _NO_SET = {"anchored_tensors": "anchorTensor(short_name, long_name, output_mode, output_return_period)"}
 
 
+def device_seed(options) -> int:
+    """The seed of the device's random generators: `randomSeed`'s, else torch's initial seed (which
+    `torch.manual_seed` sets). The replicas' random streams and the stochastic rounding draw from them."""
+    import torch
+
+    return int(options._values["random_seed"]) if options.exists("random_seed") else torch.initial_seed()
+
+
 def _setter(entry: tuple[str, tuple[str, ...]] | str, name: str) -> tuple[str, tuple[str, ...]]:
     """A `_SETTERS` entry as (setter, the options it takes): a bare setter name takes the one option."""
     return (entry, (name,)) if isinstance(entry, str) else entry

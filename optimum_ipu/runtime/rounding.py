@@ -230,6 +230,19 @@ def write_back(
         param.copy_(value)
 
 
+def seed_rounding(optimizer, seed: int) -> None:
+    """Draw `optimizer`'s stochastic roundings from `seed` from now on (a PopTorch model's `randomSeed`: on
+    the IPU the rounding draws come from the device's generators, which that seed starts).
+
+    Draws already coming from `seed` go on where they are, so a `setOptimizer` or a recompile under the same
+    seed continues them rather than repeating them.
+    """
+    if getattr(optimizer, "rounding_seed", None) == seed:
+        return
+    optimizer.rounding_seed = int(seed)
+    optimizer.__dict__.pop("_rounding_generators", None)
+
+
 def rounding_generator(optimizer, device: torch.device | str = "cpu") -> torch.Generator:
     """The stochastic-rounding generator of `optimizer`'s fp16 updates on `device`.
 

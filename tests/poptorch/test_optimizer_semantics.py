@@ -123,3 +123,70 @@ def test_set_optimizer_refuses_an_fp16_accumulator_after_compiling_with_the_post
     with pytest.raises(ValueError, match="Running but the executable is already compiled"):
         training.setOptimizer(poptorch.optim.SGD(model.parameters(), lr=0.01, accum_type=torch.float16))
     training(x, y)  # the old optimizer still trains
+
+
+def test_the_combined_sgd_variant_keeps_the_post_strategy_and_a_later_set_optimizer_takes_it():
+    """`use_combined_accum=True` is PopTorch's combined SGD variant, for which it keeps the Post strategy even
+    with an fp16 accumulator (`_optimizer_attributes.py`; its options test expects Post): so the options read
+    back Post and a `setOptimizer` with it after compiling with an fp32 optimizer is accepted."""
+    x, y = torch.randn(4, 4), torch.randn(4, 1)
+    strategy = poptorch.MeanReductionStrategy
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(2)
+    model = LinearRegression()
+    combined = poptorch.optim.SGD(model.parameters(), lr=0.01, accum_type=torch.float16, use_combined_accum=True)
+    assert combined.use_combined_accum is True
+    training = poptorch.trainingModel(model, opts, optimizer=combined)
+    training(x, y)
+    assert training.options.Training.meanAccumulationAndReplicationReductionStrategy == strategy.Post
+    _, training32, model32 = _fp16_accumulator_model(torch.float32)
+    training32(x, y)
+    training32.setOptimizer(
+        poptorch.optim.SGD(model32.parameters(), lr=0.01, accum_type=torch.float16, use_combined_accum=True)
+    )
+    training32(x, y)
+
+
+def _half_linear_trained(optimizer_class, rounding: bool, seed: int | None = None) -> torch.Tensor:
+    """An fp16 Linear trained 3 calls by `optimizer_class` under `enableStochasticRounding(rounding)`."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 64).half()
+
+    class Squared(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x):
+            out = self.layer(x)
+            return out, out.float().pow(2).mean()
+
+    opts = poptorch.Options()
+    if seed is not None:
+        opts.randomSeed(seed)
+    opts.Precision.enableStochasticRounding(rounding)
+    training = poptorch.trainingModel(Squared(), opts, optimizer=optimizer_class(layer.parameters(), lr=1e-3))
+    inputs = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        training(torch.randn(8, 64, generator=inputs).half())
+    return layer.weight.detach().clone()
+
+
+@pytest.mark.parametrize("optimizer_class", [poptorch.optim.AdamW, poptorch.optim.LAMB])
+def test_stochastic_rounding_follows_the_options_for_every_poptorch_optimizer(optimizer_class, caplog):
+    """`Precision.enableStochasticRounding` decides the rounding of the fp16 weights' updates, LAMB's too (its
+    own default is not the options'), and the model says nothing about changed hyper-parameters: the user
+    changed none."""
+    caplog.set_level(logging.WARNING)
+    nearest, stochastic = _half_linear_trained(optimizer_class, False), _half_linear_trained(optimizer_class, True)
+    assert (nearest != stochastic).sum() > 100
+    assert not [r for r in caplog.records if "hyper-parameters changed" in r.getMessage()]
+
+
+def test_stochastic_rounding_draws_follow_the_options_random_seed():
+    """On the IPU `randomSeed` seeds the device's generators, which stochastic rounding draws from: another
+    seed, other roundings; the same seed, the same bits."""
+    first, again = _half_linear_trained(torch.optim.SGD, True, seed=1), _half_linear_trained(torch.optim.SGD, True, seed=1)
+    other = _half_linear_trained(torch.optim.SGD, True, seed=2)
+    assert torch.equal(first, again)
+    assert (first != other).sum() > 100
