@@ -102,6 +102,12 @@ def settings_without_effect(
             "mean over every micro-batch of the combined batch. It sets the output mode of the poptorch.Options "
             "that IPUConfig.to_options() builds."
         )
+    if vars(ipu_config).get("explicit_ir_inference"):
+        messages.append(
+            "explicit_ir_inference=True has no effect on IPUTrainer: it selects how PopART builds an inference "
+            "graph, which computes the same values here. It is set in the poptorch.Options that "
+            "IPUConfig.to_options(for_inference=True) builds."
+        )
     optim = getattr(args.optim, "value", args.optim)  # the Trainer turns the string into an OptimizerNames
     if not args.fp32 and not args.lamb and optim not in ("adamw_torch", "adamw_torch_fused", "adamw"):
         messages.append(

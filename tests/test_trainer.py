@@ -516,7 +516,7 @@ def test_settings_without_effect_are_named_once(tmp_path, caplog):
 
     _once.forget()
     cfg = two_ipu_config(parallelize_kwargs={"use_cache": False}, projection_serialization_factor=2,
-                         output_mode="all")  # fmt: skip
+                         output_mode="all", explicit_ir_inference=True)  # fmt: skip
     caplog.set_level(logging.WARNING, logger="optimum_ipu")
     for _ in range(2):
         IPUTrainer(
@@ -527,7 +527,8 @@ def test_settings_without_effect_are_named_once(tmp_path, caplog):
         )
     messages = [r.getMessage() for r in caplog.records]
     for setting in ("dataloader_mode='async'", "parallelize_kwargs", "projection_serialization_factor=2",
-                    "enable_half_partials=True", "--optim sgd", "output_mode='all'"):  # fmt: skip
+                    "enable_half_partials=True", "--optim sgd", "output_mode='all'",
+                    "explicit_ir_inference=True"):  # fmt: skip
         assert sum(setting in m for m in messages) == 1, (setting, messages)
 
 
