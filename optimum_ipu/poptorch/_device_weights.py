@@ -212,6 +212,11 @@ def check_buffers(options, weights: DeviceWeights, updated: list[str]) -> bool:
         updated: the buffers the traced forward updated in place (a BatchNorm's running statistics are
             not among them: its op updates them, as PopART's BatchNorm does on the IPU).
 
+    Returns:
+        Whether each replica keeps its own buffers: with `broadcastBuffers(False)`, or when the model has
+        norm statistics, which each replica's norm op updates from its own micro-batches (the host then
+        holds the first replica's, as it does every buffer of a replicated model).
+
     Raises:
         Error: `updatableNamedBuffers` names a buffer the model lacks; or the forward updates a buffer
             while replicas share their buffers (PopTorch's default, `broadcastBuffers(True)`).
@@ -228,7 +233,9 @@ def check_buffers(options, weights: DeviceWeights, updated: list[str]) -> bool:
     updated = [name for name in updated if name not in statistics]
     if replicated and updated and options.broadcast_buffers:
         raise Error(f"{BROADCAST_BUFFERS} (updated in forward(): {', '.join(updated)})")
-    return replicated and not options.broadcast_buffers
+    # Replicas run side by side: each one's norm op updates its own statistics from its own micro-batches
+    # (one shared copy would take every replica's updates in turn, the momentum applied R times a step).
+    return replicated and (not options.broadcast_buffers or bool(statistics))
 
 
 def _norm_statistics(model: nn.Module) -> set[str]:

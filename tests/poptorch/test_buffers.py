@@ -110,6 +110,35 @@ def test_batch_norm_statistics_under_replicas_are_not_refused():
     assert out.shape == (8, 3)
 
 
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_batch_norm_statistics_under_replicas_follow_each_replicas_own_micro_batches(broadcast):
+    """Replicas run side by side, each updating its own running statistics from its own micro-batches: after
+    a call of 2 replicas x 2 accumulation steps the host holds replica 0's, as a plain BatchNorm run on its
+    2 micro-batches leaves them (the momentum applied twice, not four times), whatever broadcastBuffers."""
+    torch.manual_seed(0)
+
+    class Normalised(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.linear = nn.BatchNorm1d(3), nn.Linear(3, 1)
+
+        def forward(self, x):
+            out = self.linear(self.norm(x))
+            return out, out.pow(2).mean()
+
+    model = Normalised()
+    reference = copy.deepcopy(model.norm)
+    x = torch.randn(16, 3) * 3 + 1  # [GA 2][replica 2][micro-batch 4]
+    opts = poptorch.Options().replicationFactor(2).broadcastBuffers(broadcast)
+    opts.Training.gradientAccumulation(2)
+    poptorch.trainingModel(model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=0.0))(x)
+    for step in range(2):
+        reference(x.view(2, 2, 4, 3)[step, 0])
+    torch.testing.assert_close(model.norm.running_mean, reference.running_mean, rtol=0, atol=1e-6)
+    torch.testing.assert_close(model.norm.running_var, reference.running_var, rtol=0, atol=1e-6)
+    assert int(model.norm.num_batches_tracked) == 2
+
+
 def test_without_broadcast_each_replica_keeps_its_own_buffers():
     class ReplicaBuffer(nn.Module):
         def __init__(self):
