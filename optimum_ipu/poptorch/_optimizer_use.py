@@ -16,6 +16,7 @@ overrides `step()` is therefore trained by its parent's algorithm, with a warnin
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -35,6 +36,8 @@ from optimum_ipu.runtime.rounding import rounding_generator, seed_rounding
 
 __all__ = [
     "apply_reduction_strategy",
+    "check_constants_kept",
+    "constant_hyperparameters",
     "check_optimizer_parameters",
     "hyperparameters",
     "hyperparameters_as_set",
@@ -73,6 +76,67 @@ def hyperparameters_as_set(optimizer: torch.optim.Optimizer, as_set: list[dict[s
     finally:
         for group, values in zip(groups, current):
             group.update(values)
+
+
+# The hyper-parameters PopTorch's optimizers read onto the device (per group), and its one global one.
+_DEVICE_HYPERPARAMETERS = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "velocity_scaling", "betas",
+                           "eps", "alpha", "centered", "max_weight_norm")  # fmt: skip
+
+
+def constant_hyperparameters(optimizer, as_set: list[dict[str, Any]]) -> dict[str, Any]:
+    """The hyper-parameters a model compiles as constants, with their values: {(group, name): value}, and
+    `loss_scaling` under (None, "loss_scaling").
+
+    PopTorch's rule (docs, "Constant attributes"): a `poptorch.optim` optimizer's attributes it was not given
+    (`variable_attrs`); a torch optimizer's left at its class's defaults, except `lr`, which is always a
+    variable. `as_set`: the groups' hyper-parameters in force (`hyperparameters`).
+    """
+    attributes = getattr(optimizer, "variable_attrs", None)
+    if isinstance(attributes, optim.VariableAttributes):
+        def constant(name: str, value: Any) -> bool:  # noqa: ARG001 - the same signature as below
+            return attributes.isConstant(name)
+    else:
+        defaults = _constructor_defaults(type(optimizer))
+
+        def constant(name: str, value: Any) -> bool:
+            return name != "lr" and name in defaults and value == defaults[name]
+
+    constants = {
+        (index, name): group[name]
+        for index, group in enumerate(as_set)
+        for name in _DEVICE_HYPERPARAMETERS
+        if name in group and constant(name, group[name])
+    }
+    if hasattr(optimizer, "loss_scaling") and constant("loss_scaling", optim.loss_scaling_of(optimizer)):
+        constants[None, "loss_scaling"] = optim.loss_scaling_of(optimizer)
+    return constants
+
+
+def _constructor_defaults(cls: type) -> dict[str, Any]:
+    """The default of each keyword of `cls`'s constructor (a torch optimizer's defaults)."""
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+
+
+def check_constants_kept(compiled: dict[str, Any], optimizer) -> None:
+    """An `Error` if `optimizer` (given to `setOptimizer` after compiling) changes a hyper-parameter the model
+    compiled as a constant (`constant_hyperparameters`); nothing is changed then."""
+    groups = hyperparameters(optimizer)
+    for (index, name), value in compiled.items():
+        if index is None:
+            new = optim.loss_scaling_of(optimizer)
+        else:
+            new = groups[index].get(name, value) if index < len(groups) else value
+        if new == value:
+            continue
+        where = "" if index is None else f" of parameter group {index}"
+        raise Error(
+            f"The optimizer attribute {name}{where} was compiled as a constant ({value}) and cannot change to {new}: "
+            "PopTorch makes constants of the attributes a poptorch.optim optimizer was not given (a torch "
+            "optimizer's left at their defaults, except lr). Give it to the optimizer's constructor, or call "
+            f"optimizer.variable_attrs.markAsVariable({name!r}) before the model compiles (model.destroy() and "
+            "wrap the model again to recompile)."
+        )
 
 
 def check_optimizer_parameters(model: nn.Module, optimizer) -> None:

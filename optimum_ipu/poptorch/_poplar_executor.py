@@ -54,7 +54,9 @@ from optimum_ipu.poptorch._logging import Error, note_poplar_engine_options
 from optimum_ipu.poptorch._offline import is_offline, refuse_offline
 from optimum_ipu.poptorch._optimizer_use import (
     apply_reduction_strategy,
+    check_constants_kept,
     check_optimizer_parameters,
+    constant_hyperparameters,
     hyperparameters,
     training_settings,
     warn_if_subclassed,
@@ -133,6 +135,7 @@ class PoplarExecutor:
             apply_reduction_strategy(optimizer, self._options, compiled=False)
         self._optimizer = optimizer
         self._hyperparameters = hyperparameters(optimizer) if optimizer is not None else None
+        self._optimizer_constants: dict = {}  # what the compiled program holds as constants (`setOptimizer`)
         self._executable: TrainingExecutable | InferenceExecutable | None = None
         self._attached = False
         self._recorded: list[Any] = []
@@ -244,6 +247,8 @@ class PoplarExecutor:
             bool(self._recomputed),
         )  # fmt: skip
         optim.note_compiled(self._optimizer, self._user_model)  # its state_dict() has the device's state now
+        if self._training:
+            self._optimizer_constants = constant_hyperparameters(self._optimizer, self._hyperparameters)
         note_poplar_engine_options()  # where Poplar would read them, building the engine
         self._executable = build_executable(self)  # under torchrun: every process holds process 0's weights
         self._replica_layout = None
@@ -382,7 +387,10 @@ class PoplarExecutor:
         if not self._training:
             raise Error("setOptimizer is only for a poptorch.trainingModel.")
         check_optimizer_parameters(self._user_model, optimizer)
-        apply_reduction_strategy(optimizer, self._options, compiled=isinstance(self._executable, TrainingExecutable))
+        compiled = isinstance(self._executable, TrainingExecutable)
+        if compiled:
+            check_constants_kept(self._optimizer_constants, optimizer)
+        apply_reduction_strategy(optimizer, self._options, compiled=compiled)
         warn_if_subclassed(optimizer)
         self._optimizer = optimizer
         self._hyperparameters = hyperparameters(optimizer)

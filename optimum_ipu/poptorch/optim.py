@@ -59,7 +59,12 @@ def _check_accum(**types: Any) -> None:
 
 
 class VariableAttributes:
-    """Which optimizer attributes may change after compile (`setOptimizer`); all may change here."""
+    """Which of an optimizer's attributes may change after the model compiles (`setOptimizer`).
+
+    PopTorch's rule: the attributes given to a `poptorch.optim` constructor are variables; the others are
+    constants of the compiled program, and a `setOptimizer` that changes one is refused
+    (`_optimizer_use.check_constants_kept`). `markAsVariable` / `markAsConstant` change that before compiling.
+    """
 
     def __init__(self, variable: list[str] | None = None, all_attributes: list[str] | None = None):
         self._variable = set(variable or [])
@@ -69,10 +74,21 @@ class VariableAttributes:
         return attr in self._all and attr not in self._variable
 
     def markAsConstant(self, attr: str) -> None:
+        self._check_known(attr)
         self._variable.discard(attr)
 
     def markAsVariable(self, attr: str) -> None:
+        self._check_known(attr)
         self._variable.add(attr)
+
+    def _check_known(self, attr: str) -> None:
+        if self._all and attr not in self._all:
+            raise AssertionError(f"Unknown attribute {attr}, allowed values: {sorted(self._all)}")
+
+
+def _given_names(arguments: dict[str, Any]) -> list[str]:
+    """The constructor arguments the user gave (not None), from its `locals()`: PopTorch's variables."""
+    return [name for name, value in arguments.items() if value is not None and name not in ("self", "params", "__class__")]
 
 
 # A `poptorch.optim` optimizer a training model has compiled with -> {id(parameter): its name in that
@@ -166,7 +182,7 @@ class _IPUMixin(Optimizer):
 
     stochastic_rounding = False
 
-    def _ipu_init(self, loss_scaling, max_grad_norm, accum_type=None, **accum_types) -> None:
+    def _ipu_init(self, loss_scaling, max_grad_norm, accum_type=None, variables=(), **accum_types) -> None:
         if loss_scaling is not None and not loss_scaling > 0:
             raise ValueError(f"loss_scaling must be > 0, got {loss_scaling}.")
         _check_accum(accum_type=accum_type, **accum_types)
@@ -174,7 +190,8 @@ class _IPUMixin(Optimizer):
         self.max_grad_norm = float(max_grad_norm) if max_grad_norm is not None else math.inf
         self.accum_type = accum_type or torch.float32
         self.accum_types = {k: v for k, v in accum_types.items() if v is not None}
-        self.variable_attrs = VariableAttributes()
+        attributes = [*self.defaults, "loss_scaling"]
+        self.variable_attrs = VariableAttributes([n for n in variables if n in attributes], attributes)
 
     @torch.no_grad()
     def step(self, closure=None, gradients: dict | None = None):
@@ -226,9 +243,10 @@ class SGD(_IPUMixin, torch.optim.SGD):
                  loss_scaling: float | None = None, velocity_scaling: float | None = None,
                  use_combined_accum: bool | None = None, max_grad_norm: float | None = None,
                  accum_type: torch.dtype | None = None, velocity_accum_type: torch.dtype | None = None):  # fmt: skip
+        variables = _given_names(locals())
         super().__init__(params, **_given(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                          nesterov=nesterov, maximize=maximize, foreach=foreach, differentiable=differentiable))  # fmt: skip
-        self._ipu_init(loss_scaling, max_grad_norm, accum_type, velocity_accum_type=velocity_accum_type)
+        self._ipu_init(loss_scaling, max_grad_norm, accum_type, variables, velocity_accum_type=velocity_accum_type)
         # velocity_scaling scales the stored velocity on the IPU and is divided out again: same update.
         self.velocity_scaling = float(velocity_scaling) if velocity_scaling is not None else 1.0
         # The combined variant keeps one tensor for the accumulated gradient and the velocity; what it changes
@@ -284,12 +302,13 @@ class _AdamFamily(_IPUMixin, _BiasCorrection):
                  accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
                  second_order_momentum_accum_type: torch.dtype | None = None,
                  max_grad_norm: float | None = None):  # fmt: skip
+        variables = _given_names(locals())
         if amsgrad:
             raise ValueError(AMSGRAD)
         super().__init__(params, **_given(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
                          maximize=maximize))  # fmt: skip
         self.bias_correction = bias_correction is not False
-        self._ipu_init(loss_scaling, max_grad_norm, accum_type,
+        self._ipu_init(loss_scaling, max_grad_norm, accum_type, variables,
                        first_order_momentum_accum_type=first_order_momentum_accum_type,
                        second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
 
@@ -360,10 +379,11 @@ class RMSprop(_IPUMixin, _TensorFlowVariant, torch.optim.RMSprop):
                  accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
                  second_order_momentum_accum_type: torch.dtype | None = None,
                  max_grad_norm: float | None = None, use_tf_variant: bool | None = None):  # fmt: skip
+        variables = _given_names(locals())
         super().__init__(params, **_given(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
                          centered=centered, foreach=foreach, maximize=maximize))  # fmt: skip
         self.use_tf_variant = bool(use_tf_variant)
-        self._ipu_init(loss_scaling, max_grad_norm, accum_type,
+        self._ipu_init(loss_scaling, max_grad_norm, accum_type, variables,
                        first_order_momentum_accum_type=first_order_momentum_accum_type,
                        second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
 
@@ -379,6 +399,7 @@ class LAMB(Optimizer, _RuntimeLAMB):
                  accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
                  second_order_momentum_accum_type: torch.dtype | None = None,
                  max_grad_norm: float | None = None):  # fmt: skip
+        variables = _given_names(locals())
         _check_accum(accum_type=accum_type, first_order_momentum_accum_type=first_order_momentum_accum_type,
                      second_order_momentum_accum_type=second_order_momentum_accum_type)  # fmt: skip
         super().__init__(params, lr=1e-3 if lr is None else lr, betas=betas or (0.9, 0.999),
@@ -391,4 +412,5 @@ class LAMB(Optimizer, _RuntimeLAMB):
         self.bias_correction = bias_correction is not False
         self.loss_scaling = float(loss_scaling) if loss_scaling is not None else 1.0
         self.max_grad_norm = float(max_grad_norm) if max_grad_norm is not None else math.inf
-        self.variable_attrs = VariableAttributes()
+        attributes = [*self.defaults, "loss_scaling"]
+        self.variable_attrs = VariableAttributes([n for n in variables if n in attributes], attributes)

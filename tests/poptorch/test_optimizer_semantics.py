@@ -190,3 +190,81 @@ def test_stochastic_rounding_draws_follow_the_options_random_seed():
     other = _half_linear_trained(torch.optim.SGD, True, seed=2)
     assert torch.equal(first, again)
     assert (first != other).sum() > 100
+
+
+def _two_calls(optimizer_of, change, mark_variable: str | None = None):
+    """Train LinearRegression one call with `optimizer_of(params)`, apply `change(optimizer)` and give it to
+    `setOptimizer`, then train a second call: (the model's weights, a plain torch loop's with the same change)."""
+    torch.manual_seed(0)
+    model = LinearRegression()
+    reference = copy.deepcopy(model)
+    x, y = torch.randn(4, 4), torch.randn(4, 1)
+    optimizer, plain = optimizer_of(model.parameters()), optimizer_of(reference.parameters())
+    if mark_variable:
+        optimizer.variable_attrs.markAsVariable(mark_variable)
+    training = poptorch.trainingModel(model, poptorch.Options(), optimizer=optimizer)
+    for call in range(2):
+        if call:
+            change(optimizer)
+            change(plain)
+            training.setOptimizer(optimizer)
+        training(x, y)
+        plain.zero_grad()
+        reference(x, y)[1].backward()
+        plain.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), torch.cat(
+        [p.detach().reshape(-1) for p in reference.parameters()]
+    )
+
+
+def _momentum(value):
+    def change(optimizer):
+        optimizer.param_groups[0]["momentum"] = value
+
+    return change
+
+
+def test_set_optimizer_refuses_a_change_to_an_attribute_compiled_as_a_constant_and_keeps_the_old_one():
+    """PopTorch compiles the attributes a poptorch.optim optimizer was not given as constants (docs, "Constant
+    attributes"): momentum changed later is refused by name, and the model trains on with what it had."""
+    torch.manual_seed(0)
+    model = LinearRegression()
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1)
+    assert optimizer.variable_attrs.isConstant("momentum") and not optimizer.variable_attrs.isConstant("lr")
+    training = poptorch.trainingModel(model, poptorch.Options(), optimizer=optimizer)
+    x, y = torch.randn(4, 4), torch.randn(4, 1)
+    training(x, y)
+    optimizer.param_groups[0]["momentum"] = 0.9
+    with pytest.raises(poptorch.Error, match=r"momentum of parameter group 0 was compiled as a constant \(0\) and "
+                                             r"cannot change to 0.9.*markAsVariable\('momentum'\)"):  # fmt: skip
+        training.setOptimizer(optimizer)
+    training(x, y)  # still the compiled optimizer's momentum 0: trains on
+    loss_scaled = poptorch.optim.SGD(model.parameters(), lr=0.1, loss_scaling=64.0)
+    with pytest.raises(poptorch.Error, match=r"attribute loss_scaling was compiled as a constant \(1.0\)"):
+        training.setOptimizer(loss_scaled)
+
+
+@pytest.mark.parametrize(
+    "optimizer_of, mark_variable",
+    [
+        (lambda params: poptorch.optim.SGD(params, lr=0.1, momentum=0.5), None),  # given: a variable
+        (lambda params: poptorch.optim.SGD(params, lr=0.1), "momentum"),  # marked a variable before compiling
+        (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.5), None),  # a torch optimizer's non-default
+    ],
+    ids=["given", "marked-variable", "torch-non-default"],
+)
+def test_a_variable_attribute_changed_by_set_optimizer_trains_as_the_plain_loop(optimizer_of, mark_variable):
+    ipu, plain = _two_calls(optimizer_of, _momentum(0.9), mark_variable)
+    torch.testing.assert_close(ipu, plain, rtol=0, atol=1e-6)
+
+
+def test_a_torch_optimizers_attributes_at_their_defaults_are_constants_except_lr():
+    with pytest.raises(poptorch.Error, match=r"dampening of parameter group 0 was compiled as a constant"):
+        _two_calls(lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.5),
+                   lambda o: o.param_groups[0].update(dampening=0.1))  # fmt: skip
+
+    def halve_lr(optimizer):
+        optimizer.param_groups[0]["lr"] /= 2
+
+    ipu, plain = _two_calls(lambda params: torch.optim.SGD(params, lr=0.1), halve_lr)
+    torch.testing.assert_close(ipu, plain, rtol=0, atol=1e-6)
