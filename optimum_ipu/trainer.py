@@ -102,6 +102,11 @@ def settings_without_effect(
             "mean over every micro-batch of the combined batch. It sets the output mode of the poptorch.Options "
             "that IPUConfig.to_options() builds."
         )
+    if args.fp32 and args.fp16_compute != "auto":
+        messages.append(
+            f"--fp16_compute {args.fp16_compute} has no effect with --fp32: it picks how fp16 matmuls are computed, "
+            "and an fp32 run has none."
+        )
     if vars(ipu_config).get("explicit_ir_inference"):
         messages.append(
             "explicit_ir_inference=True has no effect on IPUTrainer: it selects how PopART builds an inference "
@@ -332,18 +337,35 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
             _load_whole_batches(loader)
         return loader
 
+    def get_eval_dataloader(self, eval_dataset=None):
+        """Combined inference batches (micro-batch x inference replicas x device iterations); a short last one
+        is kept unless `--dataloader_drop_last` (as Optimum Graphcore's evaluation loader), which is then said."""
+        return self._said_dropped(super().get_eval_dataloader(eval_dataset))
+
+    def get_test_dataloader(self, test_dataset):
+        return self._said_dropped(super().get_test_dataloader(test_dataset))
+
+    def _said_dropped(self, loader):
+        """`loader`, after saying once what `--dataloader_drop_last` leaves out of an evaluation."""
+        try:
+            samples = len(loader.dataset)
+        except TypeError:  # an iterable dataset: its length is not known
+            return loader
+        batch = self.args.eval_batch_size
+        dropped = samples % batch if self.args.dataloader_drop_last else 0
+        if dropped:
+            warn_once(
+                logger,
+                f"--dataloader_drop_last: evaluation leaves out the last {dropped} of {samples} samples, which do not "
+                f"fill a call of {batch} (per_device_eval_batch_size x inference replicas x inference device "
+                "iterations), as Optimum Graphcore does. Leave --dataloader_drop_last out to evaluate them.",
+                key=("eval drop_last", samples, batch),
+            )
+        return loader
+
     def get_total_train_batch_size(self, args) -> int:
         """One combined batch per step, however many processes share its replicas."""
         return self._train_batch_size * args.gradient_accumulation_steps
-
-    def get_eval_dataloader(self, eval_dataset=None):
-        """Combined inference batches (micro-batch x inference replicas x device iterations); the last is kept."""
-        with overridden(self.args, dataloader_drop_last=False):
-            return super().get_eval_dataloader(eval_dataset)
-
-    def get_test_dataloader(self, test_dataset):
-        with overridden(self.args, dataloader_drop_last=False):
-            return super().get_test_dataloader(test_dataset)
 
     # -- optimizer ---------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 from transformers import TrainingArguments
 
+from optimum_ipu._once import warn_once
 from optimum_ipu.configuration import IPUConfig, load_ipu_config, total_ipus
 
 __all__ = ["IPUTrainingArguments", "resolve_ipu_config"]
@@ -163,6 +164,7 @@ class IPUTrainingArguments(TrainingArguments):
         self._check_numbers()
         self._take_gradient_accumulation()
         self._take_precision()
+        self._take_optimizer_flags()
         self._map_removed_arguments()
         self._processes_on_cpu()
         super().__post_init__()
@@ -225,16 +227,40 @@ class IPUTrainingArguments(TrainingArguments):
         self.gradient_accumulation_steps = 1
 
     def _take_precision(self) -> None:
-        if self.bf16:
-            raise ValueError(
-                "--bf16 is not supported: IPUs train in fp16 by default (with loss scaling), or in fp32 "
-                "with --fp32. Drop --bf16."
+        for flag in ("bf16", "bf16_full_eval"):
+            if getattr(self, flag):
+                raise ValueError(
+                    f"--{flag} is not supported: IPUs train and evaluate in fp16 by default (with loss scaling), "
+                    f"or in fp32 with --fp32. Drop --{flag}."
+                )
+        if self.fp16_full_eval:
+            # transformers' evaluation loop would cast the model to fp16 in place, training on in fp16 after
+            # an evaluate() under --fp32; Optimum Graphcore never read the flag.
+            warn_once(
+                logger,
+                "--fp16_full_eval has no effect on the simulated IPU: evaluation runs in the model's precision "
+                "(fp16, or fp32 with --fp32), as in Optimum Graphcore. It is turned off.",
+                key="fp16_full_eval",
             )
+            self.fp16_full_eval = False
         if self.fp16:
             if self.fp32:
                 raise ValueError("--fp16 and --fp32 contradict each other: give one of them.")
             logger.info("--fp16 is the IPU default (half precision); it does not turn on torch autocast.")
             self.fp16 = False
+
+    def _take_optimizer_flags(self) -> None:
+        if self.lamb_no_bias_correction:
+            self.lamb = True  # Optimum Graphcore: either flag replaces AdamW with LAMB
+        if self.torch_compile:
+            warn_once(
+                logger,
+                "--torch_compile has no effect on the simulated IPU: the model runs as its IPU config lays it out, "
+                "with the IPU's fp16 arithmetic, which torch.compile would replace (Optimum Graphcore never read "
+                "it: PopTorch compiles the model). It is turned off.",
+                key="torch_compile",
+            )
+            self.torch_compile = False
 
     def _map_removed_arguments(self) -> None:
         if self.warmup_ratio is not None:
@@ -273,8 +299,10 @@ def resolve_ipu_config(
     Order: a copy of `ipu_config` if given, else `IPUConfig.from_pretrained(args.ipu_config_name or
     model_name_or_path)` (pod-keyed values picked by `pod_type` / `n_ipu`); then the command line:
     `--gradient_accumulation_steps`, `--gradient_checkpointing` (`recompute_checkpoint_every_layer`),
-    `--auto_loss_scaling`, `--seed`; then `--ipu_config_overrides`, which win; last, `n_ipu` sets the
-    replication factors from the final `ipus_per_replica` (unless an override set them).
+    `--auto_loss_scaling`; then `--ipu_config_overrides`, which win; last, `n_ipu` sets the replication
+    factors from the final `ipus_per_replica` (unless an override set them). The config's `seed` is the
+    run's `--seed`, as Optimum Graphcore's trainer sets it (nothing reads the config's own), said once
+    when the config or an override gave another.
 
     Raises:
         IPUConfigError: for an invalid override, or an `n_ipu` that is not a multiple of
@@ -284,7 +312,7 @@ def resolve_ipu_config(
     name = ipu_config if ipu_config is not None else (args.ipu_config_name or model_name_or_path)
     if name is None:
         raise ValueError("No IPU config: pass --ipu_config_name (a Hub id or a path) or a model name.")
-    changes: dict = {"seed": args.seed}
+    changes: dict = {}
     if args.ipu_gradient_accumulation_steps is not None:
         changes["gradient_accumulation_steps"] = args.ipu_gradient_accumulation_steps
     if getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None):
@@ -299,6 +327,14 @@ def resolve_ipu_config(
         overrides=args.ipu_config_overrides,
         mode="training",
     )
+    if config.seed is not None and config.seed != args.seed:
+        warn_once(
+            logger,
+            f"The IPU config's seed={config.seed} is replaced by the run's --seed {args.seed}, as in Optimum "
+            f"Graphcore: pass --seed {config.seed} to train with it.",
+            key=("ipu config seed", config.seed, args.seed),
+        )
+    config.seed = args.seed
 
     if config.replicated_tensor_sharding and config.replication_factor == 1:
         logger.warning("replicated_tensor_sharding has no effect with replication_factor=1 (one replica).")

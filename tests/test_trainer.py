@@ -570,3 +570,27 @@ def test_ipu_trainer_skips_an_update_whose_loss_is_not_finite(tmp_path):
     assert trainer.loss_scaler.skipped_updates == 1
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]), name
+
+
+def test_fp16_compute_under_fp32_says_it_changes_nothing(tmp_path):
+    from optimum_ipu.trainer import settings_without_effect
+
+    said = settings_without_effect(two_ipu_config(), ipu_args(tmp_path, fp32=True, fp16_compute="native"))
+    assert [m for m in said if m.startswith("--fp16_compute native has no effect with --fp32")]
+    assert not [m for m in settings_without_effect(two_ipu_config(), ipu_args(tmp_path, fp32=True)) if "fp16_compute" in m]
+
+
+@pytest.mark.parametrize("drop_last, predictions", [(False, 7), (True, 6)])
+def test_evaluation_drops_a_short_last_batch_only_when_dataloader_drop_last_says_so(tmp_path, caplog, drop_last,
+                                                                                       predictions):
+    """Optimum Graphcore's evaluation loader passes `--dataloader_drop_last` on (seed 002 sets it: 5,606
+    images at batch 4 evaluated as 1,401 full batches); 7 samples at batch 2 give 3 batches or 4."""
+    from optimum_ipu import _once
+
+    _once.forget()
+    trainer = IPUTrainer(tiny_qa(), two_ipu_config(), ipu_args(tmp_path, fp32=True, dataloader_drop_last=drop_last))
+    with caplog.at_level(logging.WARNING, logger="optimum_ipu"):
+        output = trainer.predict(PatternQA(7))
+    assert output.predictions[0].shape[0] == predictions
+    said = [r.getMessage() for r in caplog.records if "--dataloader_drop_last" in r.getMessage()]
+    assert len(said) == (1 if drop_last else 0) and all("leaves out the last 1 of 7 samples" in m for m in said)

@@ -172,6 +172,48 @@ def test_fp16_is_the_ipu_default_and_never_autocast():
         _args(fp16=True, fp32=True)
 
 
+def test_full_eval_precisions_are_refused_or_say_they_change_nothing(caplog):
+    """transformers' evaluation loop would cast the model in place (bf16: no IPU type; fp16 under --fp32:
+    the training after it in fp16); Optimum Graphcore never read either flag."""
+    from optimum_ipu import _once
+
+    _once.forget()
+    with pytest.raises(ValueError, match="--bf16_full_eval is not supported.*Drop --bf16_full_eval"):
+        _args(bf16_full_eval=True)
+    with caplog.at_level(logging.WARNING, logger="optimum_ipu"):
+        args = _args(fp16_full_eval=True, fp32=True)
+    assert args.fp16_full_eval is False
+    assert sum("--fp16_full_eval has no effect" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_lamb_no_bias_correction_alone_means_lamb_as_in_optimum_graphcore():
+    args = _args(lamb_no_bias_correction=True)
+    assert args.lamb and args.lamb_no_bias_correction
+
+
+def test_torch_compile_says_it_changes_nothing_and_is_turned_off(caplog):
+    from optimum_ipu import _once
+
+    _once.forget()
+    with caplog.at_level(logging.WARNING, logger="optimum_ipu"):
+        assert _args(torch_compile=True).torch_compile is False
+    assert sum("--torch_compile has no effect" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_ipu_configs_own_seed_gives_way_to_the_runs_seed_and_says_so(caplog):
+    from optimum_ipu import _once
+
+    _once.forget()
+    with caplog.at_level(logging.WARNING, logger="optimum_ipu"):
+        config = resolve_ipu_config(_args(seed=42), ipu_config=IPUConfig(seed=123))
+    assert config.seed == 42
+    assert sum("seed=123 is replaced by the run's --seed 42" in r.getMessage() for r in caplog.records) == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="optimum_ipu"):
+        resolve_ipu_config(_args(seed=42), ipu_config=IPUConfig())
+    assert not [r for r in caplog.records if "seed" in r.getMessage()]
+
+
 # ----- arguments transformers v5 removed ---------------------------------------------------------
 
 
@@ -239,7 +281,7 @@ def test_overrides_come_last_and_n_ipu_uses_the_final_layout():
     config = resolve_ipu_config(args, "Graphcore/bert-base-ipu")
     assert config.gradient_accumulation_steps == 2
     assert config.ipus_per_replica == 2 and config.replication_factor == 4
-    assert config.seed == 7 and config.auto_loss_scaling is True
+    assert config.seed == 5 and config.auto_loss_scaling is True  # the run's --seed: nothing reads the config's
 
 
 def test_an_override_of_the_replication_factor_wins_over_n_ipu(caplog):
