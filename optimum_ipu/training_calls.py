@@ -174,6 +174,8 @@ def ipu_optimizer(model: nn.Module, decay: set[str], args) -> IPUOptimizer:
 
     fp16 training keeps Optimum Graphcore's state types: the gradient accumulator and the first moment in
     fp16, the second moment in fp32 (its `create_optimizer` in 0.7); with `--fp32` every state is fp32.
+    AdamW is built as that `create_optimizer` builds it, without Adam's bias correction (the moments used as
+    they are); LAMB corrects unless `--lamb_no_bias_correction`.
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [
@@ -186,4 +188,4 @@ def ipu_optimizer(model: nn.Module, decay: set[str], args) -> IPUOptimizer:
                   second_order_momentum_accum_type=torch.float32)  # fmt: skip
     if args.lamb:
         return LAMB(groups, eps=args.adam_epsilon, bias_correction=not args.lamb_no_bias_correction, **common)
-    return AdamW(groups, eps=args.adam_epsilon, **common)
+    return AdamW(groups, eps=args.adam_epsilon, bias_correction=False, **common)

@@ -594,3 +594,17 @@ def test_evaluation_drops_a_short_last_batch_only_when_dataloader_drop_last_says
     assert output.predictions[0].shape[0] == predictions
     said = [r.getMessage() for r in caplog.records if "--dataloader_drop_last" in r.getMessage()]
     assert len(said) == (1 if drop_last else 0) and all("leaves out the last 1 of 7 samples" in m for m in said)
+
+
+def test_the_fp16_adamw_takes_optimum_graphcores_first_step_without_bias_correction(tmp_path):
+    """Optimum Graphcore 0.7's `create_optimizer` builds PopTorch's AdamW with `bias_correction=False`: its first
+    step moves a weight by lr x (1 - beta1) / sqrt(1 - beta2) = 3.16 lr (hand-worked: m = (1 - beta1) g,
+    v = (1 - beta2) g^2), where a bias-corrected Adam moves it by lr."""
+    model = tiny_qa().half()
+    weight = model.bert.encoder.layer[1].intermediate.dense.weight
+    before = weight.detach().float().clone()
+    trainer = IPUTrainer(model, two_ipu_config(), ipu_args(tmp_path, learning_rate=1e-2, max_steps=1, weight_decay=0.0,
+                                                         lr_scheduler_type="constant"), train_dataset=PatternQA(16))  # fmt: skip
+    trainer.train()
+    moved = ((weight.detach().float() - before).abs() / 1e-2).median().item()
+    assert moved == pytest.approx((1 - 0.9) / (1 - 0.999) ** 0.5, rel=0.02)
