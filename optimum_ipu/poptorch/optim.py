@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from optimum_ipu.poptorch._logging import logger
 from optimum_ipu.runtime.optimizers import LAMB as _RuntimeLAMB
 from optimum_ipu.runtime.optimizers import fp32_working_copies
 from optimum_ipu.runtime.rounding import rounding_generator
@@ -247,7 +248,14 @@ class SGD(_IPUMixin, torch.optim.SGD):
         super().__init__(params, **_given(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                          nesterov=nesterov, maximize=maximize, foreach=foreach, differentiable=differentiable))  # fmt: skip
         self._ipu_init(loss_scaling, max_grad_norm, accum_type, variables, velocity_accum_type=velocity_accum_type)
-        # velocity_scaling scales the stored velocity on the IPU and is divided out again: same update.
+        # velocity_scaling scales the stored velocity on the IPU and is divided out again: same update. PopTorch
+        # uses it in the combined variant only, and says so when it is given to the separate one.
+        if velocity_scaling is not None and not use_combined_accum:
+            logger.warning(
+                "velocity_scaling=%s has no effect with the separate SGD variant (use_combined_accum=False, the "
+                "default): only the combined variant scales its velocity. Drop it, or pass use_combined_accum=True.",
+                velocity_scaling,
+            )
         self.velocity_scaling = float(velocity_scaling) if velocity_scaling is not None else 1.0
         # The combined variant keeps one tensor for the accumulated gradient and the velocity; what it changes
         # here is the Mean reduction's strategy (`runtime.optimizers.keeps_running_mean` reads it).

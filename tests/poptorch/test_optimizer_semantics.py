@@ -268,3 +268,14 @@ def test_a_torch_optimizers_attributes_at_their_defaults_are_constants_except_lr
 
     ipu, plain = _two_calls(lambda params: torch.optim.SGD(params, lr=0.1), halve_lr)
     torch.testing.assert_close(ipu, plain, rtol=0, atol=1e-6)
+
+
+def test_velocity_scaling_given_to_the_separate_sgd_variant_says_it_has_no_effect(caplog):
+    """PopTorch scales the velocity only in the combined variant and warns when the separate one is given it."""
+    caplog.set_level(logging.WARNING)
+    poptorch.optim.SGD(LinearRegression().parameters(), lr=0.1, momentum=0.9, velocity_scaling=4.0)
+    assert [r for r in caplog.records if "velocity_scaling=4.0 has no effect with the separate SGD" in r.getMessage()]
+    caplog.clear()
+    poptorch.optim.SGD(LinearRegression().parameters(), lr=0.1, momentum=0.9, velocity_scaling=4.0,
+                       use_combined_accum=True)  # fmt: skip
+    assert not [r for r in caplog.records if "velocity_scaling" in r.getMessage()]
