@@ -294,11 +294,7 @@ class AdamW(IPUOptimizer):
                 params = [p for p in group["params"] if p.grad is not None or p in self._gradients]
                 if not params:
                     continue
-                if group["bias_correction"]:
-                    self._fused_step(group, params)
-                else:
-                    for p in params:
-                        self._step_one(group, p)
+                self._fused_step(group, params)
         return loss
 
     def _fused_step(self, group: dict, params: list[torch.Tensor]) -> None:
@@ -326,17 +322,25 @@ class AdamW(IPUOptimizer):
                 self._fused_whole(group, [p], [state], [grad])
 
     def _fused_whole(self, group: dict, params: list, states: list[dict], grads: list) -> None:
-        """`params` through one call of the fused kernel, fp16 ones on whole fp32 working copies."""
+        """`params` through one call of the fused kernel (one per step count without bias correction), fp16
+        ones on whole fp32 working copies."""
         beta1, beta2 = group["betas"]
         weights = fp32_copies(self, params)  # p itself when p is fp32: updated in place
         exp_avgs = fp32_copies(self, [state["exp_avg"] for state in states], params, "exp_avg")
         exp_avg_sqs = fp32_copies(self, [state["exp_avg_sq"] for state in states], params, "exp_avg_sq")
         steps = [state["step"] for state in states]
-        adamw(
-            weights, grads, exp_avgs, exp_avg_sqs, [], steps, fused=weights[0].device.type in ("cpu", "cuda"),
-            amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
-            eps=group["eps"], maximize=False,
-        )  # fmt: skip
+        # The kernel counts each step before it runs: its step is the state's plus one.
+        calls = {None: range(len(params))} if group["bias_correction"] else {}
+        for i, step in enumerate(steps):
+            if not group["bias_correction"]:
+                calls.setdefault(float(step) + 1, []).append(i)
+        for step, chosen in calls.items():
+            adamw(
+                [weights[i] for i in chosen], [grads[i] for i in chosen], [exp_avgs[i] for i in chosen],
+                [exp_avg_sqs[i] for i in chosen], [], [steps[i] for i in chosen],
+                fused=weights[0].device.type in ("cpu", "cuda"), amsgrad=False, beta1=beta1, beta2=beta2,
+                maximize=False, **_kernel_settings(group, step),
+            )  # fmt: skip
         # fp16 moments: the fp32 results stored back (rounded to nearest), in one pass.
         stored = [(state[key], value) for state, m, v in zip(states, exp_avgs, exp_avg_sqs)
                   for key, value in (("exp_avg", m), ("exp_avg_sq", v)) if state[key] is not value]  # fmt: skip
@@ -353,8 +357,8 @@ class AdamW(IPUOptimizer):
         step = [state["step"]]
         grads = chunk_views(grad.contiguous())
         exp_avgs, exp_avg_sqs = chunk_views(state["exp_avg"]), chunk_views(state["exp_avg_sq"])
-        options = dict(amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
-                       eps=group["eps"], maximize=False, grad_scale=None, found_inf=None)  # fmt: skip
+        options = dict(amsgrad=False, beta1=beta1, beta2=beta2, maximize=False, grad_scale=None, found_inf=None,
+                       **_kernel_settings(group, float(state["step"])))  # fmt: skip
 
         def update(i: int, weight: torch.Tensor) -> None:
             m, v = exp_avgs[i], exp_avg_sqs[i]
@@ -382,6 +386,24 @@ class AdamW(IPUOptimizer):
         denom = (v.sqrt() / math.sqrt(c2)).add_(group["eps"])
         weight.addcdiv_(m, denom, value=-group["lr"] / c1)
         write_back(p, weight, group["stochastic_rounding"], self._generator(p.device))
+
+
+def _kernel_settings(group: dict, step: float | None) -> dict[str, float]:
+    """The learning rate, eps and weight decay that give torch's fused AdamW kernel `group`'s update at `step`.
+
+    The kernel always corrects Adam's bias: it moves a weight by lr / c1 x m / (sqrt(v) / sqrt(c2) + eps), with
+    c = 1 - beta^step. Without correction (PopTorch's `bias_correction=False`, Optimum Graphcore's AdamW) the
+    update is lr x m / (sqrt(v) + eps): the same expression with lr x c1 / sqrt(c2) and eps / sqrt(c2) given,
+    and the weight decay scaled so that the kernel's lr x weight_decay stays the group's. The same rule as
+    `AdamW._step_one`, at the speed of one fused pass; fp32 operations in another order, as with correction.
+    """
+    lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
+    if group["bias_correction"]:
+        return {"lr": lr, "eps": eps, "weight_decay": decay}
+    beta1, beta2 = group["betas"]
+    root_c2 = math.sqrt(1 - beta2**step) if beta2 else 1.0
+    kernel_lr = lr * (1 - beta1**step) / root_c2
+    return {"lr": kernel_lr, "eps": eps / root_c2, "weight_decay": decay * lr / kernel_lr if kernel_lr else decay}
 
 
 class LAMB(IPUOptimizer):
