@@ -347,18 +347,22 @@ class IPUTrainer(AtomicCheckpoints, Trainer):
 
     def _said_dropped(self, loader):
         """`loader`, after saying once what `--dataloader_drop_last` leaves out of an evaluation."""
+        if not self.args.dataloader_drop_last:
+            return loader
         try:
             samples = len(loader.dataset)
         except TypeError:  # an iterable dataset: its length is not known
             return loader
         batch = self.args.eval_batch_size
-        dropped = samples % batch if self.args.dataloader_drop_last else 0
-        if dropped:
+        # What the loader will hand out, over every process (accelerate shares the calls out under torchrun).
+        dropped = samples - len(loader) * batch * max(1, self.args.world_size)
+        if dropped > 0:
             warn_once(
                 logger,
                 f"--dataloader_drop_last: evaluation leaves out the last {dropped} of {samples} samples, which do not "
                 f"fill a call of {batch} (per_device_eval_batch_size x inference replicas x inference device "
-                "iterations), as Optimum Graphcore does. Leave --dataloader_drop_last out to evaluate them.",
+                f"iterations) in each of {max(1, self.args.world_size)} process(es), as Optimum Graphcore does. Leave "
+                "--dataloader_drop_last out to evaluate them.",
                 key=("eval drop_last", samples, batch),
             )
         return loader

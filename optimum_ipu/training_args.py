@@ -165,6 +165,7 @@ class IPUTrainingArguments(TrainingArguments):
         self._take_gradient_accumulation()
         self._take_precision()
         self._take_optimizer_flags()
+        self._turn_off_torch_compile()
         self._map_removed_arguments()
         self._processes_on_cpu()
         super().__post_init__()
@@ -252,15 +253,21 @@ class IPUTrainingArguments(TrainingArguments):
     def _take_optimizer_flags(self) -> None:
         if self.lamb_no_bias_correction:
             self.lamb = True  # Optimum Graphcore: either flag replaces AdamW with LAMB
-        if self.torch_compile:
+
+    def _turn_off_torch_compile(self) -> None:
+        # transformers turns torch_compile on when a backend or mode is given, and then has accelerate compile
+        # the model: all three are cleared before it looks.
+        given = [f"--{name}" for name in ("torch_compile", "torch_compile_backend", "torch_compile_mode")
+                 if getattr(self, name)]  # fmt: skip
+        if given:
             warn_once(
                 logger,
-                "--torch_compile has no effect on the simulated IPU: the model runs as its IPU config lays it out, "
+                f"{', '.join(given)}: no effect on the simulated IPU: the model runs as its IPU config lays it out, "
                 "with the IPU's fp16 arithmetic, which torch.compile would replace (Optimum Graphcore never read "
-                "it: PopTorch compiles the model). It is turned off.",
-                key="torch_compile",
+                "them: PopTorch compiles the model). torch.compile is turned off.",
+                key=("torch_compile", *given),
             )
-            self.torch_compile = False
+        self.torch_compile, self.torch_compile_backend, self.torch_compile_mode = False, None, None
 
     def _map_removed_arguments(self) -> None:
         if self.warmup_ratio is not None:

@@ -191,13 +191,22 @@ def test_lamb_no_bias_correction_alone_means_lamb_as_in_optimum_graphcore():
     assert args.lamb and args.lamb_no_bias_correction
 
 
-def test_torch_compile_says_it_changes_nothing_and_is_turned_off(caplog):
+@pytest.mark.parametrize("given", [{"torch_compile": True}, {"torch_compile_backend": "inductor"},
+                                   {"torch_compile_mode": "max-autotune"}])  # fmt: skip
+def test_torch_compile_says_it_changes_nothing_and_is_turned_off(caplog, monkeypatch, given):
+    """transformers turns torch_compile on when only a backend or a mode is given, and has accelerate compile
+    the model from its environment variables: every spelling is said once and turned off."""
     from optimum_ipu import _once
 
     _once.forget()
+    for name in ("ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_MODE"):
+        monkeypatch.delenv(name, raising=False)
     with caplog.at_level(logging.WARNING, logger="optimum_ipu"):
-        assert _args(torch_compile=True).torch_compile is False
-    assert sum("--torch_compile has no effect" in r.getMessage() for r in caplog.records) == 1
+        args = _args(**given)
+    assert args.torch_compile is False and args.torch_compile_backend is None and args.torch_compile_mode is None
+    assert "ACCELERATE_DYNAMO_BACKEND" not in __import__("os").environ
+    said = [r.getMessage() for r in caplog.records if "torch.compile is turned off" in r.getMessage()]
+    assert len(said) == 1 and f"--{next(iter(given))}" in said[0]
 
 
 def test_the_ipu_configs_own_seed_gives_way_to_the_runs_seed_and_says_so(caplog):
