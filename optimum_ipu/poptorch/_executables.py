@@ -94,7 +94,8 @@ def build_executable(wrapper) -> TrainingExecutable | InferenceExecutable:
         reduction="sum" if reduction == ReductionType.Sum else "mean",
         measure_grad_norm=False,  # PopTorch returns no gradient norm: measured only to clip
         skip_non_finite_updates=False,  # the IPU applies an update with non-finite gradients (NaN weights)
-        stages=wrapper._stages, optimizer=wrapper._optimizer, **training_settings(wrapper._optimizer, options),
+        stages=wrapper._stages, optimizer=wrapper._optimizer,
+        **training_settings(wrapper._optimizer, options, generators=wrapper._rounding_generators),
     )  # fmt: skip
 
 

@@ -16,7 +16,6 @@ overrides `step()` is therefore trained by its parent's algorithm, with a warnin
 from __future__ import annotations
 
 import contextlib
-import inspect
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -32,7 +31,7 @@ from optimum_ipu.poptorch.optim import _IPUMixin
 from optimum_ipu.poptorch.options import device_seed
 from optimum_ipu.runtime.loss_scaling import LossScaler
 from optimum_ipu.runtime.optimizers import accumulator_dtype, keeps_running_mean
-from optimum_ipu.runtime.rounding import rounding_generator, seed_rounding
+from optimum_ipu.runtime.rounding import draw_rounding_from, rounding_generator
 
 __all__ = [
     "apply_reduction_strategy",
@@ -78,28 +77,37 @@ def hyperparameters_as_set(optimizer: torch.optim.Optimizer, as_set: list[dict[s
             group.update(values)
 
 
-# The hyper-parameters PopTorch's optimizers read onto the device (per group), and its one global one.
-_DEVICE_HYPERPARAMETERS = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "velocity_scaling", "betas",
-                           "eps", "alpha", "centered", "max_weight_norm")  # fmt: skip
+# The per-group hyper-parameters PopTorch's optimizers read onto the device. A torch optimizer has no record of
+# what it was given, so PopTorch judges its constants by value (`_optimizer_attributes.py`): these are
+# constants at the values below (AdamW's weight decay at torch's 1e-2), betas and alpha always, lr never.
+_CONSTANT_AT = {"weight_decay": 0.0, "momentum": 0.0, "velocity_scaling": 1.0, "dampening": 0.0, "eps": 1e-8,
+                "max_weight_norm": 65500.0}  # fmt: skip
+_ALWAYS_CONSTANT = ("betas", "alpha")
+_DEVICE_HYPERPARAMETERS = ("lr", *_CONSTANT_AT, *_ALWAYS_CONSTANT)
 
 
-def constant_hyperparameters(optimizer, as_set: list[dict[str, Any]]) -> dict[str, Any]:
+def constant_hyperparameters(optimizer, as_set: list[dict[str, Any]], auto_loss_scaling: bool = False) -> dict:
     """The hyper-parameters a model compiles as constants, with their values: {(group, name): value}, and
     `loss_scaling` under (None, "loss_scaling").
 
-    PopTorch's rule (docs, "Constant attributes"): a `poptorch.optim` optimizer's attributes it was not given
-    (`variable_attrs`); a torch optimizer's left at its class's defaults, except `lr`, which is always a
-    variable. `as_set`: the groups' hyper-parameters in force (`hyperparameters`).
+    PopTorch's rule (docs, "Constant attributes"; `_optimizer_attributes.py`): a `poptorch.optim` optimizer's
+    attributes it was not given (`variable_attrs`); a torch optimizer's at the values of `_CONSTANT_AT`, its
+    betas and alpha always, its lr never. `loss_scaling` is a variable under automatic loss scaling, and a
+    torch optimizer's is a constant only at 1. `as_set`: the groups' hyper-parameters in force.
     """
     attributes = getattr(optimizer, "variable_attrs", None)
     if isinstance(attributes, optim.VariableAttributes):
         def constant(name: str, value: Any) -> bool:  # noqa: ARG001 - the same signature as below
-            return attributes.isConstant(name)
+            return attributes.isConstant(name) and not (name == "loss_scaling" and auto_loss_scaling)
     else:
-        defaults = _constructor_defaults(type(optimizer))
+        decay = 1e-2 if isinstance(optimizer, torch.optim.AdamW) else 0.0
 
         def constant(name: str, value: Any) -> bool:
-            return name != "lr" and name in defaults and value == defaults[name]
+            if name == "loss_scaling":
+                return value == 1.0 and not auto_loss_scaling
+            if name in _ALWAYS_CONSTANT:
+                return True
+            return name in _CONSTANT_AT and value == (decay if name == "weight_decay" else _CONSTANT_AT[name])
 
     constants = {
         (index, name): group[name]
@@ -107,15 +115,9 @@ def constant_hyperparameters(optimizer, as_set: list[dict[str, Any]]) -> dict[st
         for name in _DEVICE_HYPERPARAMETERS
         if name in group and constant(name, group[name])
     }
-    if hasattr(optimizer, "loss_scaling") and constant("loss_scaling", optim.loss_scaling_of(optimizer)):
+    if constant("loss_scaling", optim.loss_scaling_of(optimizer)):
         constants[None, "loss_scaling"] = optim.loss_scaling_of(optimizer)
     return constants
-
-
-def _constructor_defaults(cls: type) -> dict[str, Any]:
-    """The default of each keyword of `cls`'s constructor (a torch optimizer's defaults)."""
-    parameters = inspect.signature(cls.__init__).parameters.values()
-    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
 
 
 def check_constants_kept(compiled: dict[str, Any], optimizer) -> None:
@@ -168,7 +170,9 @@ def max_norm(optimizer) -> float:
     return 0.0 if value == float("inf") else float(value)
 
 
-def training_settings(optimizer, options, current: LossScaler | None = None) -> dict[str, Any]:
+def training_settings(
+    optimizer, options, current: LossScaler | None = None, generators: dict | None = None
+) -> dict[str, Any]:
     """What a training call takes from `optimizer` under `options`: `TrainingExecutable.use_optimizer`'s
     keyword arguments.
 
@@ -179,10 +183,11 @@ def training_settings(optimizer, options, current: LossScaler | None = None) -> 
     - the clipping norm (`max_grad_norm`, inf: none), the gradient accumulator's type (`accum_type`);
     - stochastic rounding as the options set it (`Precision.enableStochasticRounding`), given to a
       `poptorch.optim` optimizer and to the fp16 update of a torch optimizer alike, with the
-      optimizer's own rounding generator, drawing from the options' `device_seed`.
+      model's device generators (`generators`, kept by the model from its compile on), started from the
+      options' `device_seed`.
     """
     rounding = bool(options._Popart._values.get("enableStochasticRounding", False))
-    seed_rounding(optimizer, device_seed(options))
+    draw_rounding_from(optimizer, {} if generators is None else generators, device_seed(options))
     if isinstance(optimizer, _IPUMixin):
         optimizer.stochastic_rounding = rounding
     for group in optimizer.param_groups:

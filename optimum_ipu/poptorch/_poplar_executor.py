@@ -142,6 +142,9 @@ class PoplarExecutor:
         self._spec: pytree.TreeSpec | None = None
         self._loss_index: int | None = None
         self._streams: ReplicaStreams | None = None
+        # Stochastic rounding's device generators, kept across recompiles as the replicas' streams are
+        # (`training_settings` gives them to every optimizer the model takes).
+        self._rounding_generators: dict = {}
         self._micro_model = _MicroBatchModel(self)
         self._mixed_precision = False  # inputs and weights of other precisions: weights follow (`_ipu_types`)
         # the layout of this process's replicas when each keeps its own buffers (`broadcastBuffers(False)`)
@@ -248,7 +251,9 @@ class PoplarExecutor:
         )  # fmt: skip
         optim.note_compiled(self._optimizer, self._user_model)  # its state_dict() has the device's state now
         if self._training:
-            self._optimizer_constants = constant_hyperparameters(self._optimizer, self._hyperparameters)
+            self._optimizer_constants = constant_hyperparameters(
+                self._optimizer, self._hyperparameters, bool(self._options.Training.automatic_loss_scaling)
+            )
         note_poplar_engine_options()  # where Poplar would read them, building the engine
         self._executable = build_executable(self)  # under torchrun: every process holds process 0's weights
         self._replica_layout = None
@@ -397,7 +402,8 @@ class PoplarExecutor:
         if isinstance(self._executable, TrainingExecutable):
             optim.note_compiled(optimizer, self._user_model)
             executable = self._executable
-            executable.use_optimizer(optimizer, **training_settings(optimizer, self._options, executable.loss_scaler))
+            settings = training_settings(optimizer, self._options, executable.loss_scaler, self._rounding_generators)
+            executable.use_optimizer(optimizer, **settings)
 
     def getOptimizer(self) -> torch.optim.Optimizer | None:
         return self._optimizer

@@ -230,17 +230,14 @@ def write_back(
         param.copy_(value)
 
 
-def seed_rounding(optimizer, seed: int) -> None:
-    """Draw `optimizer`'s stochastic roundings from `seed` from now on (a PopTorch model's `randomSeed`: on
-    the IPU the rounding draws come from the device's generators, which that seed starts).
-
-    Draws already coming from `seed` go on where they are, so a `setOptimizer` or a recompile under the same
-    seed continues them rather than repeating them.
+def draw_rounding_from(optimizer, generators: dict, seed: int) -> None:
+    """Draw `optimizer`'s stochastic roundings from `generators` (one per device, made from `seed` on first
+    use): a PopTorch model's device generators, which its `randomSeed` starts and which the IPU's roundings
+    draw from. Every optimizer the model takes (at compile and at each `setOptimizer`) draws from the same
+    ones, so a new optimizer object carries the draws on where the last one left them.
     """
-    if getattr(optimizer, "rounding_seed", None) == seed:
-        return
     optimizer.rounding_seed = int(seed)
-    optimizer.__dict__.pop("_rounding_generators", None)
+    optimizer.__dict__["_rounding_generators"] = generators
 
 
 def rounding_generator(optimizer, device: torch.device | str = "cpu") -> torch.Generator:

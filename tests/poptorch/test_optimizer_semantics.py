@@ -258,10 +258,18 @@ def test_a_variable_attribute_changed_by_set_optimizer_trains_as_the_plain_loop(
     torch.testing.assert_close(ipu, plain, rtol=0, atol=1e-6)
 
 
-def test_a_torch_optimizers_attributes_at_their_defaults_are_constants_except_lr():
+def test_a_torch_optimizers_constants_are_judged_by_value_betas_and_alpha_always_lr_never():
+    """A torch optimizer records nothing of what it was given: PopTorch makes constants of its attributes at
+    their neutral values (dampening 0, ...), of its betas and alpha whatever their values, never of lr."""
     with pytest.raises(poptorch.Error, match=r"dampening of parameter group 0 was compiled as a constant"):
         _two_calls(lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.5),
                    lambda o: o.param_groups[0].update(dampening=0.1))  # fmt: skip
+    with pytest.raises(poptorch.Error, match=r"betas of parameter group 0 was compiled as a constant"):
+        _two_calls(lambda params: torch.optim.Adam(params, lr=0.1, betas=(0.8, 0.99)),
+                   lambda o: o.param_groups[0].update(betas=(0.7, 0.99)))  # fmt: skip
+    with pytest.raises(poptorch.Error, match=r"alpha of parameter group 0 was compiled as a constant"):
+        _two_calls(lambda params: torch.optim.RMSprop(params, lr=0.1, alpha=0.9),
+                   lambda o: o.param_groups[0].update(alpha=0.8))  # fmt: skip
 
     def halve_lr(optimizer):
         optimizer.param_groups[0]["lr"] /= 2
@@ -279,3 +287,34 @@ def test_velocity_scaling_given_to_the_separate_sgd_variant_says_it_has_no_effec
     poptorch.optim.SGD(LinearRegression().parameters(), lr=0.1, momentum=0.9, velocity_scaling=4.0,
                        use_combined_accum=True)  # fmt: skip
     assert not [r for r in caplog.records if "velocity_scaling" in r.getMessage()]
+
+
+def test_stochastic_rounding_draws_carry_on_through_set_optimizer_with_a_new_optimizer():
+    """The draws come from the device's generators, not the optimizer object: a setOptimizer with a new,
+    equal optimizer continues them exactly as giving the same object again does."""
+
+    def trained(new_object: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(64, 64).half()
+
+        class Squared(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layer = layer
+
+            def forward(self, x):
+                out = self.layer(x)
+                return out, out.float().pow(2).mean()
+
+        opts = poptorch.Options().randomSeed(3)
+        opts.Precision.enableStochasticRounding(True)
+        optimizer = torch.optim.SGD(layer.parameters(), lr=1e-3)
+        training = poptorch.trainingModel(Squared(), opts, optimizer=optimizer)
+        inputs = torch.Generator().manual_seed(5)
+        for call in range(3):
+            if call:
+                training.setOptimizer(torch.optim.SGD(layer.parameters(), lr=1e-3) if new_object else optimizer)
+            training(torch.randn(8, 64, generator=inputs).half())
+        return layer.weight.detach().clone()
+
+    assert torch.equal(trained(new_object=True), trained(new_object=False))
