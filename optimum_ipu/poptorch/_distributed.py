@@ -54,9 +54,20 @@ def run_processes(options) -> int:
     """How many processes run one IPU run together (sharing its replicas or its pipeline stages, exchanging
     gradients): the launch's processes when they have a process group to exchange through (torchrun, poprun),
     else 1: with `configureProcessId` alone each process runs its `replicationFactor` as its own program,
-    as on PopTorch. The one rule every multi-process decision here starts from."""
+    as on PopTorch. The one rule every multi-process decision here starts from.
+
+    Decided once per process count and kept on the options (and the copies a model makes of them), so a
+    program that creates its process group itself between building its DataLoader and its model gets the
+    same answer for both.
+    """
     count = processes(options)
-    return count if count > 1 and process_group_available() else 1
+    if count == 1:
+        return 1
+    kept = options.Distributed.__dict__.get("_run_processes")
+    if kept is None or kept[0] != count:
+        kept = (count, count if process_group_available() else 1)
+        options.Distributed.__dict__["_run_processes"] = kept
+    return kept[1]
 
 
 def data_processes(options) -> int:

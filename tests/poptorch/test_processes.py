@@ -139,3 +139,18 @@ def test_a_block_context_starts_a_stage_at_the_first_module_called_in_it():
     with torch.no_grad():
         plan = plan_stages(WithBlocks(), (torch.randn(2, 4),), {}, poptorch.PipelinedExecution(), 2)
     assert plan.boundaries == ["b"]
+
+
+def test_whether_processes_run_together_is_decided_once_for_the_loader_and_the_model(monkeypatch):
+    """A program that creates its process group itself between building its DataLoader and its model: the
+    options keep the first answer, so the loader's batches and the model's replicas agree."""
+    from optimum_ipu.poptorch import _distributed
+
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    opts = options(0, 2)
+    assert _distributed.run_processes(opts) == 1  # no process group yet: each process alone
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    assert _distributed.run_processes(opts) == 1  # the group came later: the same answer
+    assert _distributed.run_processes(options(0, 2)) == 2  # options made with the group there
