@@ -78,6 +78,27 @@ class FlagParser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", FlagHelpFormatter)
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, after refusing a flag that takes a value given twice: argparse keeps the last one
+        silently, so `--overrides a=1 --overrides b=2` lost `a=1`."""
+        import sys
+
+        seen: dict[int, str] = {}
+        for token in sys.argv[1:] if args is None else args:
+            if token == "--":
+                break
+            if not token.startswith("--"):
+                continue
+            found = self._parse_optional(token)
+            for action, spelled, *_ in found if isinstance(found, list) else [found] if found else []:
+                if not isinstance(action, argparse._StoreAction):
+                    continue
+                if id(action) in seen:
+                    hint = " (several overrides go in one comma-separated list: k1=v1,k2=v2)" if "overrides" in spelled else ""
+                    self.error(f"{spelled} was given twice; only the last would be kept. Give it once{hint}.")
+                seen[id(action)] = token
+        return super().parse_known_args(args, namespace)
+
     def _get_option_tuples(self, option_string: str):
         matches = super()._get_option_tuples(option_string)
         one_per_flag = {id(match[0]): match for match in matches}  # match[0]: the flag's action

@@ -26,12 +26,7 @@ from optimum_ipu.costmodel.profiling import model_profile
 
 
 def _total_ipus(args: argparse.Namespace) -> int | None:
-    if args.pod is None:
-        return args.n_ipu
-    text = str(args.pod).lower().removeprefix("pod")
-    if not text.isdigit():
-        raise ValueError(f"--pod {args.pod!r}: give the number of IPUs, e.g. --pod 16 (or pod16).")
-    return int(text)
+    return args.n_ipu if args.pod is None else args.pod
 
 
 def run(args: argparse.Namespace) -> int:
@@ -191,12 +186,20 @@ def positive_int(text: str) -> int:
     return value
 
 
-def pod_size(text: str) -> str:
-    """argparse type for --pod: a number of IPUs, optionally spelled podN (pod16)."""
+def pod_size(text: str) -> int:
+    """argparse type for --pod: a pod's number of IPUs, a power of two, optionally spelled podN (pod16): the
+    rule `IPUConfig.from_pretrained(pod_type=...)` and `optimum-ipu config show` apply (`n_ipu_from_pod_type`).
+    Another count of IPUs is --n-ipu's."""
+    from optimum_ipu.configuration import IPUConfigError
+    from optimum_ipu.configuration.legacy import n_ipu_from_pod_type
+
     number = text.lower().removeprefix("pod")
-    if not number.isdigit() or int(number) < 1:
-        raise argparse.ArgumentTypeError(f"give the number of IPUs, e.g. 16 or pod16; got {text!r}")
-    return text
+    try:
+        return n_ipu_from_pod_type(f"pod{number}")
+    except IPUConfigError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a pod: give a power of two, e.g. 16 or pod16 (or any count of IPUs with --n-ipu)"
+        ) from None
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

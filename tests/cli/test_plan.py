@@ -137,11 +137,20 @@ def test_a_cold_plan_of_a_preset_imports_neither_torch_nor_the_modelling_code(tm
     [
         (["plan", "no-such-model", "--ipu-config", "Graphcore/bert-base-ipu"], "Presets: bert-base-uncased"),
         (["plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--seq-len", "600"], "512"),
-        (["plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--pod", "6"], "n_ipu=6"),
+        (["plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--n-ipu", "6"], "n_ipu=6"),
+        (["plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--pod", "12"],
+         "'12' is not a pod: give a power of two"),  # config show and from_pretrained(pod_type=) refuse it too
         (
             ["plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--micro-batch", "0"],
             "micro-batch",
         ),
+        (  # argparse kept the last silently: gradient_accumulation_steps=4 was lost
+            ["plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--overrides",
+             "gradient_accumulation_steps=4", "--overrides", "device_iterations=2"],
+            "--overrides was given twice; only the last would be kept. Give it once (several overrides go in one",
+        ),
+        (["plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu", "--pod", "16", "--pod=64"],
+         "--pod was given twice"),
     ],
 )
 def test_bad_input_exits_2_naming_the_problem(capsys, argv, message):
