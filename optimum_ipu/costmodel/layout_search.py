@@ -102,6 +102,15 @@ class LayoutProposal:
         speedup = (
             "n/a (the given layout does not fit)" if math.isinf(self.speedup) else f"{self.speedup:.3f}x"
         )
+        if self.proposed.memory.fits:
+            outcome = f'  speed-up {speedup}; as overrides: --ipu_config_overrides "{self.overrides()}"'
+        else:  # the search's best still overflows: no overrides to paste
+            outcome = (
+                f"  No layout of {len(self.layers_per_ipu)} IPUs per replica fits: the search's best still needs "
+                f"{self.proposed.memory.peak.total / MiB:,.0f} MiB on IPU {self.proposed.memory.peak.ipu}. Lower "
+                "--micro-batch or --seq-len, recompute (recompute_checkpoint_every_layer=true), move the optimizer "
+                "state off chip (optimizer_state_offchip=true), or give the model more IPUs per replica."
+            )
         return "\n".join(
             [
                 f"Layout search: {self.options_priced} (IPU, layers) options priced, "
@@ -109,7 +118,7 @@ class LayoutProposal:
                 f"  {'':<9} {'layers_per_ipu':<28} {'matmul_proportion':<34}{'samples/s':>12}   peak memory",
                 row("given", self.given),
                 row("proposed", self.proposed),
-                f'  speed-up {speedup}; as overrides: --ipu_config_overrides "{self.overrides()}"',
+                outcome,
             ]
             + ([f"  Note: {self.fit_note}"] if self.fit_note else [])
         )

@@ -66,6 +66,14 @@ def test_auto_writes_json_and_png(capsys, tmp_path):
     assert png_path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
+def test_auto_with_no_layout_that_fits_says_so_and_offers_no_overrides(capsys):
+    code, out, _ = _run(capsys, "plan", "bert-large-uncased", "--ipu-config", "Graphcore/bert-large-ipu",
+                        "--micro-batch", "32", "--seq-len", "512", "--auto")  # fmt: skip
+    assert code == 1
+    assert "No layout of 4 IPUs per replica fits: the search's best still needs" in out
+    assert "--ipu_config_overrides" not in out.split("Layout search:")[1]
+
+
 def test_out_of_memory_layout_exits_1_with_advice(capsys):
     code, out, _ = _run(capsys, *LARGE_POD64, "--overrides", "layers_per_ipu=[0 0 0 24]")
     assert code == 1
