@@ -21,12 +21,39 @@ from pathlib import Path
 
 from optimum_ipu.commands.flags import spellings
 from optimum_ipu.configuration import load_ipu_config
+from optimum_ipu.configuration.parsing import split_overrides
 from optimum_ipu.costmodel.presets import PRESETS, TASKS, resolve_model
 from optimum_ipu.costmodel.profiling import model_profile
 
 
 def _total_ipus(args: argparse.Namespace) -> int | None:
     return args.n_ipu if args.pod is None else args.pod
+
+
+# IPU config fields that only training reads: an --overrides of one under --inference changes nothing.
+_TRAINING_ONLY = ("gradient_accumulation_steps", "recompute_checkpoint_every_layer", "optimizer_state_offchip",
+                  "replicated_tensor_sharding", "auto_loss_scaling")  # fmt: skip
+DEFAULT_SEQ_LEN = 384
+
+
+def settings_without_effect(args: argparse.Namespace, source) -> list[str]:
+    """What the user gave that this plan does not read, each with why (printed as notes before the report)."""
+    notes = []
+    if source.is_vision and args.seq_len is not None:
+        notes.append(f"--seq-len {args.seq_len} has no effect on {source.name}, an image model: its sequence is "
+                     "its patches, which --image-size sets.")  # fmt: skip
+    if not source.is_vision and args.image_size is not None:
+        notes.append(f"--image-size {args.image_size} has no effect on {source.name}, which takes no images "
+                     "(--seq-len sets its input).")  # fmt: skip
+    if args.inference:
+        given = [flag for flag, value in (("--optimizer", args.optimizer),
+                                          ("--fp32-optimizer-state", args.fp32_optimizer_state)) if value]  # fmt: skip
+        keys = [item.split("=", 1)[0].strip() for item in split_overrides(args.overrides or "")]
+        given += [f"--overrides {key}" for key in keys if key in _TRAINING_ONLY]
+        if given:
+            notes.append(f"{', '.join(given)}: no effect with --inference, which has no optimizer, accumulation "
+                         "or recomputation.")  # fmt: skip
+    return notes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
         if args.micro_batch < 1:
             raise ValueError(f"--micro-batch must be >= 1, got {args.micro_batch}.")
         source = resolve_model(args.model, args.task)
+        for note in settings_without_effect(args, source):
+            print(f"note: {note}", file=sys.stderr)
+        seq_len = DEFAULT_SEQ_LEN if args.seq_len is None else args.seq_len
         ipu_config = load_ipu_config(
             args.ipu_config, n_ipu=_total_ipus(args), overrides=args.overrides,
             mode="training" if training else "inference",
@@ -58,12 +88,12 @@ def run(args: argparse.Namespace) -> int:
             ipu_config,
             micro_batch_size=args.micro_batch,
             training=training,
-            optimizer=args.optimizer,
+            optimizer=args.optimizer or "adamw",
             fp32=args.fp32,
             pipelined_inference=args.pipelined,
             state_types=StateTypes.all_fp32() if args.fp32_optimizer_state else None,
         )
-        profile = model_profile(source, workload, args.seq_len, args.image_size, use_cache=not args.no_cache)
+        profile = model_profile(source, workload, seq_len, args.image_size, use_cache=not args.no_cache)
         placement = profile.placement(ipu_config.layers_per_ipu, workload.ipus_per_replica)
         hardware = chip(args.hardware)
     except (ValueError, OSError) as error:
@@ -131,6 +161,8 @@ def _run_generation(args: argparse.Namespace) -> int:
 
     try:
         source = resolve_model(args.model, args.task)
+        for note in settings_without_effect(args, source):
+            print(f"note: {note}", file=sys.stderr)
         problem = _generation_error(args, source)
         if problem:
             raise ValueError(problem)
@@ -146,7 +178,8 @@ def _run_generation(args: argparse.Namespace) -> int:
             args.ipu_config, n_ipu=_total_ipus(args), overrides=args.overrides, mode="inference"
         )
         float_bytes = 4 if args.fp32 else 2
-        profiles = generation_profiles(source, args.micro_batch, args.seq_len, settings, float_bytes,
+        seq_len = DEFAULT_SEQ_LEN if args.seq_len is None else args.seq_len
+        profiles = generation_profiles(source, args.micro_batch, seq_len, settings, float_bytes,
                                        use_cache=not args.no_cache)  # fmt: skip
         report = estimate_generation(profiles, ipu_config, settings, batch_size=args.micro_batch,
                                      hardware=chip(args.hardware), fp32=args.fp32,
@@ -235,8 +268,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         *spellings("--seq-len"),
         type=positive_int,
-        default=384,
-        help="Sequence length of text models, or feature frames of speech models (20 ms each; default 384).",
+        default=None,
+        help=f"Sequence length of text models, or feature frames of speech models (20 ms each; default "
+        f"{DEFAULT_SEQ_LEN}).",
     )
     parser.add_argument(
         *spellings("--image-size"),
@@ -250,7 +284,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--task", choices=tuple(TASKS), default=None, help="Head to plan (default: from the config)."
     )
-    parser.add_argument("--optimizer", choices=("adamw", "adam", "lamb", "sgd"), default="adamw")
+    parser.add_argument("--optimizer", choices=("adamw", "adam", "lamb", "sgd"), default=None,
+                        help="The optimizer whose state training keeps (default adamw).")  # fmt: skip
     parser.add_argument("--fp32", action="store_true", help="Compute in fp32 instead of fp16.")
     parser.add_argument(
         *spellings("--fp32-optimizer-state"),

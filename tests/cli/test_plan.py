@@ -327,3 +327,26 @@ def test_inference_plan_prints_latency_throughput_and_the_regime(capsys):
     )
     assert code == 0 and "IPU-bound: a faster layout speeds it up" in busy
     assert "taking turns (synchronous data loading)" in busy
+
+
+BERT = ["plan", "bert-base-uncased", "--ipu-config", "Graphcore/bert-base-ipu"]
+VIT = ["plan", "google/vit-base-patch16-224", "--ipu-config", "Graphcore/vit-base-ipu"]
+
+
+@pytest.mark.parametrize(
+    "given,plain,note",
+    [
+        (VIT + ["--seq-len", "128"], VIT, "--seq-len 128 has no effect on google/vit-base-patch16-224, an image model"),
+        (BERT + ["--image-size", "224"], BERT, "--image-size 224 has no effect on bert-base-uncased"),
+        (BERT + ["--inference", "--optimizer", "lamb", "--fp32-optimizer-state", "--overrides",
+                 "gradient_accumulation_steps=64,device_iterations=2"],
+         BERT + ["--inference", "--overrides", "device_iterations=2"],
+         "--optimizer, --fp32-optimizer-state, --overrides gradient_accumulation_steps: no effect with --inference"),
+    ],
+)
+def test_a_flag_the_plan_does_not_read_is_named_and_changes_no_figure(capsys, given, plain, note):
+    code, out, err = _run(capsys, *given)
+    assert code in (0, 1) and note in err
+    _, same, _ = _run(capsys, *plain)
+    throughput = re.compile(r"Estimated throughput: [\d,.]+")
+    assert throughput.search(out).group() == throughput.search(same).group()
