@@ -166,7 +166,7 @@ def resolve_model(name_or_path: str, task: str | None = None) -> ModelSource:
         path = path / "config.json"
     architectures: list[str] = []
     if path.is_file():
-        config = json.loads(path.read_text())
+        config = _model_config(path)
         architectures = list(config.get("architectures") or [])
     else:
         preset = PRESETS.get(ALIASES.get(name_or_path, name_or_path))
@@ -183,6 +183,21 @@ def resolve_model(name_or_path: str, task: str | None = None) -> ModelSource:
     else:
         builder = TASKS[task or _DEFAULT_TASK.get(config.get("model_type"), "question-answering")]
     return ModelSource(str(name_or_path), config, builder)
+
+
+def _model_config(path: Path) -> dict[str, Any]:
+    """A model's config.json, or a ValueError naming the file, what is wrong and the fix."""
+    fix = "give a transformers model's folder or config.json (with its model_type), or a preset name"
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): {fix}.") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        what = "is not a JSON object" if not isinstance(config, dict) else "has no model_type"
+        looks = " (it looks like an IPU config: give it to --ipu-config)" if isinstance(config, dict) and (
+            "layers_per_ipu" in config or "ipus_per_replica" in config) else ""  # fmt: skip
+        raise ValueError(f"{path} {what}, so it is not a model's config{looks}: {fix}.")
+    return config
 
 
 def _untie_as_published(model, config: dict[str, Any]) -> None:
@@ -212,11 +227,30 @@ def build_meta_model(source: ModelSource):
     import transformers
 
     values = {k: v for k, v in source.config.items() if k not in ("model_type", "architectures")}
-    config = transformers.AutoConfig.for_model(source.config["model_type"], **values)
+    try:
+        config = transformers.AutoConfig.for_model(source.config["model_type"], **values)
+    except ValueError:
+        raise ValueError(
+            f"{source.name}: model_type {source.config['model_type']!r} is not one transformers "
+            f"{transformers.__version__} knows; give a model of this transformers, or a preset ({', '.join(PRESETS)})."
+        ) from None
     config._name_or_path = source.name
-    cls = getattr(transformers, source.builder)
+    cls = getattr(transformers, source.builder, None)
+    if cls is None:
+        raise ValueError(
+            f"{source.name}: transformers {transformers.__version__} has no {source.builder} (its config's "
+            f"architectures); pass --task ({', '.join(TASKS)}) to plan one of those heads instead."
+        )
     with torch.device("meta"):
-        model = cls.from_config(config) if source.builder.startswith("AutoModel") else cls(config)
+        try:
+            model = cls.from_config(config) if source.builder.startswith("AutoModel") else cls(config)
+        except ValueError as error:
+            if "Unrecognized configuration class" not in str(error):
+                raise
+            raise ValueError(
+                f"{source.name}: {source.builder} has no head for model_type {source.config['model_type']!r}; "
+                f"pass the --task of a head this model has (or leave --task out: its config decides)."
+            ) from None
         _untie_as_published(model, source.config)
     # A parameter made with the legacy `torch.Tensor(n)` constructor ignores the device context
     # (Wav2Vec2's and HuBERT's `masked_spec_embed`, one vector): move it too.

@@ -350,3 +350,26 @@ def test_a_flag_the_plan_does_not_read_is_named_and_changes_no_figure(capsys, gi
     _, same, _ = _run(capsys, *plain)
     throughput = re.compile(r"Estimated throughput: [\d,.]+")
     assert throughput.search(out).group() == throughput.search(same).group()
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ('{"model_type": "bert"', "is not valid JSON"),
+        ("[]", "is not a JSON object, so it is not a model's config"),
+        ('{"layers_per_ipu": [0, 4, 4, 4], "ipus_per_replica": 4}', "it looks like an IPU config: give it to --ipu-config"),
+        ('{"model_type": "bert", "architectures": ["FooBarModel"], "num_hidden_layers": 4}', "has no FooBarModel"),
+        ('{"model_type": "nosuchmodel"}', "model_type 'nosuchmodel' is not one transformers"),
+    ],
+    ids=["bad-json", "a-list", "an-ipu-config", "unknown-architecture", "unknown-model-type"],
+)
+def test_a_model_config_that_is_not_one_is_a_one_line_error_with_the_fix(capsys, tmp_path, content, message):
+    (tmp_path / "config.json").write_text(content)
+    code, _, err = _run(capsys, "plan", str(tmp_path / "config.json"), "--ipu-config", "Graphcore/bert-base-ipu")
+    assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_task_the_model_has_no_head_for_names_it(capsys):
+    code, _, err = _run(capsys, *BERT, "--task", "image-classification")
+    assert code == 2 and "AutoModelForImageClassification has no head for model_type 'bert'" in err
+    assert len(err) < 400  # not transformers' list of every class
