@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if _generation_asked(args):
         return _run_generation(args)
     try:
+        _check_outputs(args)
         if args.micro_batch < 1:
             raise ValueError(f"--micro-batch must be >= 1, got {args.micro_batch}.")
         source = resolve_model(args.model, args.task)
@@ -160,6 +161,7 @@ def _run_generation(args: argparse.Namespace) -> int:
     from optimum_ipu.costmodel.profiling import generation_profiles
 
     try:
+        _check_outputs(args)
         source = resolve_model(args.model, args.task)
         for note in settings_without_effect(args, source):
             print(f"note: {note}", file=sys.stderr)
@@ -195,6 +197,21 @@ def _run_generation(args: argparse.Namespace) -> int:
 # transformers' GenerationConfig.max_length, what Seq2SeqTrainer generates to when neither
 # generation_max_length nor the model's config says.
 _DEFAULT_LENGTH = 20
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """A ValueError, before any work, for a --json or --png that cannot be written (the report is otherwise
+    printed first and then lost to the error)."""
+    from optimum_ipu._matplotlib import require_matplotlib
+
+    for flag, value in (("--json", args.json), ("--png", args.png)):
+        if value and Path(value).is_dir():
+            raise ValueError(f"{flag} {value} is a folder: give a file name, e.g. {Path(value) / ('plan.' + flag[2:])}.")
+    if args.png:
+        try:
+            require_matplotlib(args.png)
+        except ImportError as error:
+            raise ValueError(str(error)) from None
 
 
 def _save(args: argparse.Namespace, data: dict, report) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from optimum_ipu._matplotlib import require_matplotlib
 from optimum_ipu.costmodel.advice import advise
 from optimum_ipu.costmodel.hardware import CALIBRATION, Calibration, ChipSpec
 from optimum_ipu.costmodel.memory import CATEGORIES, MemoryReport, MiB, estimate_memory
@@ -215,12 +216,8 @@ class CompileReport:
 
     def plot(self, path: str | Path) -> Path:
         """Draw the memory bars and the pipeline Gantt chart into `path` (PNG, matplotlib Agg)."""
-        try:
-            import matplotlib
-        except ImportError as error:
-            raise ImportError(
-                f"Drawing {path} needs matplotlib: pip install 'optimum-ipu[plots]' (the JSON report does not)."
-            ) from error
+        require_matplotlib(str(path))
+        import matplotlib
 
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt

@@ -373,3 +373,14 @@ def test_a_task_the_model_has_no_head_for_names_it(capsys):
     code, _, err = _run(capsys, *BERT, "--task", "image-classification")
     assert code == 2 and "AutoModelForImageClassification has no head for model_type 'bert'" in err
     assert len(err) < 400  # not transformers' list of every class
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(capsys, tmp_path, monkeypatch):
+    code, out, err = _run(capsys, *BERT, "--json", str(tmp_path))
+    assert code == 2 and f"--json {tmp_path} is a folder: give a file name" in err and not out
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "matplotlib" else _find(name, *a))
+    code, out, err = _run(capsys, *BERT, "--png", str(tmp_path / "plan.png"))
+    assert code == 2 and "needs matplotlib: pip install 'optimum-ipu[plots]'" in err and not out
+
+
+_find = __import__("importlib.util").util.find_spec
