@@ -79,7 +79,9 @@ class TrainingCalls:
             run_state = state_dict.pop("ipu_run_state", None)
             if run_state is not None:
                 self.loss_scaler.load_state_dict(run_state["loss_scaler"])
-                self.replica_streams.load_state_dict(run_state["replica_streams"])
+                self.replica_streams.load_state_dict(
+                    run_state["replica_streams"], replicas_may_change=self.args.allow_batch_change_on_resume
+                )
             return state_dict
 
         optimizer.register_state_dict_post_hook(save)

@@ -304,6 +304,13 @@ def test_a_batch_change_is_an_error_naming_the_fields_and_the_flag(saved_at_step
     assert sorted(os.listdir(saved_at_step_2)) == before
 
 
+def test_an_accepted_change_of_replicas_continues_with_the_kept_replicas_streams(saved_at_step_2, records):
+    """1 replica saved, 2 now, accepted: replica 0 carries its dropout stream on, replica 1 starts its own."""
+    trainer = _resume(saved_at_step_2, records, config(replication_factor=2), allow_batch_change_on_resume=True)
+    assert "replication_factor 1 -> 2" in records.messages(logging.WARNING)[0]
+    assert trainer.state.global_step > 2
+
+
 def test_an_accepted_batch_change_continues_from_the_same_samples(saved_at_step_2, records):
     """Saved: 2 steps of 8 samples. Now micro-batch 1 (combined batch 4): step 4 of the 16 in the epoch."""
     trainer = _resume(saved_at_step_2, records, config(), per_device_train_batch_size=1,

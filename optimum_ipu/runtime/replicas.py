@@ -70,15 +70,21 @@ class ReplicaStreams:
     def state_dict(self) -> dict:
         return {"seed": self.seed, "cpu": list(self.states), "cuda": list(self.cuda_states)}
 
-    def load_state_dict(self, state: dict) -> None:
-        if len(state["cpu"]) != len(self.states):
+    def load_state_dict(self, state: dict, replicas_may_change: bool = False) -> None:
+        """Take a checkpoint's streams. With `replicas_may_change` (a resume that accepted a changed setup,
+        `--allow_batch_change_on_resume`) a run of another replica count keeps the streams of the replicas
+        both have, and a replica the checkpoint lacks starts its own stream from the run's seed."""
+        saved, count = len(state["cpu"]), len(self.states)
+        if saved != count and not replicas_may_change:
             raise ValueError(
-                f"the checkpoint has random streams for {len(state['cpu'])} replicas, this run has "
-                f"{len(self.states)}: resume with the checkpoint's replication factor."
+                f"the checkpoint has random streams for {saved} replicas, this run has {count}: resume with the "
+                "checkpoint's replication factor, or accept the change with --allow_batch_change_on_resume."
             )
         self.seed = state["seed"]
-        self.states = [s.clone() for s in state["cpu"]]
-        self.cuda_states = list(state["cuda"])
+        fresh = ReplicaStreams(self.seed, count)
+        self.states = [state["cpu"][r].clone() if r < saved else fresh.states[r] for r in range(count)]
+        cuda = list(state["cuda"])
+        self.cuda_states = [cuda[r] if r < saved else None for r in range(count)]
 
 
 @runtime_checkable

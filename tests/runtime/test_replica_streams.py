@@ -153,7 +153,20 @@ def test_streams_saved_for_another_replica_count_are_refused():
         ValueError,
         match=re.escape(
             "the checkpoint has random streams for 2 replicas, this run has 4: resume with the checkpoint's "
-            "replication factor."
+            "replication factor, or accept the change with --allow_batch_change_on_resume."
         ),
     ):
         ReplicaStreams(seed=3, replicas=4).load_state_dict(state)
+
+
+def test_a_checkpoints_replica_streams_load_into_another_replica_count_only_when_the_change_was_accepted():
+    saved = ReplicaStreams(7, 2)
+    with saved.use(0):
+        torch.rand(3)  # replica 0's stream has moved on
+    wider = ReplicaStreams(0, 3)
+    with pytest.raises(ValueError, match="streams for 2 replicas, this run has 3.*--allow_batch_change_on_resume"):
+        wider.load_state_dict(saved.state_dict())
+    wider.load_state_dict(saved.state_dict(), replicas_may_change=True)
+    assert wider.seed == 7
+    assert all(torch.equal(wider.states[r], saved.states[r]) for r in (0, 1))  # carried on
+    assert torch.equal(wider.states[2], ReplicaStreams(7, 3).states[2])  # its own, from the run's seed
