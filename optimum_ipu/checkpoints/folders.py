@@ -257,6 +257,19 @@ def _problems(path: Path, save_only_model: bool) -> list[str]:
                 problems.append(f"no {name}")
             elif not zipfile.is_zipfile(file):
                 problems.append(f"{name} is truncated or not a torch file")
+        # The random states transformers restores (one file, or one per process): optional, but a damaged one
+        # would stop the resume inside transformers with an error that names no file.
+        for file in sorted(path.glob("rng_state*.pth")):
+            if not zipfile.is_zipfile(file):
+                problems.append(f"{file.name} is truncated or not a torch file")
+    # The configs the resume reads (the model's, the IPU config): optional, but they must be JSON when present.
+    for name in ("config.json", "ipu_config.json"):
+        file = path / name
+        if file.is_file():
+            try:
+                json.loads(file.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                problems.append(f"{name} is not valid JSON ({error.__class__.__name__}: {error})")
     return problems
 
 

@@ -205,6 +205,19 @@ def test_optimizer_and_scheduler_must_be_torch_files_unless_saving_only_the_mode
     )
 
 
+def test_a_damaged_random_state_or_config_makes_the_checkpoint_incomplete(tmp_path):
+    """The resume reads them too: a truncated rng_state.pth or config.json stopped it inside transformers with
+    an error naming no file, and resume_from_checkpoint=True did not fall back to the older checkpoint."""
+    folder = complete(tmp_path / "c")
+    (folder / "rng_state_1.pth").write_bytes(b"PK\x03\x04 cut short")
+    (folder / "config.json").write_text('{"model_type": "bert"')
+    (folder / "ipu_config.json").write_text("{}")  # present and valid: fine
+    problems = checkpoint_problems(folder)
+    assert problems[0] == "rng_state_1.pth is truncated or not a torch file"
+    assert problems[1].startswith("config.json is not valid JSON (JSONDecodeError")
+    assert len(problems) == 2
+
+
 # -- finding the newest complete checkpoint ---------------------------------------------------------------
 
 
