@@ -27,7 +27,7 @@ import torch
 
 from optimum_ipu.poptorch._logging import logger
 from optimum_ipu.runtime.optimizers import LAMB as _RuntimeLAMB
-from optimum_ipu.runtime.optimizers import fp32_working_copies
+from optimum_ipu.runtime.optimizers import fp32_working_copies, load_keeping_state_types
 from optimum_ipu.runtime.rounding import rounding_generator
 
 __all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "RMSprop", "VariableAttributes"]
@@ -141,7 +141,7 @@ class Optimizer:
                 f"'ipu_param': it comes from a torch optimizer. Load it into a torch.optim.{type(self).__name__} "
                 "(PopTorch trains with those too), or load a state dict saved from a poptorch.optim optimizer."
             )
-        super().load_state_dict({k: v for k, v in state_dict.items() if k not in _IPU_KEYS})
+        load_keeping_state_types(self, super().load_state_dict, {k: v for k, v in state_dict.items() if k not in _IPU_KEYS})
 
     def _ipu_state(self, names: dict[int, str]) -> dict[str, torch.Tensor]:
         return {

@@ -128,6 +128,20 @@ def _updated_in_chunks(p: torch.Tensor, state: dict) -> bool:
     )  # fmt: skip
 
 
+def load_keeping_state_types(optimizer: torch.optim.Optimizer, load, state_dict: dict) -> None:
+    """`load(state_dict)` (torch's `Optimizer.load_state_dict`), then undo its cast of the state to the
+    parameters' dtypes: each tensor stays as it was saved (the fp32 moments of fp16 weights stay fp32, as
+    the update that reads them needs)."""
+    saved = {index: dict(values) for index, values in state_dict.get("state", {}).items()}
+    load(state_dict)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, values in saved.items():
+        p = params[int(index)]
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                optimizer.state[p][key] = value.to(p.device)
+
+
 def accumulator_dtype(optimizer: torch.optim.Optimizer) -> torch.dtype:
     """The gradient accumulator's type an optimizer asks for: its `accum_type` (PopTorch's and the IPU
     optimizers' one value for every group) when fp16, else fp32. accelerate's wrapper is looked through."""
@@ -209,15 +223,7 @@ class IPUOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         state_dict = dict(state_dict)
         rounding = state_dict.pop("stochastic_rounding", None)
-        saved = {index: dict(values) for index, values in state_dict.get("state", {}).items()}
-        super().load_state_dict(state_dict)
-        # Undo torch's cast of the state to the parameters' dtype: keep each tensor as it was saved.
-        params = [p for group in self.param_groups for p in group["params"]]
-        for index, values in saved.items():
-            p = params[int(index)]
-            for key, value in values.items():
-                if isinstance(value, torch.Tensor) and key != "step":
-                    self.state[p][key] = value.to(p.device)
+        load_keeping_state_types(self, super().load_state_dict, state_dict)
         if rounding is not None:
             self.rounding_seed = int(rounding["seed"])
             self.__dict__.pop("_rounding_generators", None)
