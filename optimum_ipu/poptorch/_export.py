@@ -77,11 +77,36 @@ def example_of(args: tuple, kwargs: dict):
     )
 
 
-def export(wrapper, filename: str, example, export_model: bool = True) -> None:
+def run_state(wrapper, random: bool = True) -> dict:
+    """What a training model's next call depends on beyond its weights and optimizer: the automatic loss
+    scale where it got to and, with `random`, the replicas' random streams and stochastic rounding's
+    generators (PopTorch's `rng_state`)."""
+    executable = wrapper._executable
+    state = {"loss_scaler": executable.loss_scaler.state_dict() if hasattr(executable, "loss_scaler") else None}
+    if random:
+        state["streams"] = wrapper._streams.state_dict() if wrapper._streams is not None else None
+        state["rounding"] = {device: g.get_state() for device, g in wrapper._rounding_generators.items()}
+    return state
+
+
+def restore_run_state(wrapper, state: dict) -> None:
+    """Put `run_state`'s values back into a compiled `wrapper`."""
+    if state.get("loss_scaler") is not None and hasattr(wrapper._executable, "loss_scaler"):
+        wrapper._executable.loss_scaler.load_state_dict(state["loss_scaler"])
+    if state.get("streams") is not None and wrapper._streams is not None:
+        wrapper._streams.load_state_dict(state["streams"])
+    for device, generator_state in (state.get("rounding") or {}).items():
+        # the dict every optimizer the model takes draws from (`training_settings`): filled in place
+        wrapper._rounding_generators[device] = torch.Generator(device=device)
+        wrapper._rounding_generators[device].set_state(generator_state)
+
+
+def export(wrapper, filename: str, example, export_model: bool = True, save_rng_state: bool = True) -> None:
     """Write `wrapper`, compiled for inputs like `example` (from `example_of`), to `filename`.
 
     With `export_model=False` (PopTorch's option) the file holds no model, weights or optimizer: only
-    what `loadExecutable` compiles a model given to it for (the options and the input shapes).
+    what `loadExecutable` compiles a model given to it for (the options and the input shapes). A training
+    model's `run_state` goes with the model, its random part unless `save_rng_state=False`.
     """
     content = {
         "format": FORMAT,
@@ -90,6 +115,7 @@ def export(wrapper, filename: str, example, export_model: bool = True) -> None:
         "options": wrapper._options,
         "optimizer": wrapper._optimizer if export_model else None,
         "hyperparameters": wrapper._hyperparameters if export_model else None,
+        "run_state": run_state(wrapper, save_rng_state) if export_model and wrapper._training else None,
         "example": example,
     }
     try:
@@ -129,6 +155,8 @@ def load(filename: str, edit_opts_fn: Callable | None = None, trust_file: bool =
         wrapper._hyperparameters = content["hyperparameters"]
     args, kwargs = example_inputs(content)
     wrapper.compile(*args, **kwargs)
+    if content.get("run_state"):
+        restore_run_state(wrapper, content["run_state"])
     return wrapper
 
 

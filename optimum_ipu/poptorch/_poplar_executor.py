@@ -281,7 +281,22 @@ class PoplarExecutor:
         if self._executable is None:
             raise Error(NOT_COMPILED)
         self._gather_stage_optimizer_state()
-        _export.export(self, filename, self._example, export_model)
+        _export.export(self, filename, self._example, export_model, save_rng_state)
+
+    @property
+    def rng_state(self) -> dict:
+        """The random state a training model's next call draws from: its replicas' streams and stochastic
+        rounding's generators (`poptorch.load` of a `save(..., save_rng_state=True)` file restores it)."""
+        if self._executable is None:
+            raise Error(NOT_COMPILED)
+        state = _export.run_state(self)
+        return {"streams": state.get("streams"), "rounding": state.get("rounding")}
+
+    @rng_state.setter
+    def rng_state(self, state: dict) -> None:
+        if self._executable is None:
+            raise Error(NOT_COMPILED)
+        _export.restore_run_state(self, state)
 
     def loadExecutable(self, filename: str, trust_file: bool = False) -> None:
         """Compile this model as the one `compileAndExport` saved to `filename` was (its input shapes).

@@ -113,3 +113,57 @@ def test_a_half_model_with_a_torch_optimizer_exports_and_continues(tmp_path):
     for p, q in zip(model.parameters(), loaded.model.parameters()):
         assert q.dtype == torch.float16
         torch.testing.assert_close(p, q, atol=0, rtol=0)
+
+
+class Dropped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.3))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x, labels):
+        logits = self.head(self.body(x))
+        return logits, nn.functional.cross_entropy(logits.float(), labels)
+
+
+@pytest.mark.parametrize("case", ["dropout-replicas", "half-rounding-auto-scale"])
+def test_a_loaded_model_continues_its_random_streams_rounding_and_loss_scale(tmp_path, case):
+    """What a call draws and scales by goes with the model: the replicas' dropout streams, stochastic
+    rounding's generators and an automatic loss scale where it got to (PopTorch's save_rng_state); without
+    them the loaded model's losses split from the exported one's at its first call."""
+    torch.manual_seed(0)
+    half = case.startswith("half")
+    model = Dropped().half() if half else Dropped()
+    opts = poptorch.Options().replicationFactor(2).randomSeed(5)
+    opts.Training.gradientAccumulation(3)
+    if half:
+        opts.Precision.enableStochasticRounding(True)
+        opts.Training.setAutomaticLossScaling(True)
+    optimizer = poptorch.optim.AdamW(model.parameters(), lr=0.01, loss_scaling=4.0)
+    training = poptorch.trainingModel(model, opts, optimizer=optimizer)
+    cast = (lambda x: x.half()) if half else (lambda x: x)
+    for x, labels in _batches(3, size=12):
+        training(cast(x), labels)
+    path = str(tmp_path / "model.poptorch")
+    training.compileAndExport(path)
+    loaded = poptorch.load(path)
+    for x, labels in _batches(3, size=12, seed=1):
+        _, expected = training(cast(x), labels)
+        _, loss = loaded(cast(x), labels)
+        torch.testing.assert_close(loss, expected, atol=0, rtol=0)
+    for p, q in zip(model.parameters(), loaded.model.parameters()):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+    assert loaded.rng_state["streams"]["cpu"][1].equal(training.rng_state["streams"]["cpu"][1])
+
+
+def test_save_without_the_random_state_leaves_it_out(tmp_path):
+    torch.manual_seed(0)
+    model = Dropped()
+    training = poptorch.trainingModel(model, poptorch.Options(), optimizer=poptorch.optim.SGD(model.parameters(), lr=0.1))
+    x, labels = _batches(1)[0]
+    training(x, labels)
+    path = str(tmp_path / "model.poptorch")
+    training.save(path, save_rng_state=False)
+    from optimum_ipu.poptorch import _export
+
+    assert set(_export.read(path)["run_state"]) == {"loss_scaler"}
