@@ -327,7 +327,7 @@ CASES = [
     Case("plan-seq-len-zero", lambda t, a: _plan(t, "--seq-len", "0"), 2, "--seq-len", "got 0", "integer >= 1"),
     Case("plan-micro-batch-zero", lambda t, a: _plan(t, "--micro-batch", "0"), 2, "--micro-batch", "got 0", "integer >= 1"),
     Case("plan-n-ipu-zero", lambda t, a: _plan(t, "--n-ipu", "0"), 2, "--n-ipu", "got 0", "integer >= 1"),
-    Case("plan-pod-not-a-number", lambda t, a: _plan(t, "--pod", "big"), 2, "--pod", "got 'big'", "give the number of IPUs"),
+    Case("plan-pod-not-a-number", lambda t, a: _plan(t, "--pod", "big"), 2, "--pod", "'big' is not a pod", "give a power of two"),
     Case("plan-image-size-zero", lambda t, a: _plan(t, "--image-size", "0"), 2, "--image-size", "got 0", "integer >= 1"),
     Case("plan-unknown-ipu-config", lambda t, a: lambda: cli.main(["plan", "bert-base-uncased", "--ipu-config", "Graphcore/no-such-ipu"]), 2,
          "No ipu_config.json", "'Graphcore/no-such-ipu'", "one of the bundled configs"),

@@ -542,8 +542,18 @@ def test_pod_keyed_values_take_the_pod_entry_with_one_warning(
 
 def test_a_pod_keyed_value_without_the_pod_or_a_default_is_an_error(tmp_path):
     _write(tmp_path, {"replication_factor": {"pod16": 4}})
-    with pytest.raises(IPUConfigError, match=r"`replication_factor` is keyed by pod type .* 'pod4'"):
+    with pytest.raises(IPUConfigError, match=r"`replication_factor` is keyed by pod type \(pod16\) and has no "
+                                             r"'default' entry, and pod4 was asked for: give the pod size"):  # fmt: skip
         IPUConfig.from_pretrained(tmp_path, pod_type="pod4")
+    with pytest.raises(IPUConfigError, match=r"and no pod size was given: give the pod size as one of those keys"):
+        IPUConfig.from_pretrained(tmp_path)
+
+
+def test_a_file_that_is_not_an_object_is_named_once(tmp_path):
+    (tmp_path / CONFIG_NAME).write_text("[]")
+    with pytest.raises(IPUConfigError) as error:
+        IPUConfig.from_pretrained(tmp_path)
+    assert str(error.value).count(str(tmp_path)) == 1 and str(error.value).endswith("is not a JSON object but a list.")
 
 
 def test_deprecated_keys_are_dropped_with_one_warning(tmp_path, caplog):

@@ -319,7 +319,9 @@ class IPUConfig(_Modes):
         try:
             config = cls(**settings_from_raw(raw, origin, pod_type, n_ipu, strict))
         except IPUConfigError as error:  # the same class, so a wrong type is still a TypeError
-            raise type(error)(f"IPU config {origin}: {error}") from None
+            prefix = f"IPU config {origin}"
+            message = str(error)  # named once: the reading's own errors start with it already
+            raise type(error)(message if message.startswith(prefix) else f"{prefix}: {message}") from None
         return config.update(**overrides) if overrides else config
 
     @classmethod

@@ -126,9 +126,11 @@ def normalize_config_dict(
         if is_pod_keyed(name, value):
             key = pod_key if pod_key in value else "default"
             if key not in value:
+                asked = "no pod size was given" if pod_key == "default" else f"{pod_key} was asked for"
                 raise IPUConfigError(
-                    f"`IPUConfig` attribute `{name}` is keyed by pod type ({sorted(value)}) with no entry for "
-                    f"{pod_key!r} and no 'default': pass pod_type= one of its keys."
+                    f"`IPUConfig` attribute `{name}` is keyed by pod type ({', '.join(sorted(value))}) and has no "
+                    f"'default' entry, and {asked}: give the pod size as one of those keys (--pod_type, or "
+                    "pod_type= in Python; the IPU count, n_ipu, works too)."
                 )
             value = value[key]
             pod_resolved.append(f"{name}={value!r}" + ("" if key == pod_key else f" (from {key!r})"))

@@ -56,7 +56,7 @@ def settings_from_raw(
     """The `IPUConfig` keyword arguments a (possibly legacy) dict holds; what was dropped or read
     differently is said in one warning, and a dict that is no IPU config is refused by name."""
     if not isinstance(raw, dict):
-        raise IPUConfigError(f"IPU config {origin} is not a JSON object but {type(raw).__name__}.")
+        raise IPUConfigError(f"IPU config {origin} is not a JSON object but a {type(raw).__name__}.")
     normalized = normalize_config_dict(raw, pod_type=pod_type, n_ipu=n_ipu)
     # transformers writes `transformers_version` into every model config.json: a metadata key, quietly
     # ignored, so it must not count as a key that makes the file an IPU config.
