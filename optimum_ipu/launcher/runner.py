@@ -170,9 +170,8 @@ def run_script(path: str | os.PathLike, args: list[str], serve_metrics: bool = T
 
     script = Path(path)
     if not script.is_file():
-        raise LauncherError(
-            f"{path}: no such file; give the path of a Python script (.py) or a notebook (.ipynb)."
-        )
+        what = "a folder" if script.is_dir() else "no such file"
+        raise LauncherError(f"{path}: {what}; give the path of a Python script (.py) or a notebook (.ipynb).")
     script = script.resolve()
     source = _read_script(script, path)
     context = _context.RunContext(path=script, kind="script", data_flags=_context.data_file_flags(source),

@@ -48,6 +48,8 @@ def test_the_scripts_exception_is_shown_as_the_scripts_traceback(capsys):
 def test_missing_script_is_one_line_naming_it(tmp_path):
     with pytest.raises(LauncherError, match=r"nothing\.py: no such file; give the path of a Python script"):
         run_script(tmp_path / "nothing.py", [])
+    with pytest.raises(LauncherError, match=r": a folder; give the path of a Python script"):
+        run_script(tmp_path, [])
 
 
 def test_a_syntax_error_in_the_script_is_shown_as_python_shows_it_without_the_launchers_frames(
