@@ -667,3 +667,9 @@ def test_a_model_folder_without_ipu_config_json_is_refused_naming_its_config_jso
     folder = _saved_model_config(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"has no ipu_config.json.*config.json is a model's configuration"):
         IPUConfig.from_pretrained(folder)
+
+
+def test_a_mistyped_keyword_is_pythons_type_error_with_the_close_name():
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'gradient_accumulation_step' \(did you mean "
+                                        r"`gradient_accumulation_steps`\?\)"):  # fmt: skip
+        IPUConfig(gradient_accumulation_step=4)

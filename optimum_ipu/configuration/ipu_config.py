@@ -147,6 +147,7 @@ class IPUConfig(_Modes):
         if unknown is not None:  # the error Python gives for a keyword a signature lacks
             raise TypeError(
                 f"{type(self).__name__}.__init__() got an unexpected keyword argument {shown(unknown)}"
+                f"{close_matches(str(unknown))}"
             )
         given = values_with_defaults(values)
         object.__setattr__(self, "_mode", "training")
