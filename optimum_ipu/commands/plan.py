@@ -42,7 +42,7 @@ def settings_without_effect(args: argparse.Namespace, source) -> list[str]:
     if source.is_vision and args.seq_len is not None:
         notes.append(f"--seq-len {args.seq_len} has no effect on {source.name}, an image model: its sequence is "
                      "its patches, which --image-size sets.")  # fmt: skip
-    if not source.is_vision and args.image_size is not None:
+    if "num_channels" not in source.config and args.image_size is not None:
         notes.append(f"--image-size {args.image_size} has no effect on {source.name}, which takes no images "
                      "(--seq-len sets its input).")  # fmt: skip
     if args.inference:

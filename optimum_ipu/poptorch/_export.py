@@ -80,7 +80,9 @@ def example_of(args: tuple, kwargs: dict):
 def run_state(wrapper, random: bool = True) -> dict:
     """What a training model's next call depends on beyond its weights and optimizer: the automatic loss
     scale where it got to and, with `random`, the replicas' random streams and stochastic rounding's
-    generators (PopTorch's `rng_state`)."""
+    generators (PopTorch's `rng_state`). Under several processes that share the replicas, each process
+    holds its own replicas' streams current (the others' are shared only at checkpoints a trainer writes):
+    its file continues exactly for those."""
     executable = wrapper._executable
     state = {"loss_scaler": executable.loss_scaler.state_dict() if hasattr(executable, "loss_scaler") else None}
     if random:
@@ -94,7 +96,8 @@ def restore_run_state(wrapper, state: dict) -> None:
     if state.get("loss_scaler") is not None and hasattr(wrapper._executable, "loss_scaler"):
         wrapper._executable.loss_scaler.load_state_dict(state["loss_scaler"])
     if state.get("streams") is not None and wrapper._streams is not None:
-        wrapper._streams.load_state_dict(state["streams"])
+        # `poptorch.load(edit_opts_fn=...)` may have changed the replicas: the ones both have carry on
+        wrapper._streams.load_state_dict(state["streams"], replicas_may_change=True)
     for device, generator_state in (state.get("rounding") or {}).items():
         # the dict every optimizer the model takes draws from (`training_settings`): filled in place
         wrapper._rounding_generators[device] = torch.Generator(device=device)

@@ -73,7 +73,7 @@ class ReplicaStreams:
     def load_state_dict(self, state: dict, replicas_may_change: bool = False) -> None:
         """Take a checkpoint's streams. With `replicas_may_change` (a resume that accepted a changed setup,
         `--allow_batch_change_on_resume`) a run of another replica count keeps the streams of the replicas
-        both have, and a replica the checkpoint lacks starts its own stream from the run's seed."""
+        both have, and a replica the checkpoint lacks starts its own stream from the checkpoint's seed."""
         saved, count = len(state["cpu"]), len(self.states)
         if saved != count and not replicas_may_change:
             raise ValueError(

@@ -167,3 +167,17 @@ def test_save_without_the_random_state_leaves_it_out(tmp_path):
     from optimum_ipu.poptorch import _export
 
     assert set(_export.read(path)["run_state"]) == {"loss_scaler"}
+
+
+def test_a_model_loaded_with_other_replicas_keeps_the_streams_both_have(tmp_path):
+    torch.manual_seed(0)
+    model = Dropped()
+    opts = poptorch.Options().replicationFactor(2).randomSeed(5)
+    training = poptorch.trainingModel(model, opts, optimizer=poptorch.optim.SGD(model.parameters(), lr=0.1))
+    x, labels = _batches(1, size=8)[0]
+    training(x, labels)
+    path = str(tmp_path / "model.poptorch")
+    training.compileAndExport(path)
+    loaded = poptorch.load(path, edit_opts_fn=lambda options: options.replicationFactor(1))
+    assert loaded.rng_state["streams"]["cpu"][0].equal(training.rng_state["streams"]["cpu"][0])
+    loaded(x, labels)  # one replica of the same 8 rows
