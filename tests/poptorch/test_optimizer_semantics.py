@@ -151,25 +151,27 @@ def test_the_combined_sgd_variant_keeps_the_post_strategy_and_a_later_set_optimi
     training32(x, y)
 
 
+class _Squared(torch.nn.Module):
+    """`layer`'s output and the mean of its square (computed in fp32) as the loss."""
+
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        out = self.layer(x)
+        return out, out.float().pow(2).mean()
+
+
 def _half_linear_trained(optimizer_class, rounding: bool, seed: int | None = None) -> torch.Tensor:
     """An fp16 Linear trained 3 calls by `optimizer_class` under `enableStochasticRounding(rounding)`."""
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 64).half()
-
-    class Squared(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layer = layer
-
-        def forward(self, x):
-            out = self.layer(x)
-            return out, out.float().pow(2).mean()
-
     opts = poptorch.Options()
     if seed is not None:
         opts.randomSeed(seed)
     opts.Precision.enableStochasticRounding(rounding)
-    training = poptorch.trainingModel(Squared(), opts, optimizer=optimizer_class(layer.parameters(), lr=1e-3))
+    training = poptorch.trainingModel(_Squared(layer), opts, optimizer=optimizer_class(layer.parameters(), lr=1e-3))
     inputs = torch.Generator().manual_seed(5)
     for _ in range(3):
         training(torch.randn(8, 64, generator=inputs).half())
@@ -300,20 +302,10 @@ def test_stochastic_rounding_draws_carry_on_through_set_optimizer_with_a_new_opt
     def trained(new_object: bool) -> torch.Tensor:
         torch.manual_seed(0)
         layer = torch.nn.Linear(64, 64).half()
-
-        class Squared(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.layer = layer
-
-            def forward(self, x):
-                out = self.layer(x)
-                return out, out.float().pow(2).mean()
-
         opts = poptorch.Options().randomSeed(3)
         opts.Precision.enableStochasticRounding(True)
         optimizer = torch.optim.SGD(layer.parameters(), lr=1e-3)
-        training = poptorch.trainingModel(Squared(), opts, optimizer=optimizer)
+        training = poptorch.trainingModel(_Squared(layer), opts, optimizer=optimizer)
         inputs = torch.Generator().manual_seed(5)
         for call in range(3):
             if call:
