@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "_quoting": 0,
     "_once": 0,
     "_cache_folder": 0,
+    "_matplotlib": 0,
     "call_layout": 0,
     "overrides": 0,
     "configuration": 1,
