@@ -36,6 +36,11 @@ _TRAINING_ONLY = ("gradient_accumulation_steps", "recompute_checkpoint_every_lay
 DEFAULT_SEQ_LEN = 384
 
 
+def _seq_len(args: argparse.Namespace) -> int:
+    """--seq-len, or its default when not given (None tells a given value from the default)."""
+    return DEFAULT_SEQ_LEN if args.seq_len is None else args.seq_len
+
+
 def settings_without_effect(args: argparse.Namespace, source) -> list[str]:
     """What the user gave that this plan does not read, each with why (printed as notes before the report)."""
     notes = []
@@ -80,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         source = resolve_model(args.model, args.task)
         for note in settings_without_effect(args, source):
             print(f"note: {note}", file=sys.stderr)
-        seq_len = DEFAULT_SEQ_LEN if args.seq_len is None else args.seq_len
+        seq_len = _seq_len(args)
         ipu_config = load_ipu_config(
             args.ipu_config, n_ipu=_total_ipus(args), overrides=args.overrides,
             mode="training" if training else "inference",
@@ -180,7 +185,7 @@ def _run_generation(args: argparse.Namespace) -> int:
             args.ipu_config, n_ipu=_total_ipus(args), overrides=args.overrides, mode="inference"
         )
         float_bytes = 4 if args.fp32 else 2
-        seq_len = DEFAULT_SEQ_LEN if args.seq_len is None else args.seq_len
+        seq_len = _seq_len(args)
         profiles = generation_profiles(source, args.micro_batch, seq_len, settings, float_bytes,
                                        use_cache=not args.no_cache)  # fmt: skip
         report = estimate_generation(profiles, ipu_config, settings, batch_size=args.micro_batch,
