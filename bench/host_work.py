@@ -17,8 +17,9 @@ work by doing it here, so the calibration reads a measurement instead of leaving
    per output) and the host writes every byte of it. The script times that write into a fresh
    tensor (a page fault per 4 KiB page), into a fresh tensor backed by transparent huge pages (as on
    a host whose kernel has THP "always"; torch's `THP_MEM_ALLOC_ENABLE=1` asks for them here) and
-   into a warm one (a plain copy). The calibration fits `host_output_bandwidth` between the slowest
-   and the fastest, as no published figure gives the notebook host's rate.
+   into a warm one (a plain copy). The calibration fits `host_copy_bandwidth` (the same copy for a
+   call's inputs, into Poplar's reused stream buffers) between the slowest and the fastest, as no
+   published figure gives the notebook host's rate.
 
 3. The packed BERT notebook's data loading (BERT-Base on SST-2 packed to 256 tokens, 9 calls of 1,024
    packs): Optimum Graphcore 0.4.4's evaluation loads synchronously (`get_eval_dataloader` sets
@@ -236,7 +237,7 @@ def main() -> None:
         for name, rate in rates.items():
             print(f"  {name:<38} {1e3 * MLM_OUTPUT_BYTES / rate:6.1f} ms  {rate / 1e9:5.2f} GB/s")
         print(
-            f"host_output_bandwidth range for the fit: {min(rates.values()) / 1e9:.2f}-{max(rates.values()) / 1e9:.2f} GB/s"
+            f"host_copy_bandwidth range for the fit: {min(rates.values()) / 1e9:.2f}-{max(rates.values()) / 1e9:.2f} GB/s"
         )
 
 

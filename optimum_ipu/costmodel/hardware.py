@@ -180,39 +180,41 @@ class Calibration:
             weights; the 4-replica BERT-Base, RoBERTa and GPT-2 evaluations, 0.9-1 GB, take 2.8-11 s for
             52-539 calls). What makes the copy that slow (host-side staging of every tensor) is not
             published, so the rate is fitted.
-        host_output_bandwidth: bytes/s at which the host writes a call's outputs into the tensors it
-            returns. PopTorch allocates a new tensor for every output of every call
-            (`PoplarExecutable::run` calls `at::empty` per output) and the stream callbacks copy each
-            byte the IPUs sent into it, after the link has carried it, so a call that returns large
-            outputs pays that write once more per host, for all the host's replicas one after
-            another: Poplar runs every stream callback on the application's main thread unless
+        host_copy_bandwidth: bytes/s at which the host copies a call's streamed bytes between the
+            program's tensors and Poplar's stream buffers, one replica after another. Each input
+            micro-batch is copied from the tensor the program passed into the buffer the link streams
+            from (PopART's `InputDatastream::read` and `readPrefetch`, a `memcpy` each), and each output
+            into a new tensor PopTorch allocates for that call (`PoplarExecutable::run` calls
+            `at::empty` per output; `OutputDatastream::write`, a `memcpy`), after the link has carried
+            it. Poplar runs every stream callback on the application's main thread unless
             `streamCallbacks.multiThreadMode` says otherwise (its documented default, `singleThread`,
             docs.graphcore.ai/projects/poplar-api, RuntimeOptions; Optimum Graphcore 0.3 sets no
-            engine option). Only outputs the size of a language model's
-            logits make it count (the RoBERTa MLM evaluation returns 257 MB per call; every other
-            published point returns a loss or a few logits). The write rate depends on the host's CPU
-            and page faults, which no source gives for the notebooks' host, so it is fitted within
-            what `bench/host_work.py` measures here: a fresh tensor (page faults included, the slow
-            end) to a warm copy (the fast end), that span taken as its prior (`PRIORS` there).
+            engine option), so one host pays the copies of all its replicas. Only a language model's
+            logits (the RoBERTa MLM evaluation returns 257 MB per call) and training that streams
+            images (graphcore/examples' ViT: 0.6-4.9 GB a call for one host's replicas) make it count;
+            token ids and losses are a few megabytes. The rate depends on the host's CPU and page
+            faults, which no source gives for the published runs' hosts, so it is fitted within what
+            `bench/host_work.py` measures here: a fresh tensor (page faults included, the slow end) to a
+            warm copy (the fast end), that span taken as its prior (`PRIORS` there).
     """
 
     matmul_efficiency: float
     cycles_per_operation: float
     host_call_overhead_s: float = 0.002
     weight_upload_bandwidth: float = 1e9
-    host_output_bandwidth: float = 6e9
+    host_copy_bandwidth: float = 6e9
 
 
 # Fitted by `python bench/calibration.py --fit` (least squares on the log errors of every published
-# point in `bench/calibration.py`, with the measured span of the host write as a prior; its
+# point in `bench/calibration.py`, with the measured span of the host's copies as a prior; its
 # leave-one-out errors are in the README). The same fit sets one constant of that bench alone, the
 # notebooks' host CPU against the CPU their host work was measured on (`host_cpu_ratio` there).
 CALIBRATION = Calibration(
-    matmul_efficiency=0.719,
-    cycles_per_operation=14_100,
-    host_call_overhead_s=0.00842,
-    weight_upload_bandwidth=0.463e9,
-    host_output_bandwidth=7.38e9,
+    matmul_efficiency=0.704,
+    cycles_per_operation=13_680,
+    host_call_overhead_s=0.00851,
+    weight_upload_bandwidth=0.458e9,
+    host_copy_bandwidth=7.81e9,
 )
 
 

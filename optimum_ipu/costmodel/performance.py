@@ -34,11 +34,12 @@ overlap instead: DI + S - 1 cycles, each as long as the busiest IPU plus its cop
 and drains once per host call, not once per micro-batch, so a call of many device iterations keeps it
 full. Every host call, in training or inference, pays the fitted fixed overhead once and streams its
 inputs and the outputs its `Workload.output_mode` returns (all DI micro-batches' by default, one per
-replica for Final or Sum) over the host links; the host then writes those outputs into the new
-tensors PopTorch returns (`host_output_bandwidth`).
+replica for Final or Sum) over the host links; the host copies those bytes too, each input into
+Poplar's stream buffer before the link carries it and each output into the new tensor PopTorch
+returns after (`host_copy_bandwidth`).
 
 A call therefore has three parts (`call_timing`): the IPUs' own work, the streams over the host links
-(in which the IPUs take part), and the host's own work (the fixed overhead and the output write).
+(in which the IPUs take part), and the host's own work (the fixed overhead and the copies).
 Its **latency** is their sum: one batch from the call to its results. Its **throughput** divides the
 samples by the time between calls, which is the same sum unless the host prepares the next call while
 the IPUs run this one (`Workload.async_data_loading`, PopTorch's asynchronous data loading): then the
@@ -407,7 +408,8 @@ def call_timing(
         streams: the inputs in and the outputs out over the host links; the IPUs take part, so this
             never overlaps their work.
         host_work: the host's own work per call: the fixed overhead (Python, PopTorch, the data
-            loader) and writing the outputs into the tensors returned.
+            loader) and copying the inputs into Poplar's stream buffers and the outputs into the
+            tensors returned.
         overlapped: the host prepares the next call while the IPUs run this one (asynchronous data
             loading), so the period is max(device, host_work) + streams instead of their sum.
 
@@ -455,7 +457,7 @@ def estimate_performance(
     streams = host_io_time(inputs, outputs, workload, hardware)
     host_work = (
         calibration.host_call_overhead_s
-        + outputs * PodShape.of(workload).replicas_per_host / calibration.host_output_bandwidth
+        + (inputs + outputs) * PodShape.of(workload).replicas_per_host / calibration.host_copy_bandwidth
     )
     host = streams + host_work
     call, latency, regime = call_timing(compute, streams, host_work, workload.async_data_loading)
