@@ -165,7 +165,7 @@ class Calibration:
             BERT-Large inference 4x too slow, so it is fitted. The six published evaluations (Optimum
             Graphcore's of ViT, BERT-Base SQuAD and NER, RoBERTa MLM and CoLA, and GPT-2, 4-20 samples
             per call, host-bound) are the ones sensitive to it; once their one-off setup is counted
-            (`weight_upload_bandwidth`) they leave ~8.4 ms per call to the host. The two IPU-bound
+            (`weight_upload_bandwidth`) they leave ~8.5 ms per call to the host. The two IPU-bound
             inference points (96 and 2,048 samples per call) hardly move it: they pin the matmul
             efficiency of inference instead.
         weight_upload_bandwidth: bytes/s at which an end-to-end `IPUTrainer.evaluate()` copies the
@@ -189,9 +189,14 @@ class Calibration:
             it. Poplar runs every stream callback on the application's main thread unless
             `streamCallbacks.multiThreadMode` says otherwise (its documented default, `singleThread`,
             docs.graphcore.ai/projects/poplar-api, RuntimeOptions; Optimum Graphcore 0.3 sets no
-            engine option), so one host pays the copies of all its replicas. Only a language model's
+            engine option), so one host pays the copies of all its replicas. The model adds them to
+            the call; PopART enables Poplar's prefetch by default (`enablePrefetchDatastreams`), which
+            could hide an input copy behind the IPUs' work, but the published ViT training runs need
+            the cost unhidden (overlapped, they are 6-33 % too fast), so the term stands for the
+            host's whole per-byte cost of a call's streams, whatever part of it is the copy (the
+            runs' data loader and the links' realised rate are the other candidates). Only a language model's
             logits (the RoBERTa MLM evaluation returns 257 MB per call) and training that streams
-            images (graphcore/examples' ViT: 0.6-4.9 GB a call for one host's replicas) make it count;
+            images (graphcore/examples' ViT: 2.5-9.9 GB a call for one host's replicas) make it count;
             token ids and losses are a few megabytes. The rate depends on the host's CPU and page
             faults, which no source gives for the published runs' hosts, so it is fitted within what
             `bench/host_work.py` measures here: a fresh tensor (page faults included, the slow end) to a
