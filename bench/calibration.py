@@ -662,7 +662,11 @@ POINTS = [
     # Found 2026-11-30 (a later copy of the same table) and added to the fit before their estimates were first
     # computed: every PyTorch training row of the table for a model the planner has whose configuration the
     # benchmark commands of that SDK pin down. The same application as the Pod64 point above, one SDK later;
-    # the Pod64 row is that point's configuration measured again.
+    # the Pod64 row is that point's configuration measured again. Left out by the rule: the table's packed
+    # BERT-Large PyTorch rows (phases 1 and 2, Pod16 and Pod64), whose application counts sequences per
+    # second through the packing ratio it measures from the data at every step (`run_pretraining.py` at
+    # v3.1.0: `samples_per_step * num_instances / step_length * outputs_sync[5]`), which no source gives;
+    # and the rows of models the planner has no preset for (ResNet-50, EfficientNet, DINO, Swin, Mini DALL-E).
     _vit_pretraining(
         "ViT-base/16 pretraining ImageNet-1k, Bow Pod16, SDK 3.0",
         measured=7615.0,
