@@ -406,6 +406,20 @@ def test_the_recorded_constants_are_the_fit_of_the_published_points():
         assert getattr(fitted, name) == pytest.approx(value, rel=0.005), name
 
 
+def test_the_held_out_image_training_run_needs_the_hosts_copy_of_its_inputs():
+    """OpenMMLab's ViT-B/16 fine-tuning (16 IPUs, 4 replicas on one host, fp16 images), held out before its
+    estimate was computed: docs/planning.md reports it +7.2 % with the host's copy of a call's inputs and
+    +39.5 % without it (the copy's rate made free, the constants kept)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import calibration
+
+    point = next(p for p in calibration.HELD_OUT if "OpenMMLab" in p.name)
+    prepared = calibration.prepare(point)
+    assert calibration.estimate(prepared, CALIBRATION) / point.measured - 1 == pytest.approx(0.072, abs=0.005)
+    free = dataclasses.replace(CALIBRATION, host_copy_bandwidth=1e15)
+    assert calibration.estimate(prepared, free) / point.measured - 1 == pytest.approx(0.395, abs=0.005)
+
+
 def test_the_held_out_training_run_is_estimated_within_its_reported_error():
     """Graphcore's BERT-Large SQuAD tutorial run (8 IPUs x 2 replicas, Mk2), never fitted: docs/planning.md
     reports it +1.6 % off (+0.2 % before the host's copies of a call's inputs and the ViT table rows, 0.5 %
