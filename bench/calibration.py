@@ -296,28 +296,43 @@ BOW_TABLE_SDK30 = (
 )
 
 
+def _vit_imagenet(name: str, measured: float, hardware: str, *, micro_batch: int, ga: int, replicas: int,
+                  device_iterations: int, optimizer: str, dropout: tuple[float, float], sharded_state: bool,
+                  byte_images: bool, source: str, assumed: tuple[str, ...] | list[str] = (),
+                  note: str = "") -> Point:  # fmt: skip
+    """ViT-B/16 trained on ImageNet-1k at 224 pixels as Graphcore's programs lay it out: 4 IPUs a replica with
+    layers [3, 3, 3, 3] (the patch embedding with the first three), matmul proportion 0.3 on every IPU,
+    recomputation per layer, the optimizer state on chip, 1,000 classes; `dropout` is (hidden, attention)."""
+    return Point(
+        name=name, measured=measured, hardware=hardware, model="google/vit-base-patch16-224-in21k",
+        task="image-classification",
+        config=dict(num_labels=1000, hidden_dropout_prob=dropout[0], attention_probs_dropout_prob=dropout[1]),
+        ipu_config=dict(layers_per_ipu=[3, 3, 3, 3], ipus_per_replica=4, matmul_proportion=0.3,
+                        gradient_accumulation_steps=ga, replication_factor=replicas,
+                        device_iterations=device_iterations, recompute_checkpoint_every_layer=True,
+                        optimizer_state_offchip=False, replicated_tensor_sharding=sharded_state,
+                        embedding_serialization_factor=1, enable_half_first_order_momentum=optimizer == "sgd"),
+        micro_batch_size=micro_batch, inputs=dict(image_size=224), optimizer=optimizer, byte_images=byte_images,
+        source=source, assumed=list(assumed), note=note,
+    )  # fmt: skip
+
+
 def _vit_pretraining(name: str, measured: float, replicas: int, ga: int, source: str,
                      assumed: tuple[str, ...] | list[str] = ()) -> Point:  # fmt: skip
     """Graphcore's ViT-B/16 pretraining on ImageNet-1k on a Bow Pod (graphcore/examples' PyTorch ViT,
-    `b16_in1k_pretrain_lamb`): 4 IPUs a replica with layers [3, 3, 3, 3], micro-batch 8, matmul proportion
-    0.3 on every IPU, recomputation per layer, LAMB with its state on chip and sharded across replicas,
-    attention and hidden dropout 0.1, 1,000 classes, and the images streamed as bytes (every version of the
-    benchmark commands runs pretraining with `--byteio true`)."""
-    return Point(
-        name=name, measured=measured, hardware="bow", model="google/vit-base-patch16-224-in21k",
-        task="image-classification",
-        config=dict(num_labels=1000, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
-        ipu_config=dict(layers_per_ipu=[3, 3, 3, 3], ipus_per_replica=4, matmul_proportion=0.3,
-                        gradient_accumulation_steps=ga, replication_factor=replicas, device_iterations=1,
-                        recompute_checkpoint_every_layer=True, optimizer_state_offchip=False,
-                        replicated_tensor_sharding=True, embedding_serialization_factor=1),
-        micro_batch_size=8, inputs=dict(image_size=224), optimizer="lamb", byte_images=True, source=source,
-        assumed=[*assumed, *(["one host per 16 IPUs (4 replicas a host), as the planner prices a Pod64 and as Graphcore's "
-                               "Bow Pod64 of MLPerf v2.0 had (systems/ipu-pod64-TF1-closed.json: 'host_processors_per_node': "
-                               "'8', AMD EPYC 7742, two a server); the commands name $HOSTS. With 8 replicas a host the "
-                               "point is 15-18 points slower"] if replicas > 4 else []),
-                 "the pre-logits layer (representation_size 768) left out: one 768 x 768 matmul per "
-                 "image", "the mixup coefficients, one per sample, left out of the input stream"],
+    `b16_in1k_pretrain_lamb`): micro-batch 8, LAMB with its state sharded across replicas, attention and
+    hidden dropout 0.1, and the images streamed as bytes (every version of the benchmark commands runs
+    pretraining with `--byteio true`)."""
+    pod64 = ["one host per 16 IPUs (4 replicas a host), as the planner prices a Pod64 and as Graphcore's Bow "
+             "Pod64 of MLPerf v2.0 had (systems/ipu-pod64-TF1-closed.json: 'host_processors_per_node': '8', AMD "
+             "EPYC 7742, two a server); the commands name $HOSTS. With 8 replicas a host the point is 15-18 "
+             "points slower"]  # fmt: skip
+    return _vit_imagenet(
+        name, measured, "bow", micro_batch=8, ga=ga, replicas=replicas, device_iterations=1, optimizer="lamb",
+        dropout=(0.1, 0.1), sharded_state=True, byte_images=True, source=source,
+        assumed=[*assumed, *(pod64 if replicas > 4 else []),
+                 "the pre-logits layer (representation_size 768) left out: one 768 x 768 matmul per image",
+                 "the mixup coefficients, one per sample, left out of the input stream"],
     )  # fmt: skip
 
 
@@ -692,29 +707,18 @@ POINTS = [
         "--ipus-per-replica=4 --num-replicas=16 --num-instances=8, --config b16_in1k_pretrain_lamb --dataset "
         "generated --byteio true --gradient-accumulation 512)",
     ),
-    Point(
-        name="ViT-base/16 fine-tuning ImageNet-1k, Bow Pod16, SDK 3.0",
+    _vit_imagenet(
+        "ViT-base/16 fine-tuning ImageNet-1k, Bow Pod16, SDK 3.0",
         measured=7319.0,
         hardware="bow",
-        model="google/vit-base-patch16-224-in21k",
-        task="image-classification",
-        config=dict(num_labels=1000, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.0),
-        ipu_config=dict(
-            layers_per_ipu=[3, 3, 3, 3],
-            ipus_per_replica=4,
-            matmul_proportion=0.3,
-            gradient_accumulation_steps=30,
-            replication_factor=4,
-            device_iterations=8,
-            recompute_checkpoint_every_layer=True,
-            optimizer_state_offchip=False,
-            replicated_tensor_sharding=True,
-            embedding_serialization_factor=1,
-            enable_half_first_order_momentum=True,
-        ),  # fmt: skip
-        micro_batch_size=17,
-        inputs=dict(image_size=224),
+        micro_batch=17,
+        ga=30,
+        replicas=4,
+        device_iterations=8,
         optimizer="sgd",
+        dropout=(0.1, 0.0),
+        sharded_state=True,
+        byte_images=False,
         source=f"{BOW_TABLE_SDK30}: 'ViT Fine-Tuning Bow Pod16 SDK 3.0 PyTorch ImageNet1k 2,040 16.16 7319') "
         f"with {VIT_EXAMPLES_V30}/benchmarks.yml (pytorch_vit_finetune_gen_pod16: --config b16_imagenet1k "
         "--dataset generated) and configs.yml (b16_imagenet1k: micro_batch_size 17, device_iterations 8, "
@@ -869,29 +873,18 @@ HELD_OUT = [
     # Found after the fit that added the host's copy of a call's inputs, and held out before its estimate was
     # first computed: the one published image training run outside Graphcore's tables, fp16 images with four
     # replicas on one host, so a test of that copy.
-    Point(
-        name="ViT-base/16 fine-tuning ImageNet-1k (OpenMMLab), 4 IPUs x 4 replicas",
+    _vit_imagenet(
+        "ViT-base/16 fine-tuning ImageNet-1k (OpenMMLab), 4 IPUs x 4 replicas",
         measured=5600.0,
         hardware="mk2",
-        model="google/vit-base-patch16-224-in21k",
-        task="image-classification",
-        config=dict(num_labels=1000, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
-        ipu_config=dict(
-            layers_per_ipu=[3, 3, 3, 3],
-            ipus_per_replica=4,
-            matmul_proportion=0.3,
-            gradient_accumulation_steps=32,
-            replication_factor=4,
-            device_iterations=1,
-            recompute_checkpoint_every_layer=True,
-            optimizer_state_offchip=False,
-            replicated_tensor_sharding=False,
-            embedding_serialization_factor=1,
-            enable_half_first_order_momentum=True,
-        ),  # fmt: skip
-        micro_batch_size=17,
-        inputs=dict(image_size=224),
+        micro_batch=17,
+        ga=32,
+        replicas=4,
+        device_iterations=1,
         optimizer="sgd",
+        dropout=(0.0, 0.0),
+        sharded_state=False,
+        byte_images=False,
         source="https://github.com/open-mmlab/mmpretrain/blob/b4eefe47946532393f98e6550fb6c8755a5bb985/"
         "demo/ipu_train_example.sh ('# 8 epoch, 2176 batch size, 16 IPUs, 4 replicas, model Tput = 5600 images, "
         "training time 0.6 hour roughly'; the commit, PR #723 of 2022-04-29, says 'Tput reaches 5600') with "
