@@ -165,7 +165,7 @@ class Calibration:
             BERT-Large inference 4x too slow, so it is fitted. The six published evaluations (Optimum
             Graphcore's of ViT, BERT-Base SQuAD and NER, RoBERTa MLM and CoLA, and GPT-2, 4-20 samples
             per call, host-bound) are the ones sensitive to it; once their one-off setup is counted
-            (`weight_upload_bandwidth`) they leave ~8.5 ms per call to the host. The two IPU-bound
+            (`weight_upload_bandwidth`) they leave ~8.4 ms per call to the host. The two IPU-bound
             inference points (96 and 2,048 samples per call) hardly move it: they pin the matmul
             efficiency of inference instead.
         weight_upload_bandwidth: bytes/s at which an end-to-end `IPUTrainer.evaluate()` copies the
@@ -215,11 +215,11 @@ class Calibration:
 # leave-one-out errors are in the README). The same fit sets one constant of that bench alone, the
 # notebooks' host CPU against the CPU their host work was measured on (`host_cpu_ratio` there).
 CALIBRATION = Calibration(
-    matmul_efficiency=0.704,
-    cycles_per_operation=13_680,
-    host_call_overhead_s=0.00851,
-    weight_upload_bandwidth=0.458e9,
-    host_copy_bandwidth=7.81e9,
+    matmul_efficiency=0.705,
+    cycles_per_operation=14_100,
+    host_call_overhead_s=0.00837,
+    weight_upload_bandwidth=0.463e9,
+    host_copy_bandwidth=7.61e9,
 )
 
 

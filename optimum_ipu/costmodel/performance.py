@@ -36,10 +36,11 @@ full. Every host call, in training or inference, pays the fitted fixed overhead 
 inputs and the outputs its `Workload.output_mode` returns (all DI micro-batches' by default, one per
 replica for Final or Sum) over the host links; the host copies those bytes too, each input into
 Poplar's stream buffer before the link carries it and each output into the new tensor PopTorch
-returns after (`host_copy_bandwidth`).
+returns after (`host_copy_bandwidth`), one replica after another within a host process.
 
-A call therefore has three parts (`call_timing`): the IPUs' own work, the streams over the host links
-(in which the IPUs take part), and the host's own work (the fixed overhead and the copies).
+A call therefore has three parts (`call_timing`): the IPUs' own work, the streams (over the host links,
+in which the IPUs take part, and the host's copies at either end, which the call waits for), and the
+host's own work between calls (the fixed overhead).
 Its **latency** is their sum: one batch from the call to its results. Its **throughput** divides the
 samples by the time between calls, which is the same sum unless the host prepares the next call while
 the IPUs run this one (`Workload.async_data_loading`, PopTorch's asynchronous data loading): then the
@@ -63,7 +64,7 @@ from optimum_ipu.costmodel.memory import (
     table_shares,
 )
 from optimum_ipu.costmodel.profile import BlockProfile, ModelProfile
-from optimum_ipu.costmodel.scaleout import PodShape, allreduce_time, host_io_time
+from optimum_ipu.costmodel.scaleout import allreduce_time, host_copy_time, host_io_time
 from optimum_ipu.costmodel.workload import Workload
 from optimum_ipu.runtime.checks import min_gradient_accumulation
 
@@ -405,11 +406,12 @@ def call_timing(
 
     Args:
         device: the IPUs' own work in the call (compute and inter-IPU copies).
-        streams: the inputs in and the outputs out over the host links; the IPUs take part, so this
-            never overlaps their work.
-        host_work: the host's own work per call: the fixed overhead (Python, PopTorch, the data
-            loader) and copying the inputs into Poplar's stream buffers and the outputs into the
-            tensors returned.
+        streams: the inputs in and the outputs out: over the host links, where the IPUs take part, and
+            the host's copies at either end (each input into Poplar's stream buffer, each output into
+            the tensor returned), which the stream callbacks make inside the call. The call waits for
+            all of it, so it never overlaps the IPUs' work.
+        host_work: the host's own work per call between calls: the fixed overhead (Python, PopTorch,
+            the data loader).
         overlapped: the host prepares the next call while the IPUs run this one (asynchronous data
             loading), so the period is max(device, host_work) + streams instead of their sum.
 
@@ -454,11 +456,8 @@ def estimate_performance(
         update = sum(cycles) / di  # per micro-batch
         compute = sum(cycles)
         inputs, outputs = profile.input_bytes * di, profile.output_bytes * workload.returned_micro_batches
-    streams = host_io_time(inputs, outputs, workload, hardware)
-    host_work = (
-        calibration.host_call_overhead_s
-        + (inputs + outputs) * PodShape.of(workload).replicas_per_host / calibration.host_copy_bandwidth
-    )
+    streams = host_io_time(inputs, outputs, workload, hardware) + host_copy_time(inputs, outputs, workload, calibration)
+    host_work = calibration.host_call_overhead_s
     host = streams + host_work
     call, latency, regime = call_timing(compute, streams, host_work, workload.async_data_loading)
     samples = workload.samples_per_call

@@ -40,11 +40,14 @@ class PodShape:
         pods: POD64s the replicas span (1 up to 64 IPUs).
         replicas_per_pod: replicas inside one POD (joined by IPU-Links).
         replicas_per_host: replicas one Poplar host streams data for.
+        replicas_per_process: replicas whose streams one host process copies, one after another
+            (`Workload.processes` split a host's replicas).
     """
 
     pods: int
     replicas_per_pod: int
     replicas_per_host: int
+    replicas_per_process: int
 
     @classmethod
     def of(cls, workload: Workload) -> PodShape:
@@ -52,7 +55,7 @@ class PodShape:
         pods = max(math.ceil(workload.total_ipus / IPUS_PER_POD), 1)
         per_pod = max(r // pods, 1)
         per_host = max(min(r, IPUS_PER_HOST // n), 1)
-        return cls(pods, per_pod, per_host)
+        return cls(pods, per_pod, per_host, min(per_host, math.ceil(r / workload.processes)))
 
 
 def allreduce_time(
@@ -82,6 +85,16 @@ def allreduce_time(
             seconds += 2 * (shape.pods - 1) * per_op
         worst = max(worst, seconds)
     return worst
+
+
+def host_copy_time(input_bytes: float, output_bytes: float, workload: Workload, calibration: Calibration) -> float:
+    """Seconds the host spends copying one call's streams (bytes per replica): each input micro-batch from
+    the program's tensor into the buffer Poplar streams from (PopART's `InputDatastream::read`, a `memcpy`)
+    and each output into the tensor PopTorch returns, at the fitted `host_copy_bandwidth`, one replica after
+    another within a host process (its stream callbacks run on one thread), the processes at once. The call
+    waits for them, so they add to it whether or not the data loading is asynchronous."""
+    per_process = PodShape.of(workload).replicas_per_process
+    return (input_bytes + output_bytes) * per_process / calibration.host_copy_bandwidth
 
 
 def host_io_time(input_bytes: float, output_bytes: float, workload: Workload, hardware: ChipSpec) -> float:

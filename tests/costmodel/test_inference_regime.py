@@ -78,7 +78,7 @@ def test_report_gives_latency_and_regime_and_overlap_raises_throughput():
     report = estimate_performance(profile, placement, small, MK2)
     assert report.latency == pytest.approx(report.device_time + report.host_time)
     assert report.samples_per_second == pytest.approx(report.samples_per_call / report.latency)
-    assert report.regime == "host-bound"  # one tiny micro-batch: the 8.5 ms per call dominates
+    assert report.regime == "host-bound"  # one tiny micro-batch: the 8.4 ms per call dominates
     busy = workload(
         training=False,
         ipus_per_replica=2,
@@ -90,9 +90,9 @@ def test_report_gives_latency_and_regime_and_overlap_raises_throughput():
     overlapped = estimate_performance(profile, placement, busy.replace(async_data_loading=True), MK2)
     assert sync.regime == overlapped.regime == "IPU-bound"
     assert overlapped.latency == pytest.approx(sync.latency)  # one batch still waits for everything
-    # No outputs: the host's work is its fixed cost and copying the call's inputs into the stream buffers.
-    host_work = CALIBRATION.host_call_overhead_s + profile.input_bytes * 64 / CALIBRATION.host_copy_bandwidth
-    assert overlapped.call_time == pytest.approx(sync.call_time - host_work)
+    # Loading the next call's data while the IPUs run hides the host's fixed cost per call, not its copies of
+    # this call's inputs into the stream buffers: the stream callbacks run inside the call, which waits for them.
+    assert overlapped.call_time == pytest.approx(sync.call_time - CALIBRATION.host_call_overhead_s)
     assert overlapped.samples_per_second > sync.samples_per_second
 
 

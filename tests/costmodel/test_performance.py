@@ -269,6 +269,22 @@ def test_the_host_copies_every_calls_inputs_into_the_stream_buffers_at_the_same_
         )
 
 
+def test_each_host_process_copies_its_own_replicas_inputs_at_once_with_the_others():
+    """Every process (`poprun --num-instances`) runs its own Poplar stream callbacks: the copies of one
+    process's replicas follow one another, different processes copy at the same time. 16 replicas of 4
+    IPUs on a Pod64 (4 a host) as 8 processes copy 2 replicas' inputs one after another, not 4."""
+    profile = dataclasses.replace(synthetic(4), input_bytes=150_528)
+    placement = profile.placement([1, 1, 1, 1], 4)
+    w = workload(ipus_per_replica=4, replication_factor=16, gradient_accumulation_steps=16)
+    inputs = profile.input_bytes * 16
+    one, eight = (
+        estimate_performance(profile, placement, w.replace(processes=k), MK2).host_time for k in (1, 8)
+    )
+    assert one - eight == pytest.approx((4 - 2) * inputs / CALIBRATION.host_copy_bandwidth)
+    sixteen = estimate_performance(profile, placement, w.replace(processes=16), MK2).host_time
+    assert eight - sixteen == pytest.approx((2 - 1) * inputs / CALIBRATION.host_copy_bandwidth)
+
+
 @pytest.mark.parametrize("layers", [(1,), (2, 2), (1, 1, 1, 1)])
 def test_more_device_iterations_mean_less_host_time_per_sample_in_inference(layers):
     reports = [_estimate(layers=layers, training=False, device_iterations=di) for di in (1, 2, 4, 8, 16)]
@@ -372,20 +388,20 @@ def test_leave_one_out_error_is_recomputed_from_the_published_points():
     errors = {point.name: abs(estimate / point.measured - 1) for point, estimate, _ in held_out}
     training = [errors[p.name] for p, _ in pairs if p.training]
     inference = [errors[p.name] for p, _ in pairs if not p.training]
-    # The figures docs/planning.md reports: over all nineteen points mean 8.6 %, max 17.9 % (targets 15 %
-    # and 30 %); over the ten training points mean 7.3 %, max 14.0 % (targets 8 % and 20 %); over the nine
-    # inference points mean 10.1 %, max 17.9 % (targets 12 % and 20 %). Bounds a little above them, so a
+    # The figures docs/planning.md reports: over all nineteen points mean 8.9 %, max 17.9 % (targets 15 %
+    # and 30 %); over the ten training points mean 7.5 %, max 13.0 % (targets 8 % and 20 %); over the nine
+    # inference points mean 10.5 %, max 17.9 % (targets 12 % and 20 %). Bounds a little above them, so a
     # model change that makes cross-validation worse fails here.
-    assert sum(errors.values()) / len(errors) <= 0.09 and max(errors.values()) < 0.185, errors
-    assert sum(training) / len(training) <= 0.077 and max(training) < 0.145, errors
-    assert sum(inference) / len(inference) <= 0.105 and max(inference) < 0.185, errors
+    assert sum(errors.values()) / len(errors) <= 0.092 and max(errors.values()) < 0.185, errors
+    assert sum(training) / len(training) <= 0.078 and max(training) < 0.135, errors
+    assert sum(inference) / len(inference) <= 0.108 and max(inference) < 0.185, errors
     # Where the IPUs bound the call (96 and 2,048 samples per call), leave-one-out within 10 %.
     busy = [p.name for p, _ in pairs if not p.training and not p.evaluate_calls]
     assert len(busy) >= 2 and all(errors[name] < 0.10 for name in busy), errors
     residuals = []
     for point, prepared in pairs:
         estimated = calibration.estimate(prepared, CALIBRATION)
-        bound = 0.15 if point.training else 0.10  # BERT-Large SQuAD on a Bow +12.1 %, GPT-2's evaluation +8.0 %
+        bound = 0.15 if point.training else 0.10  # ViT on a Bow Pod64 +11.6 %, GPT-2's evaluation +8.5 %
         assert abs(estimated / point.measured - 1) < bound, (point.name, estimated, point.measured)
         residuals.append(math.log(estimated / point.measured))
     # The prior's weight is the fit's own residual scatter (points less fitted constants), not a free choice.
@@ -408,21 +424,21 @@ def test_the_recorded_constants_are_the_fit_of_the_published_points():
 
 def test_the_held_out_image_training_run_needs_the_hosts_copy_of_its_inputs():
     """OpenMMLab's ViT-B/16 fine-tuning (16 IPUs, 4 replicas on one host, fp16 images), held out before its
-    estimate was computed: docs/planning.md reports it +7.2 % with the host's copy of a call's inputs and
-    +39.5 % without it (the copy's rate made free, the constants kept)."""
+    estimate was computed: docs/planning.md reports it +5.7 % with the host's copy of a call's inputs and
+    +38.0 % without it (the copy's rate made free, the constants kept)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import calibration
 
     point = next(p for p in calibration.HELD_OUT if "OpenMMLab" in p.name)
     prepared = calibration.prepare(point)
-    assert calibration.estimate(prepared, CALIBRATION) / point.measured - 1 == pytest.approx(0.072, abs=0.005)
+    assert calibration.estimate(prepared, CALIBRATION) / point.measured - 1 == pytest.approx(0.057, abs=0.005)
     free = dataclasses.replace(CALIBRATION, host_copy_bandwidth=1e15)
-    assert calibration.estimate(prepared, free) / point.measured - 1 == pytest.approx(0.395, abs=0.005)
+    assert calibration.estimate(prepared, free) / point.measured - 1 == pytest.approx(0.380, abs=0.005)
 
 
 def test_the_held_out_training_run_is_estimated_within_its_reported_error():
     """Graphcore's BERT-Large SQuAD tutorial run (8 IPUs x 2 replicas, Mk2), never fitted: docs/planning.md
-    reports it +1.6 % off (+0.2 % before the host's copies of a call's inputs and the ViT table rows, 0.5 %
+    reports it -0.4 % off (+0.2 % before the host's copies of a call's inputs and the ViT table rows, 0.5 %
     before the notebooks' host work was measured with their own software, 0.3 % before the packed BERT
     evaluation joined the fit, 1.1 % before the IPU-bound inference points)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -436,12 +452,12 @@ def test_the_held_out_training_run_is_estimated_within_its_reported_error():
 def test_the_held_out_bow_mlperf_runs_are_estimated_as_docs_planning_reports():
     """MLPerf v2.0's BERT-Large on a Bow Pod64 and a Bow Pod128 (200,000 sequences per median block of the
     published logs, 28.067 s and 15.788 s, 2 per pack), never fitted: docs/planning.md reports the estimates
-    8.2 % and 16.9 % too fast, where the same application's fitted Mk2 runs of v1.1 on a POD64 and a POD128
-    are 7.6 % and 0.3 % too slow."""
+    7.1 % and 15.8 % too fast, where the same application's fitted Mk2 runs of v1.1 on a POD64 and a POD128
+    are 8.3 % and 1.0 % too slow."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import calibration
 
-    reported = {"Bow Pod64": (3563, 0.082), "Bow Pod128": (6334, 0.169)}
+    reported = {"Bow Pod64": (3563, 0.071), "Bow Pod128": (6334, 0.158)}
     points = [p for p in calibration.HELD_OUT if "v2.0" in p.name]
     assert sorted(p.name.rsplit(", ", 1)[1] for p in points) == sorted(reported)
     for point in points:
@@ -453,14 +469,14 @@ def test_the_held_out_bow_mlperf_runs_are_estimated_as_docs_planning_reports():
 
 def test_the_published_call_latencies_are_compared_as_docs_planning_reports():
     """The text-embeddings notebook prints each call's latency beside its throughput (2,048 sentences a
-    call); docs/planning.md compares the latency `plan --inference` prints with it: +7.4 % (E5-large,
-    fitted), -41.0 % and +16.4 % (MPNet-base at sequence 514 and 512, held out), +38.2 % (Sentence-T5-base,
+    call); docs/planning.md compares the latency `plan --inference` prints with it: +9.2 % (E5-large,
+    fitted), -39.8 % and +18.8 % (MPNet-base at sequence 514 and 512, held out), +41.2 % (Sentence-T5-base,
     held out)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import calibration
 
-    reported = {"E5-large": 0.074, "MPNet-base (all-mpnet-base-v2) embeddings seq 514": -0.410,
-                "MPNet-base (all-mpnet-base-v2) embeddings seq 512": 0.164, "Sentence-T5": 0.382}  # fmt: skip
+    reported = {"E5-large": 0.092, "MPNet-base (all-mpnet-base-v2) embeddings seq 514": -0.398,
+                "MPNet-base (all-mpnet-base-v2) embeddings seq 512": 0.188, "Sentence-T5": 0.412}  # fmt: skip
     points = [p for p in calibration.POINTS + calibration.HELD_OUT if p.latency_s]
     assert sorted(next(k for k in reported if k in p.name) for p in points) == sorted(reported)
     for point in points:
@@ -473,12 +489,12 @@ def test_the_published_call_latencies_are_compared_as_docs_planning_reports():
 
 def test_the_held_out_embedding_calls_are_estimated_as_docs_planning_reports():
     """The text-embeddings notebook's calls never fitted: docs/planning.md reports MPNet-base at sequence 514
-    and 512 +69.4 % and -14.1 %, Sentence-T5-base (T5's encoder alone, built as T5EncoderModel) -27.7 %."""
+    and 512 +66.0 % and -15.8 %, Sentence-T5-base (T5's encoder alone, built as T5EncoderModel) -29.2 %."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import calibration
 
-    reported = {"Sentence-T5": -0.277, "MPNet-base (all-mpnet-base-v2) embeddings seq 514": 0.694,
-                "MPNet-base (all-mpnet-base-v2) embeddings seq 512": -0.141}  # fmt: skip
+    reported = {"Sentence-T5": -0.292, "MPNet-base (all-mpnet-base-v2) embeddings seq 514": 0.660,
+                "MPNet-base (all-mpnet-base-v2) embeddings seq 512": -0.158}  # fmt: skip
     points = [p for p in calibration.HELD_OUT if not p.training]
     assert sorted(next(k for k in reported if k in p.name) for p in points) == sorted(reported)
     for point in points:
