@@ -181,26 +181,27 @@ class Calibration:
             52-539 calls). What makes the copy that slow (host-side staging of every tensor) is not
             published, so the rate is fitted.
         host_copy_bandwidth: bytes/s at which the host copies a call's streamed bytes between the
-            program's tensors and Poplar's stream buffers, one replica after another. Each input
-            micro-batch is copied from the tensor the program passed into the buffer the link streams
-            from (PopART's `InputDatastream::read` and `readPrefetch`, a `memcpy` each), and each output
-            into a new tensor PopTorch allocates for that call (`PoplarExecutable::run` calls
-            `at::empty` per output; `OutputDatastream::write`, a `memcpy`), after the link has carried
-            it. Poplar runs every stream callback on the application's main thread unless
-            `streamCallbacks.multiThreadMode` says otherwise (its documented default, `singleThread`,
-            docs.graphcore.ai/projects/poplar-api, RuntimeOptions; Optimum Graphcore 0.3 sets no
-            engine option), so one host pays the copies of all its replicas. The model adds them to
-            the call; PopART enables Poplar's prefetch by default (`enablePrefetchDatastreams`), which
-            could hide an input copy behind the IPUs' work, but the published ViT training runs need
-            the cost unhidden (overlapped, they are 6-33 % too fast), so the term stands for the
-            host's whole per-byte cost of a call's streams, whatever part of it is the copy (the
-            runs' data loader and the links' realised rate are the other candidates). Only a language model's
-            logits (the RoBERTa MLM evaluation returns 257 MB per call) and training that streams
-            images (graphcore/examples' ViT: 2.5-9.9 GB a call for one host's replicas) make it count;
-            token ids and losses are a few megabytes. The rate depends on the host's CPU and page
-            faults, which no source gives for the published runs' hosts, so it is fitted within what
-            `bench/host_work.py` measures here: a fresh tensor (page faults included, the slow end) to a
-            warm copy (the fast end), that span taken as its prior (`PRIORS` there).
+            program's tensors and Poplar's stream buffers. Each input micro-batch is copied from the
+            tensor the program passed into the buffer the link streams from (PopART's
+            `InputDatastream::read` and `readPrefetch`, a `memcpy` each; PopTorch passes its inputs
+            through PopART's `StepIO`), and each output into a new tensor PopTorch allocates for that
+            call (`PoplarExecutable::run` calls `at::empty` per output; `OutputDatastream::write`, a
+            `memcpy`), after the link has carried it. A process runs its stream callbacks on one thread
+            (`streamCallbacks.multiThreadMode`'s documented default, `singleThread`,
+            docs.graphcore.ai/projects/poplar-api, RuntimeOptions; Optimum Graphcore 0.3 sets no engine
+            option), so it copies its replicas one after another; separate processes (`poprun
+            --num-instances`, `Workload.processes`) copy at once. The call waits for the copies, so the
+            model adds them to its streams whatever the data loading. PopART enables Poplar's prefetch
+            by default (`enablePrefetchDatastreams`), which could hide an input copy behind the IPUs'
+            work, but the published ViT training runs need the cost unhidden (hidden, they are 7-33 %
+            too fast), so the fitted rate is that of the host's per-byte cost of a call's streams as
+            those runs show it, whatever part of it the `memcpy` is, not a measured `memcpy`. Only a
+            language model's logits (the RoBERTa MLM evaluation returns 257 MB per call) and training
+            that streams images (graphcore/examples' ViT: 2.5-9.9 GB a call for one host's replicas)
+            make it count; token ids and losses are a few megabytes. The rate depends on the host's CPU
+            and page faults, which no source gives for the published runs' hosts, so it is fitted within
+            what `bench/host_work.py` measures here: a fresh tensor (page faults included, the slow end)
+            to a warm copy (the fast end), that span taken as its prior (`PRIORS` there).
     """
 
     matmul_efficiency: float
