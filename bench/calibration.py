@@ -150,6 +150,9 @@ class Point:
             copies its own replicas' streams (`Workload.processes`).
         async_loading: the run's data loader prepared the next call while the IPUs ran this one
             (PopTorch's `AsyncRebatched` loader, `Workload.async_data_loading`).
+        pooled_output: the run returns one pooled embedding of the model's width per sample (the
+            text-embeddings notebook pools and normalises on the IPUs), whatever the traced model's
+            last block returns.
     """
 
     name: str
@@ -175,6 +178,7 @@ class Point:
     byte_images: bool = False
     processes: int = 1
     async_loading: bool = False
+    pooled_output: bool = False
     assumed: list[str] = field(default_factory=list)
     note: str = ""
 
@@ -279,12 +283,14 @@ def _embedding_call(name: str, measured: float, model: str, seq_len: int, matmul
     iterations x 4 replicas = 2,048 sentences per call, timed as one call (the host's copies in and out
     included, the tokenizer not), the model in fp16. The notebook's `IPUEmbeddingsModel.forward` pools and
     L2-normalises on the IPUs and returns one embedding per sentence, so that is all each sentence streams
-    back: the size of the traced base model's pooled output, the only output it returns to the host."""
+    back: one vector of the model's width (`pooled_output`). BERT's and MPNet's traced base models end in
+    their pooler, which returns as much; T5's encoder ends in its final norm, which returns every position,
+    512 times more, which the notebook never streamed (priced so until 2026-11-30)."""
     return Point(
         name=name, measured=measured, hardware="mk2", model=model, task="base",
         ipu_config=dict(layers_per_ipu=[-1], ipus_per_replica=1, matmul_proportion=matmul_proportion,
                         replication_factor=4, device_iterations=256),
-        micro_batch_size=2, inputs=dict(seq_len=seq_len), training=False, latency_s=latency_s,
+        micro_batch_size=2, inputs=dict(seq_len=seq_len), training=False, latency_s=latency_s, pooled_output=True,
         config=config or {}, builder=builder,
         source=f"{TEXT_EMBEDDINGS.format(commit=commit)} (cell {cell}: '{quote}'; the notebook's config.py at "
         f"that commit: 1 IPU, matmul_proportion {matmul_proportion}, 4 replicas, micro-batch 2, 256 device "
@@ -529,9 +535,11 @@ POINTS = [
         "Pre-SDK2.5, PyTorch, ImageNet1k, batch 65,536, 31,200 items/s) with the b16_in1k_pretrain_lamb "
         f"config of {VIT_EXAMPLES}/configs.yml (micro-batch 8, [3,3,3,3], matmul proportion 0.3, LAMB, RTS)",
         assumed=[
-            "replication 16 x GA 512: the published batch 65,536 on 64 IPUs at the config's 4 IPUs per "
-            "replica and micro-batch 8 (the config's own 4 x 2048 is for a Pod16; the Pod64 command of the "
-            "SDK 3.0 benchmarks.yml runs it so)",
+            "replication 16 x GA 512 in 8 processes: the published batch 65,536 on 64 IPUs at the config's 4 "
+            "IPUs per replica and micro-batch 8 (the config's own 4 x 2048 is for a Pod16), as the Pod64 command "
+            "of the SDK 3.0 benchmarks.yml runs it (poprun --num-instances=8); the command of the row's own time "
+            "is not published (v2.5.0's README_Benchmarks.md has an Adam run at GA 341 in 4 processes, batch "
+            "43,648)",
         ],
     ),
     Point(
@@ -941,16 +949,21 @@ def gather_masked_positions(profile: ModelProfile, fraction: float) -> ModelProf
     return dataclasses.replace(profile, blocks=[scaled(b) for b in profile.blocks])
 
 
-def loss_only_output(profile: ModelProfile) -> ModelProfile:
-    """The profile with the model's outputs to the host reduced to one fp32 loss per micro-batch
-    (what no block reads is what the host receives, `ModelProfile.output_bytes`)."""
+def returning_only(profile: ModelProfile, nbytes: int) -> ModelProfile:
+    """The profile with the model's outputs to the host reduced to `nbytes` per micro-batch, from its
+    last block (what no block reads is what the host receives, `ModelProfile.output_bytes`)."""
     read = {t.producer for t in profile.transfers}
     last = [b.name for b in profile.blocks if b.name not in read][-1]
     blocks = [
-        b if b.name in read else dataclasses.replace(b, output_bytes=4 if b.name == last else 0)
+        b if b.name in read else dataclasses.replace(b, output_bytes=nbytes if b.name == last else 0)
         for b in profile.blocks
     ]
     return dataclasses.replace(profile, blocks=blocks)
+
+
+def loss_only_output(profile: ModelProfile) -> ModelProfile:
+    """The profile returning one fp32 loss per micro-batch to the host."""
+    return returning_only(profile, 4)
 
 
 def prepare(point: Point):
@@ -971,6 +984,9 @@ def prepare(point: Point):
         profile = gather_masked_positions(profile, point.masked_positions / point.inputs["seq_len"])
     if point.loss_only_output:
         profile = loss_only_output(profile)
+    if point.pooled_output:
+        width = getattr(model.config, "hidden_size", None) or model.config.d_model
+        profile = returning_only(profile, point.micro_batch_size * width * profile.float_bytes)
     if point.byte_images:
         pixels = inputs["pixel_values"].numel()
         profile = dataclasses.replace(
@@ -1017,9 +1033,9 @@ PRIORS = {
     # The host's copies of streamed bytes: between the slowest and fastest rates `bench/host_work.py`
     # measures on this project's machine (a shared AMD EPYC, one thread): a fresh tensor in 4 KiB pages
     # 2.44 GB/s, in transparent huge pages 7.61 GB/s, a warm copy 13.02 GB/s (an input copied into a
-    # stream buffer Poplar reuses is the warm end; an output into a new tensor, the fresh one). Only the
-    # RoBERTa MLM evaluation's 257 MB of logits per call and the ViT training points' images move a
-    # point by more than 0.1 %.
+    # stream buffer Poplar reuses is the warm end; an output into a new tensor, the fresh one). The RoBERTa
+    # MLM evaluation's 257 MB of logits per call and the ImageNet ViT training points' images move their
+    # points by 8-58 %, the ChestX-ray ViT points by 1.2-1.3 %, every other point by 0.5 % or less.
     "host_copy_bandwidth": (2.44e9, 13.02e9),
 }
 # The log error expected of one point: the residual scatter of the fit, sqrt(sum of squared log errors

@@ -45,8 +45,10 @@ Its **latency** is their sum: one batch from the call to its results. Its **thro
 samples by the time between calls, which is the same sum unless the host prepares the next call while
 the IPUs run this one (`Workload.async_data_loading`, PopTorch's asynchronous data loading): then the
 host's own work hides behind the IPUs' or the other way round. The call is **IPU-bound** when the IPUs'
-work is the larger part, **host-bound** otherwise: then more device iterations or a larger micro-batch
-amortise the host, and a faster layout of the IPUs changes little.
+work is the larger part, **host-bound** otherwise, and a faster layout of the IPUs then changes little:
+when the fixed cost per call is most of the host's part, more device iterations or a larger micro-batch
+amortise it; when the streams are (`PerformanceReport.stream_time`), which grow with the samples, fewer
+bytes per sample or more host processes shorten them.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class PerformanceReport:
     device_time: float = 0.0  # the IPUs' own seconds per call (the pipeline's cycles, all updates)
     latency: float = 0.0  # one call from its start to its outputs back on the host, nothing overlapped
     regime: str = ""  # "IPU-bound" or "host-bound" (`call_timing`)
+    stream_time: float = 0.0  # the part of host_time that is the call's streams (links and host copies)
 
     @property
     def ipu_stages(self) -> list[StageTime]:
@@ -482,7 +485,7 @@ def estimate_performance(
         allreduce_time=allreduce, optimizer_time=optimizer, host_time=host, call_time=call,
         samples_per_call=samples, samples_per_second=samples / call, pipeline_efficiency=efficiency,
         bottleneck_ipu=bottleneck, utilisation=utilisation, notes=notes,
-        pipelined=pipelined, device_time=compute, latency=latency, regime=regime,
+        pipelined=pipelined, device_time=compute, latency=latency, regime=regime, stream_time=streams,
     )  # fmt: skip
 
 

@@ -94,11 +94,17 @@ class CompileReport:
             if self.workload.async_data_loading
             else "taking turns (synchronous data loading)"
         )
-        advice = (
-            "a faster layout speeds it up"
-            if p.regime == "IPU-bound"
-            else "more device iterations or a larger micro-batch amortise the host"
-        )
+        if p.regime == "IPU-bound":
+            advice = "a faster layout speeds it up"
+        elif p.stream_time >= p.host_time - p.stream_time:
+            # Streams grow with the samples, so more of them per call does not amortise them.
+            advice = (
+                "the streams bound it (each sample's inputs and outputs over the host links and copied by the "
+                "host), which more samples per call do not amortise: fewer bytes per sample (images as bytes, "
+                "fewer outputs returned) or more host processes"
+            )
+        else:
+            advice = "more device iterations or a larger micro-batch amortise the host's fixed cost per call"
         return (
             f"Estimated latency: {p.latency * ms:.1f} ms per call of {p.samples_per_call} samples: IPUs "
             f"{p.device_time * ms:.1f} ms, host {p.host_time * ms:.1f} ms, {overlap}. {p.regime}: {advice}"

@@ -125,10 +125,11 @@ class Workload:
             `DataLoaderMode.Async`, or an `AsynchronousDataAccessor`), so its fixed work per call
             overlaps the IPUs' instead of adding to it. False by default: IPUTrainer's evaluation
             loader is `DataLoaderMode.Sync`.
-        processes: host processes the replicas are split over (`poprun --num-instances`, torchrun's
-            processes). Each runs its own Poplar stream callbacks, so the host copies the streams of one
-            process's replicas one after another and those of different processes at once. 1 by
-            default: one process drives all the replicas of a host.
+        processes: host processes the replicas are split over, in all (`poprun --num-instances`,
+            torchrun's processes). Each runs its own Poplar stream callbacks, so the host copies the
+            streams of one process's replicas one after another and those of different processes at
+            once. Fewer processes than hosts count as one a host (each host runs at least one); 1 by
+            default. At most the replication factor: a process drives at least one replica.
         optimizer: "adamw", "adam", "lamb" or "sgd".
         fp32: compute in fp32 instead of fp16.
         state_types: bytes of the optimizer's gradient accumulator and moments per trainable weight;
@@ -164,8 +165,11 @@ class Workload:
             raise ValueError(f"optimizer={self.optimizer!r}: choose one of {', '.join(OPTIMIZERS)}.")
         if self.output_mode not in OUTPUT_MODES:
             raise ValueError(f"output_mode={self.output_mode!r}: choose one of {', '.join(OUTPUT_MODES)}.")
-        if self.processes < 1:
-            raise ValueError(f"processes={self.processes}: give at least one host process.")
+        if not 1 <= self.processes <= self.replication_factor:
+            raise ValueError(
+                f"processes={self.processes}: give between 1 and the {self.replication_factor} replicas; a host "
+                "process drives at least one replica."
+            )
         if self.output_period < 1:
             raise ValueError(
                 f"output_period={self.output_period}: give a positive number of device iterations."

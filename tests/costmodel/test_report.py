@@ -7,8 +7,8 @@ import sys
 
 import pytest
 import torch
-from fixtures import tiny_bert_config
-from transformers import BertForQuestionAnswering
+from fixtures import tiny_bert_config, tiny_vit_config
+from transformers import BertForQuestionAnswering, ViTForImageClassification
 
 from optimum_ipu.configuration import IPUConfig
 from optimum_ipu.costmodel import CompileReport, analyse
@@ -107,3 +107,24 @@ def test_inference_report():
     assert [(s["micro_batch"], s["ipu"]) for s in segments] == [(m, k) for m in range(4) for k in range(2)]
     for a, b in zip(segments, segments[1:]):
         assert b["start"] >= a["start"] + a["duration"] - 1e-12
+
+
+def test_a_host_bound_call_is_told_what_bounds_it_the_fixed_cost_or_the_streams():
+    """More samples per call amortise the host's fixed cost per call, not the streams, which grow with the
+    samples: a tiny model fed 224 px images is bound by its streams (the inputs over the host links and
+    the host's copies of them), a tiny text model at one sample a call by the fixed cost."""
+    with torch.device("meta"):
+        vit = ViTForImageClassification(tiny_vit_config(image_size=224, patch_size=32))
+        bert = BertForQuestionAnswering(tiny_bert_config())
+    images = IPUConfig(layers_per_ipu=[4], ipus_per_replica=1, inference_device_iterations=64).eval()
+    text = IPUConfig(layers_per_ipu=[4], ipus_per_replica=1, inference_device_iterations=1).eval()
+    by_streams = analyse(vit, build_stage_plan(vit, spec_for(vit), [4], 1), images, micro_batch_size=16,
+                         image_size=224, training=False)  # fmt: skip
+    by_overhead = analyse(bert, build_stage_plan(bert, spec_for(bert), [4], 1), text, micro_batch_size=1,
+                          seq_len=16, training=False)  # fmt: skip
+    p = by_streams.performance
+    assert p.regime == "host-bound" and p.stream_time > p.host_time - p.stream_time
+    assert "the streams bound it" in by_streams.summary() and "amortise the host" not in by_streams.summary()
+    q = by_overhead.performance
+    assert q.regime == "host-bound" and q.stream_time < q.host_time - q.stream_time
+    assert "amortise the host's fixed cost per call" in by_overhead.summary()
