@@ -310,11 +310,12 @@ BOW_TABLE_SDK30 = (
 
 def _vit_imagenet(name: str, measured: float, hardware: str, *, micro_batch: int, ga: int, replicas: int,
                   device_iterations: int, optimizer: str, dropout: tuple[float, float], sharded_state: bool,
-                  byte_images: bool, source: str, processes: int = 1, assumed: tuple[str, ...] | list[str] = (),
-                  note: str = "") -> Point:  # fmt: skip
+                  half_momentum: bool, byte_images: bool, source: str, processes: int = 1,
+                  assumed: tuple[str, ...] | list[str] = (), note: str = "") -> Point:  # fmt: skip
     """ViT-B/16 trained on ImageNet-1k at 224 pixels as Graphcore's programs lay it out: 4 IPUs a replica with
     layers [3, 3, 3, 3] (the patch embedding with the first three), matmul proportion 0.3 on every IPU,
-    recomputation per layer, the optimizer state on chip, 1,000 classes; `dropout` is (hidden, attention).
+    recomputation per layer, the optimizer state on chip, 1,000 classes; `dropout` is (hidden, attention),
+    `half_momentum` an fp16 first moment or velocity.
     Every such run loaded its data asynchronously (graphcore/examples' ViT `pretrain.py` and `finetune.py`:
     `async_dataloader=True`, PopTorch's `AsyncRebatched`; OpenMMLab's `train_dataloader=dict(mode='async')`)."""
     return Point(
@@ -325,7 +326,7 @@ def _vit_imagenet(name: str, measured: float, hardware: str, *, micro_batch: int
                         gradient_accumulation_steps=ga, replication_factor=replicas,
                         device_iterations=device_iterations, recompute_checkpoint_every_layer=True,
                         optimizer_state_offchip=False, replicated_tensor_sharding=sharded_state,
-                        embedding_serialization_factor=1, enable_half_first_order_momentum=optimizer == "sgd"),
+                        embedding_serialization_factor=1, enable_half_first_order_momentum=half_momentum),
         micro_batch_size=micro_batch, inputs=dict(image_size=224), optimizer=optimizer, byte_images=byte_images,
         processes=processes, async_loading=True, source=source, assumed=list(assumed), note=note,
     )  # fmt: skip
@@ -343,7 +344,7 @@ def _vit_pretraining(name: str, measured: float, replicas: int, ga: int, source:
              "server); the commands name $HOSTS"]  # fmt: skip
     return _vit_imagenet(
         name, measured, "bow", micro_batch=8, ga=ga, replicas=replicas, device_iterations=1, optimizer="lamb",
-        dropout=(0.1, 0.1), sharded_state=True, byte_images=True, source=source,
+        dropout=(0.1, 0.1), sharded_state=True, half_momentum=False, byte_images=True, source=source,
         processes=8 if replicas > 4 else 1,
         assumed=[*assumed, *(pod64 if replicas > 4 else []),
                  "the pre-logits layer (representation_size 768) left out: one 768 x 768 matmul per image",
@@ -737,6 +738,7 @@ POINTS = [
         optimizer="sgd",
         dropout=(0.1, 0.0),
         sharded_state=True,
+        half_momentum=True,  # first_order_type fp16 / velocity_accum_type half
         byte_images=False,
         source=f"{BOW_TABLE_SDK30}: 'ViT Fine-Tuning Bow Pod16 SDK 3.0 PyTorch ImageNet1k 2,040 16.16 7319') "
         f"with {VIT_EXAMPLES_V30}/benchmarks.yml (pytorch_vit_finetune_gen_pod16: --config b16_imagenet1k "
@@ -901,6 +903,7 @@ HELD_OUT = [
         optimizer="sgd",
         dropout=(0.1, 0.0),
         sharded_state=False,
+        half_momentum=True,  # first_order_type fp16 / velocity_accum_type half
         byte_images=False,
         source="https://github.com/open-mmlab/mmpretrain/blob/b4eefe47946532393f98e6550fb6c8755a5bb985/"
         "demo/ipu_train_example.sh ('# 8 epoch, 2176 batch size, 16 IPUs, 4 replicas, model Tput = 5600 images, "

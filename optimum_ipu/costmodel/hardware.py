@@ -199,10 +199,11 @@ class Calibration:
             language model's logits (the RoBERTa MLM evaluation returns 257 MB per call) and training
             that streams images (graphcore/examples' ViT: 2.5-9.9 GB a call for one host's replicas)
             make it count (8-58 % of those points' estimates; 1.3 % or less for every other point,
-            which streams token ids, a loss, a pooled vector or a few images a call). The rate depends on the host's CPU
-            and page faults, which no source gives for the published runs' hosts, so it is fitted within
-            what `bench/host_work.py` measures here: a fresh tensor (page faults included, the slow end)
-            to a warm copy (the fast end), that span taken as its prior (`PRIORS` there).
+            which streams token ids, a loss, a pooled vector or a few images a call). The rate depends
+            on the host's CPU and page faults, which no source gives for the published runs' hosts, so
+            it is fitted within what `bench/host_work.py` measures here: a fresh tensor (page faults
+            included, the slow end) to a warm copy (the fast end), that span taken as its prior
+            (`PRIORS` there).
     """
 
     matmul_efficiency: float

@@ -459,7 +459,8 @@ def estimate_performance(
         update = sum(cycles) / di  # per micro-batch
         compute = sum(cycles)
         inputs, outputs = profile.input_bytes * di, profile.output_bytes * workload.returned_micro_batches
-    streams = host_io_time(inputs, outputs, workload, hardware) + host_copy_time(inputs, outputs, workload, calibration)
+    links = host_io_time(inputs, outputs, workload, hardware)
+    streams = links + host_copy_time(inputs, outputs, workload, calibration)
     host_work = calibration.host_call_overhead_s
     host = streams + host_work
     call, latency, regime = call_timing(compute, streams, host_work, workload.async_data_loading)
